@@ -1,0 +1,67 @@
+#include "io/checkpoint.h"
+
+#include <map>
+#include <set>
+
+#include "util/error.h"
+#include "util/json_file.h"
+
+namespace qhx {
+
+Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
+  Checkpoint ckpt;
+  ckpt.dir_ = dir;
+  const auto index_path = dir / "model.safetensors.index.json";
+  const auto single_path = dir / "model.safetensors";
+  if (std::filesystem::exists(index_path)) {
+    const Json index = read_json_file(index_path);
+    const Json& weight_map = require_field(index, "weight_map", index_path.string());
+    if (!weight_map.is_object()) fail(index_path.string() + ": weight_map", "expected an object");
+    std::set<std::string> shard_names;
+    for (const auto& [tensor, file] : weight_map.items()) {
+      if (!file.is_string()) fail(index_path.string() + ": weight_map." + tensor, "expected a file");
+      const std::string name = file.get<std::string>();
+      if (name.find('/') != std::string::npos || name.starts_with(".")) {
+        fail(index_path.string() + ": weight_map." + tensor, "file '" + name + "' is not local");
+      }
+      shard_names.insert(name);
+    }
+    for (const auto& name : shard_names) ckpt.files_.push_back(SafetensorsFile::open(dir / name));
+    // Every tensor the index promises must be in the file it names.
+    std::map<std::string, const SafetensorsFile*> by_name;
+    for (const auto& f : ckpt.files_) by_name[f.path().filename().string()] = &f;
+    for (const auto& [tensor, file] : weight_map.items()) {
+      if (by_name.at(file.get<std::string>())->find(tensor) == nullptr) {
+        fail((dir / file.get<std::string>()).string(),
+             "tensor '" + tensor + "' listed in model.safetensors.index.json is missing");
+      }
+    }
+  } else if (std::filesystem::exists(single_path)) {
+    ckpt.files_.push_back(SafetensorsFile::open(single_path));
+  } else {
+    fail(dir.string(), "no model.safetensors or model.safetensors.index.json");
+  }
+  return ckpt;
+}
+
+const TensorView* Checkpoint::find(const std::string& name) const {
+  for (const auto& f : files_) {
+    if (const TensorView* t = f.find(name)) return t;
+  }
+  return nullptr;
+}
+
+const TensorView& Checkpoint::require(const std::string& name,
+                                      std::initializer_list<int64_t> shape) const {
+  const TensorView* t = find(name);
+  if (t == nullptr) fail(dir_.string(), "missing tensor '" + name + "'");
+  if (!std::equal(t->shape.begin(), t->shape.end(), shape.begin(), shape.end())) {
+    TensorView expected;
+    expected.shape.assign(shape.begin(), shape.end());
+    fail(t->file->string() + ": tensor '" + name + "'",
+         "shape " + t->shape_string() + ", expected " + expected.shape_string());
+  }
+  return *t;
+}
+
+}  // namespace qhx

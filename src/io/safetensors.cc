@@ -1,0 +1,175 @@
+#include "io/safetensors.h"
+
+#include <cstring>
+#include <limits>
+
+#include "util/error.h"
+#include "util/json_file.h"
+
+namespace qhx {
+
+std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "F16") return DType::kF16;
+  if (name == "BF16") return DType::kBF16;
+  if (name == "F64") return DType::kF64;
+  if (name == "I64") return DType::kI64;
+  if (name == "I32") return DType::kI32;
+  if (name == "I16") return DType::kI16;
+  if (name == "I8") return DType::kI8;
+  if (name == "U8") return DType::kU8;
+  if (name == "BOOL") return DType::kBool;
+  return std::nullopt;
+}
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kF64: return "F64";
+    case DType::kI64: return "I64";
+    case DType::kI32: return "I32";
+    case DType::kI16: return "I16";
+    case DType::kI8: return "I8";
+    case DType::kU8: return "U8";
+    case DType::kBool: return "BOOL";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF64:
+    case DType::kI64: return 8;
+    case DType::kF32:
+    case DType::kI32: return 4;
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI16: return 2;
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool: return 1;
+  }
+  return 1;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::shape_string() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // same bound as the reference implementation
+
+uint64_t read_le64(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, MappedFile file)
+    : path_(std::make_unique<std::filesystem::path>(path)), file_(std::move(file)) {}
+
+SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
+  SafetensorsFile st(path, MappedFile(path));
+  const std::string where = path.string();
+  const auto bytes = st.file_.bytes();
+  if (bytes.size() < 8) fail(where, "truncated: shorter than the 8-byte header length");
+  const uint64_t header_len = read_le64(bytes.data());
+  if (header_len > kMaxHeaderBytes) {
+    fail(where, "header length " + std::to_string(header_len) + " is implausibly large");
+  }
+  if (header_len > bytes.size() - 8) {
+    fail(where, "truncated: header needs " + std::to_string(header_len) + " bytes, file has " +
+                    std::to_string(bytes.size() - 8));
+  }
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
+  const Json json = parse_json(header, where + ": header");
+  if (!json.is_object()) fail(where, "header is not a JSON object");
+
+  const std::byte* data_start = bytes.data() + 8 + header_len;
+  const uint64_t data_size = bytes.size() - 8 - header_len;
+  for (const auto& [name, entry] : json.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail(where, "__metadata__ is not an object");
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) fail(where + ": __metadata__." + k, "expected a string");
+        st.metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    const std::string tensor_where = where + ": tensor '" + name + "'";
+    TensorView view;
+    view.name = name;
+    view.file = st.path_.get();
+    const std::string dtype_str = require_string(entry, "dtype", tensor_where);
+    const auto dtype = dtype_from_safetensors_name(dtype_str);
+    if (!dtype) fail(tensor_where + ": dtype", "unsupported dtype '" + dtype_str + "'");
+    view.dtype = *dtype;
+
+    const Json& shape = require_field(entry, "shape", tensor_where);
+    if (!shape.is_array()) fail(tensor_where + ": shape", "expected an array");
+    uint64_t numel = 1;
+    for (const Json& d : shape) {
+      if (!d.is_number_unsigned()) fail(tensor_where + ": shape", "expected non-negative integers");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim) {
+        fail(tensor_where + ": shape", "too large");
+      }
+      numel *= dim;
+      view.shape.push_back(static_cast<int64_t>(dim));
+    }
+
+    const Json& offsets = require_field(entry, "data_offsets", tensor_where);
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      fail(tensor_where + ": data_offsets", "expected [begin, end]");
+    }
+    const uint64_t begin = offsets[0].get<uint64_t>();
+    const uint64_t end = offsets[1].get<uint64_t>();
+    if (begin > end) fail(tensor_where + ": data_offsets", "begin is past end");
+    if (end > data_size) {
+      fail(tensor_where + ": data_offsets",
+           "end " + std::to_string(end) + " is past the end of the data (" +
+               std::to_string(data_size) + " bytes): file truncated or header corrupt");
+    }
+    const uint64_t expected = numel * dtype_size(view.dtype);
+    if (end - begin != expected) {
+      fail(tensor_where + ": data_offsets",
+           "byte range holds " + std::to_string(end - begin) + " bytes but shape " +
+               view.shape_string() + " of " + dtype_str + " needs " + std::to_string(expected));
+    }
+    view.nbytes = expected;
+    view.data = data_start + begin;
+    const size_t align = dtype_size(view.dtype);
+    if (reinterpret_cast<uintptr_t>(view.data) % align != 0) {
+      auto copy = std::make_unique<std::byte[]>(view.nbytes);
+      std::memcpy(copy.get(), view.data, view.nbytes);
+      view.data = copy.get();
+      st.realigned_.push_back(std::move(copy));
+    }
+    st.tensors_.emplace(name, std::move(view));
+  }
+  return st;
+}
+
+const TensorView* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+}  // namespace qhx

@@ -1,0 +1,59 @@
+// Compute kernels. They know tensors and shapes, never models. Every op has one scalar
+// reference implementation here (namespace qhx::ref); fast variants are tested against it.
+// All arithmetic is float32; weights may be stored as F32, BF16 or F16 and are widened exactly.
+#pragma once
+
+#include <cstdint>
+
+#include "io/dtype.h"
+
+namespace qhx {
+
+// A row-major [rows, cols] matrix used where it lies (usually in a mapped weight file).
+struct MatrixRef {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Shape of grouped-query attention: query head h reads key/value head h / (n_heads/n_kv_heads).
+struct AttentionShape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+namespace ref {
+
+// out[cols] = float32(w[row, :]).
+void read_row(const MatrixRef& w, int64_t row, float* out);
+
+// y[t, r] = Σ_c x[t, c] · w[r, c] for t < n_tokens (x: [n_tokens, w.cols], y: [n_tokens, w.rows]).
+// Each output is summed in column order, so a row's result never depends on n_tokens.
+void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+
+// y = weight ⊙ (x / sqrt(mean(x²) + eps)) over n elements (y may alias x).
+void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y);
+
+// In place, for each of n_vectors vectors of length `stride`: rotate-half RoPE on the first
+// rotary_dim elements, pairing i with i + rotary_dim/2; cos/sin hold rotary_dim/2 values.
+void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
+                      const float* cos, const float* sin);
+
+// out[i] = silu(gate[i]) · up[i].
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// In place, numerically stable (max subtracted).
+void softmax(float* x, int64_t n);
+
+// Causal GQA attention for n_queries consecutive positions first_pos, first_pos+1, ...
+// q: [n_queries, n_heads·head_dim]; keys/values: [first_pos + n_queries, n_kv_heads·head_dim]
+// (all positions so far, cached ones included). Query t sees keys 0..first_pos+t.
+// out: [n_queries, n_heads·head_dim]; scores: scratch of first_pos + n_queries floats.
+void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
+                      const float* values, const AttentionShape& shape, float scale, float* out,
+                      float* scores);
+
+}  // namespace ref
+}  // namespace qhx

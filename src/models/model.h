@@ -1,0 +1,40 @@
+// What the runtime needs from a model family: a forward pass over new tokens that extends a
+// per-sequence state, and logits out.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "io/hf_config.h"
+
+namespace qhx {
+
+// Everything a sequence carries between forward calls (KV cache, later recurrent state).
+class ModelState {
+ public:
+  virtual ~ModelState() = default;
+  virtual int64_t n_past() const = 0;  // tokens already processed
+  virtual void reset() = 0;
+};
+
+enum class LogitsFor { kLastToken, kEveryToken };
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual std::unique_ptr<ModelState> new_state() const = 0;
+  // Processes `ids` at positions n_past(), n_past()+1, ... and appends them to `state`.
+  // `logits` receives [1 or ids.size(), vocab_size] floats. Throws Error on an id outside the
+  // vocabulary or a context longer than max_position_embeddings.
+  virtual void forward(std::span<const int32_t> ids, ModelState& state, LogitsFor which,
+                       std::vector<float>& logits) const = 0;
+};
+
+// Opens a Hugging Face checkpoint directory (config.json + safetensors) of any supported family.
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir);
+
+}  // namespace qhx

@@ -1,0 +1,12 @@
+#include "util/error.h"
+
+namespace qhx {
+
+void fail(std::string_view where, std::string_view what) {
+  std::string message(where);
+  message += ": ";
+  message += what;
+  throw Error(message);
+}
+
+}  // namespace qhx

@@ -1,0 +1,54 @@
+#include "util/json_file.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace qhx {
+
+Json read_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path.string(), "cannot open");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return parse_json(buffer.str(), path.string());
+}
+
+Json parse_json(std::string_view text, std::string_view where) {
+  try {
+    return Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    fail(where, std::string("invalid JSON at byte ") + std::to_string(e.byte) + ": " +
+                    e.what());
+  }
+}
+
+const Json& require_field(const Json& object, std::string_view key, std::string_view where) {
+  if (!object.is_object()) fail(where, "expected a JSON object");
+  auto it = object.find(key);
+  if (it == object.end()) fail(std::string(where) + ": " + std::string(key), "missing");
+  return *it;
+}
+
+std::string require_string(const Json& object, std::string_view key, std::string_view where) {
+  const Json& v = require_field(object, key, where);
+  if (!v.is_string()) fail(std::string(where) + ": " + std::string(key), "expected a string");
+  return v.get<std::string>();
+}
+
+int64_t require_int(const Json& object, std::string_view key, std::string_view where) {
+  const Json& v = require_field(object, key, where);
+  if (!v.is_number_integer()) {
+    fail(std::string(where) + ": " + std::string(key), "expected an integer");
+  }
+  return v.get<int64_t>();
+}
+
+double require_number(const Json& object, std::string_view key, std::string_view where) {
+  const Json& v = require_field(object, key, where);
+  if (!v.is_number()) fail(std::string(where) + ": " + std::string(key), "expected a number");
+  return v.get<double>();
+}
+
+}  // namespace qhx

@@ -1,0 +1,24 @@
+// Reading JSON files from outside with errors that name the file and the field.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace qhx {
+
+using Json = nlohmann::json;
+
+// Parses a whole file; a missing file or malformed JSON throws Error naming the file.
+Json read_json_file(const std::filesystem::path& path);
+// Parses text that came from `where` (a file name or "stdin").
+Json parse_json(std::string_view text, std::string_view where);
+
+// Field access that reports "<where>: <key>: ..." on a missing key or a wrong type.
+const Json& require_field(const Json& object, std::string_view key, std::string_view where);
+std::string require_string(const Json& object, std::string_view key, std::string_view where);
+int64_t require_int(const Json& object, std::string_view key, std::string_view where);
+double require_number(const Json& object, std::string_view key, std::string_view where);
+
+}  // namespace qhx

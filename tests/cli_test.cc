@@ -1,0 +1,179 @@
+// The qhx command line as a user meets it: outputs in the documented shape, and for each kind
+// of malformed input a one-line error naming the file and the problem, exit code 1, no crash.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "support/fixtures.h"
+#include "support/raw_safetensors.h"
+
+namespace qhx {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `qhx <args>` through /bin/sh (args are shell words), optionally feeding `input`.
+CliRun qhx(const std::string& args, const std::string& input = "") {
+  test::TempDir io;
+  std::ofstream(io.path() / "in", std::ios::binary) << input;
+  const std::string command = std::string(QHX_CLI_PATH) + " " + args + " <" +
+                              (io.path() / "in").string() + " >" + (io.path() / "out").string() +
+                              " 2>" + (io.path() / "err").string();
+  const int status = std::system(command.c_str());
+  CliRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(io.path() / "out");
+  r.err = slurp(io.path() / "err");
+  return r;
+}
+
+const fs::path kSmallModel = test::source_dir() / "tests/fixtures/qwen3/gqa2_tied_bf16";
+const fs::path kDefaultModel = test::source_dir() / "models/qwen3-tiny-random";
+
+// A user error: exit 1, stdout empty, one stderr line holding every part.
+void expect_user_error(const CliRun& r, std::initializer_list<std::string> parts) {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
+  for (const auto& part : parts) EXPECT_NE(r.err.find(part), std::string::npos) << r.err;
+}
+
+TEST(Cli, PrintIdsGivesOneLineOfIds) {
+  const CliRun r = qhx("generate --model " + kSmallModel.string() +
+                    " --prompt-ids 5,17,300 -n 7 --greedy --print-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ','), 6) << r.out;
+  for (const char* figure : {"prefill", "decode", "tok/s", "TTFT", "peak RSS"}) {
+    EXPECT_NE(r.err.find(figure), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, GeneratesTextFromTheDefaultModel) {
+  const CliRun r = qhx("generate --model " + kDefaultModel.string() +
+                    " --prompt 'Once upon a time' -n 16 --seed 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  const CliRun again = qhx("generate --model " + kDefaultModel.string() +
+                        " --prompt 'Once upon a time' -n 16 --seed 3");
+  EXPECT_EQ(r.out, again.out) << "same seed, same text";
+}
+
+TEST(Cli, TokenizePrintsAJsonArray) {
+  const CliRun r = qhx("tokenize --model " + kDefaultModel.string(), "Hello world");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[9707,1879]\n");
+}
+
+TEST(Cli, TokenizeNeedsOnlyTokenizerFiles) {
+  test::TempDir dir;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(kDefaultModel / f, dir.path() / f);
+  }
+  const CliRun r = qhx("tokenize --model " + dir.path().string(), " Hello world");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[21927,1879]\n");
+}
+
+class CliBrokenModel : public ::testing::Test {
+ protected:
+  void SetUp() override { test::copy_dir(kSmallModel, model()); }
+  fs::path model() const { return dir_.path() / "model"; }
+  CliRun generate() {
+    return qhx("generate --model " + model().string() + " --prompt-ids 1,2,3 -n 4 --print-ids");
+  }
+  test::RawSafetensors weights() const {
+    return test::RawSafetensors::read(model() / "model.safetensors");
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(CliBrokenModel, TruncatedSafetensors) {
+  const fs::path file = model() / "model.safetensors";
+  fs::resize_file(file, fs::file_size(file) / 2);
+  expect_user_error(generate(), {"model.safetensors", "past the end"});
+  fs::resize_file(file, 6);
+  expect_user_error(generate(), {"model.safetensors", "truncated"});
+}
+
+TEST_F(CliBrokenModel, HeaderOffsetsPastTheEnd) {
+  test::RawSafetensors raw = weights();
+  raw.header["model.norm.weight"]["data_offsets"][1] = raw.data.size() + 64;
+  raw.write(model() / "model.safetensors");
+  expect_user_error(generate(), {"model.safetensors", "model.norm.weight", "past the end"});
+}
+
+TEST_F(CliBrokenModel, MissingTensor) {
+  test::RawSafetensors raw = weights();
+  raw.header.erase("model.layers.1.mlp.up_proj.weight");
+  raw.write(model() / "model.safetensors");
+  expect_user_error(generate(), {"model", "missing tensor 'model.layers.1.mlp.up_proj.weight'"});
+}
+
+TEST_F(CliBrokenModel, TensorOfTheWrongShape) {
+  test::RawSafetensors raw = weights();
+  Json& shape = raw.header["model.layers.0.self_attn.k_proj.weight"]["shape"];
+  std::swap(shape[0], shape[1]);
+  raw.write(model() / "model.safetensors");
+  expect_user_error(generate(),
+                    {"model.safetensors", "model.layers.0.self_attn.k_proj.weight", "expected"});
+}
+
+TEST_F(CliBrokenModel, BadJsonConfig) {
+  std::ofstream(model() / "config.json") << "{\"model_type\": \"qwen3\", ";
+  expect_user_error(generate(), {"config.json", "invalid JSON"});
+}
+
+TEST_F(CliBrokenModel, TokenizerJsonWithoutModelSection) {
+  Json tok = Json::parse(slurp(kDefaultModel / "tokenizer.json"));
+  tok.erase("model");
+  std::ofstream(model() / "tokenizer.json") << tok.dump();
+  expect_user_error(qhx("tokenize --model " + model().string(), "hi"),
+                    {"tokenizer.json", "model"});
+}
+
+TEST(Cli, PromptWithInvalidUtf8) {
+  const CliRun r = qhx("generate --model " + kDefaultModel.string() +
+                    " --prompt \"$(printf 'ok \\377 no')\" -n 4");
+  expect_user_error(r, {"--prompt", "invalid UTF-8 at byte 3"});
+  expect_user_error(qhx("tokenize --model " + kDefaultModel.string(), "ab\xC3"),
+                    {"stdin", "invalid UTF-8 at byte 2"});
+}
+
+TEST(Cli, PromptLongerThanTheContext) {
+  std::string ids = "1";
+  for (int i = 0; i < 4100; ++i) ids += ",1";
+  expect_user_error(qhx("generate --model " + kSmallModel.string() + " --prompt-ids " + ids +
+                        " -n 4 --print-ids"),
+                    {"prompt", "context"});
+}
+
+TEST(Cli, TokenIdOutsideTheVocabulary) {
+  expect_user_error(qhx("generate --model " + kSmallModel.string() +
+                        " --prompt-ids 1,99999 -n 2 --print-ids"),
+                    {"99999", "vocabulary"});
+}
+
+TEST(Cli, ModelWithoutTokenizerNeedsIds) {
+  expect_user_error(qhx("generate --model " + kSmallModel.string() + " --prompt hi -n 2"),
+                    {"tokenizer.json", "--prompt-ids"});
+}
+
+}  // namespace
+}  // namespace qhx

@@ -1,0 +1,138 @@
+// config.json / generation_config.json parsing: flat and nested layouts, documented defaults,
+// and clear errors for unknown, missing or unsupported keys.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "io/hf_config.h"
+#include "support/expect_error.h"
+#include "support/fixtures.h"
+#include "util/json_file.h"
+
+namespace qhx {
+namespace {
+
+using test::expect_error;
+
+Json base_config() {
+  return Json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000, "rope_scaling": null, "hidden_act": "silu",
+    "attention_bias": false, "attention_dropout": 0.0, "use_sliding_window": false,
+    "sliding_window": null, "max_window_layers": 28, "tie_word_embeddings": true,
+    "bos_token_id": 151643, "eos_token_id": 151645, "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+    "initializer_range": 0.02})");
+}
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  ModelConfig load(const Json& j) {
+    std::ofstream(path()) << j.dump(2);
+    return load_model_config(path());
+  }
+  std::filesystem::path path() const { return dir_.path() / "config.json"; }
+  test::TempDir dir_;
+};
+
+TEST_F(ConfigTest, Qwen3_0_6BConfigAsPublished) {
+  const ModelConfig c = load(base_config());
+  EXPECT_EQ(c.family, Family::kQwen3);
+  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_EQ(c.hidden_size, 1024);
+  EXPECT_EQ(c.head_dim, 128);  // explicit, not hidden / heads
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{151645});
+  EXPECT_EQ(c.max_position_embeddings, 40960);
+}
+
+TEST_F(ConfigTest, TransformersV5RopeParameters) {
+  Json j = base_config();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
+  EXPECT_DOUBLE_EQ(load(j).rope_theta, 5e5);
+}
+
+TEST_F(ConfigTest, NestedTextConfig) {
+  Json wrapper = {{"architectures", {"Qwen3ForConditionalGeneration"}},
+                  {"model_type", "qwen3_vl"},
+                  {"text_config", base_config()},
+                  {"vision_config", {{"depth", 2}}}};
+  const ModelConfig c = load(wrapper);
+  EXPECT_EQ(c.hidden_size, 1024);
+  EXPECT_EQ(c.model_type, "qwen3");
+}
+
+TEST_F(ConfigTest, DocumentedDefaults) {
+  Json j = base_config();
+  for (const char* key : {"head_dim", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                          "max_position_embeddings", "tie_word_embeddings"}) {
+    j.erase(key);
+  }
+  const ModelConfig c = load(j);
+  EXPECT_EQ(c.head_dim, 1024 / 16);
+  EXPECT_EQ(c.num_kv_heads, 16);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_FALSE(c.tie_word_embeddings);
+}
+
+TEST_F(ConfigTest, UnknownKeyIsAnError) {
+  Json j = base_config();
+  j["quantization_config"] = {{"bits", 4}};
+  expect_error([&] { load(j); }, {"config.json", "quantization_config", "unknown config key"});
+}
+
+TEST_F(ConfigTest, MissingRequiredKeyIsAnError) {
+  Json j = base_config();
+  j.erase("hidden_size");
+  expect_error([&] { load(j); }, {"config.json", "hidden_size", "missing"});
+}
+
+TEST_F(ConfigTest, UnsupportedSettingsAreErrors) {
+  Json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error([&] { load(j); }, {"rope_scaling", "yarn"});
+  j = base_config();
+  j["use_sliding_window"] = true;
+  expect_error([&] { load(j); }, {"use_sliding_window", "not supported"});
+  j = base_config();
+  j["attention_bias"] = true;
+  expect_error([&] { load(j); }, {"attention_bias"});
+  j = base_config();
+  j["model_type"] = "llama";
+  expect_error([&] { load(j); }, {"model_type", "llama"});
+  j = base_config();
+  j["num_key_value_heads"] = 3;
+  expect_error([&] { load(j); }, {"num_key_value_heads", "divide"});
+  j = base_config();
+  j["hidden_size"] = "1024";
+  expect_error([&] { load(j); }, {"hidden_size", "integer"});
+}
+
+TEST_F(ConfigTest, BadJsonNamesTheFile) {
+  std::ofstream(path()) << "{\"vocab_size\": 12,";
+  expect_error([&] { load_model_config(path()); }, {path().string(), "invalid JSON"});
+  expect_error([&] { load_model_config(dir_.path() / "nope.json"); }, {"nope.json", "cannot open"});
+}
+
+TEST_F(ConfigTest, GenerationDefaults) {
+  const auto p = dir_.path() / "generation_config.json";
+  std::ofstream(p) << R"({"bos_token_id": 151643, "do_sample": true,
+      "eos_token_id": [151645, 151643], "pad_token_id": 151643, "temperature": 0.6,
+      "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"})";
+  const GenerationDefaults d = load_generation_defaults(p);
+  EXPECT_EQ(d.eos_token_ids, (std::vector<int32_t>{151645, 151643}));
+  EXPECT_TRUE(*d.do_sample);
+  EXPECT_DOUBLE_EQ(*d.temperature, 0.6);
+  EXPECT_EQ(*d.top_k, 20);
+  EXPECT_FALSE(load_generation_defaults(dir_.path() / "absent.json").do_sample.has_value());
+}
+
+}  // namespace
+}  // namespace qhx

@@ -1,0 +1,197 @@
+// Reference kernels against straightforward double-precision formulas, and the sampler.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "runtime/sampler.h"
+#include "support/expect_error.h"
+
+namespace qhx {
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+uint16_t f32_to_bf16_truncate(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+TEST(DType, HalfToFloatIsExactForEveryValue) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const int sign = (bits >> 15) ? -1 : 1;
+    const int exponent = (bits >> 10) & 0x1F;
+    const int mantissa = bits & 0x3FF;
+    const float got = f16_to_f32(static_cast<uint16_t>(bits));
+    if (exponent == 0x1F) {
+      EXPECT_TRUE(mantissa ? std::isnan(got) : std::isinf(got)) << bits;
+      continue;
+    }
+    const double expected = exponent == 0 ? sign * std::ldexp(mantissa, -24)
+                                          : sign * std::ldexp(1024 + mantissa, exponent - 25);
+    EXPECT_EQ(static_cast<double>(got), expected) << bits;
+    EXPECT_EQ(std::signbit(got), sign < 0) << bits;
+  }
+}
+
+TEST(Kernels, MatmulMatchesDoubleForEveryWeightType) {
+  const int64_t rows = 13, cols = 37, tokens = 5;
+  const std::vector<float> x = random_vector(tokens * cols, 1);
+  const std::vector<float> w = random_vector(rows * cols, 2);
+  std::vector<uint16_t> w_bf16(w.size()), w_f16(w.size());
+  std::vector<float> w_bf16_exact(w.size()), w_f16_exact(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    w_bf16[i] = f32_to_bf16_truncate(w[i]);
+    w_bf16_exact[i] = bf16_to_f32(w_bf16[i]);
+    // Random halves of moderate magnitude; f16_to_f32 is checked exhaustively above.
+    w_f16[i] = static_cast<uint16_t>((w_bf16[i] & 0x8000) | ((10 + i % 8) << 10) | (i * 37 % 1024));
+    w_f16_exact[i] = f16_to_f32(w_f16[i]);
+  }
+  struct Case {
+    MatrixRef m;
+    const std::vector<float>* exact;
+  } cases[] = {{{DType::kF32, w.data(), rows, cols}, &w},
+               {{DType::kBF16, w_bf16.data(), rows, cols}, &w_bf16_exact},
+               {{DType::kF16, w_f16.data(), rows, cols}, &w_f16_exact}};
+  for (const Case& c : cases) {
+    std::vector<float> y(tokens * rows), single(rows);
+    ref::matmul(x.data(), tokens, c.m, y.data());
+    for (int64_t t = 0; t < tokens; ++t) {
+      ref::matmul(x.data() + t * cols, 1, c.m, single.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        double expected = 0;
+        for (int64_t k = 0; k < cols; ++k) expected += double(x[t * cols + k]) * (*c.exact)[r * cols + k];
+        EXPECT_NEAR(y[t * rows + r], expected, 1e-4) << dtype_name(c.m.dtype);
+        EXPECT_EQ(y[t * rows + r], single[r]) << "a row must not depend on the batch";
+      }
+    }
+  }
+}
+
+TEST(Kernels, RmsNorm) {
+  const std::vector<float> x = random_vector(64, 3, 5.0f), w = random_vector(64, 4);
+  std::vector<float> y(64);
+  ref::rms_norm(x.data(), w.data(), 64, 1e-6f, y.data());
+  double ms = 0;
+  for (float v : x) ms += double(v) * v;
+  const double inv = 1.0 / std::sqrt(ms / 64 + 1e-6);
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(y[i], w[i] * x[i] * inv, 1e-5);
+}
+
+TEST(Kernels, RopeRotatesHalvesAndPassesTheRestThrough) {
+  const int64_t stride = 12, rotary = 8;
+  std::vector<float> x = random_vector(2 * stride, 5);
+  const std::vector<float> original = x;
+  const float cos[4] = {1.0f, 0.5f, 0.0f, -0.8f};
+  float sin[4];
+  for (int i = 0; i < 4; ++i) sin[i] = std::sqrt(1.0f - cos[i] * cos[i]);
+  ref::rope_rotate_half(x.data(), 2, stride, rotary, cos, sin);
+  for (int v = 0; v < 2; ++v) {
+    const float* a = original.data() + v * stride;
+    const float* r = x.data() + v * stride;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(r[i], a[i] * cos[i] - a[i + 4] * sin[i], 1e-6);
+      EXPECT_NEAR(r[i + 4], a[i + 4] * cos[i] + a[i] * sin[i], 1e-6);
+    }
+    for (int i = rotary; i < stride; ++i) EXPECT_EQ(r[i], a[i]);
+  }
+}
+
+TEST(Kernels, SoftmaxIsStableForLargeInputs) {
+  std::vector<float> x = {1000.0f, 1001.0f, 999.0f, -1e30f};
+  ref::softmax(x.data(), 4);
+  const double z = std::exp(-1.0) + 1 + std::exp(-2.0);
+  EXPECT_NEAR(x[0], std::exp(-1.0) / z, 1e-6);
+  EXPECT_NEAR(x[1], 1 / z, 1e-6);
+  EXPECT_EQ(x[3], 0.0f);
+}
+
+TEST(Kernels, CausalGqaAttentionMatchesDouble) {
+  const AttentionShape shape{4, 2, 8};
+  const int64_t first_pos = 3, n_queries = 2, n_keys = first_pos + n_queries;
+  const int64_t qw = shape.n_heads * shape.head_dim, kvw = shape.n_kv_heads * shape.head_dim;
+  const std::vector<float> q = random_vector(n_queries * qw, 6), k = random_vector(n_keys * kvw, 7),
+                           v = random_vector(n_keys * kvw, 8);
+  std::vector<float> out(n_queries * qw), scores(n_keys);
+  const float scale = 0.35f;
+  ref::causal_attention(q.data(), n_queries, first_pos, k.data(), v.data(), shape, scale,
+                        out.data(), scores.data());
+  for (int64_t t = 0; t < n_queries; ++t) {
+    for (int64_t h = 0; h < shape.n_heads; ++h) {
+      const int64_t kv = h / 2;  // consecutive query heads share a kv head
+      std::vector<double> p(first_pos + t + 1);
+      double z = 0;
+      for (size_t j = 0; j < p.size(); ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < 8; ++d) dot += double(q[t * qw + h * 8 + d]) * k[j * kvw + kv * 8 + d];
+        p[j] = std::exp(dot * scale);
+        z += p[j];
+      }
+      for (int64_t d = 0; d < 8; ++d) {
+        double expected = 0;
+        for (size_t j = 0; j < p.size(); ++j) expected += p[j] / z * v[j * kvw + kv * 8 + d];
+        EXPECT_NEAR(out[t * qw + h * 8 + d], expected, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(Sampler, ArgmaxTakesTheFirstOfTies) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(argmax(logits), 1);
+}
+
+TEST(Sampler, TopKAndTopPLimitTheCandidates) {
+  const std::vector<float> logits = {0.1f, 3.0f, 2.9f, -2.0f, 2.8f, 0.0f};
+  SamplingParams p;
+  p.greedy = false;
+  p.temperature = 1.0f;
+  p.top_k = 2;
+  p.seed = 7;
+  Sampler top2(p);
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 2000; ++i) ++seen[top2.sample(logits)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_GT(seen[1], seen[2]);
+  EXPECT_GT(seen[2], 600);
+
+  p.top_k = 0;
+  p.top_p = 0.3f;  // token 1 alone holds ~0.35 of the mass
+  Sampler nucleus(p);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(nucleus.sample(logits), 1);
+}
+
+TEST(Sampler, SameSeedSameTokens) {
+  const std::vector<float> logits = random_vector(500, 9, 2.0f);
+  SamplingParams p;
+  p.greedy = false;
+  p.temperature = 0.8f;
+  p.top_p = 0.95f;
+  p.seed = 1234;
+  Sampler a(p), b(p);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
+}
+
+TEST(Sampler, RejectsBadParameters) {
+  SamplingParams p;
+  p.greedy = false;
+  p.temperature = 0.0f;
+  test::expect_error([&] { Sampler s(p); }, {"temperature"});
+  p.temperature = 1.0f;
+  p.top_p = 1.5f;
+  test::expect_error([&] { Sampler s(p); }, {"top_p"});
+}
+
+}  // namespace
+}  // namespace qhx

@@ -1,0 +1,49 @@
+#include "support/raw_safetensors.h"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace qhx::test {
+
+RawSafetensors RawSafetensors::read(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  if (bytes.size() < 8) throw std::runtime_error("short safetensors file");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  RawSafetensors raw;
+  raw.header = Json::parse(bytes.substr(8, n));
+  raw.data = bytes.substr(8 + n);
+  return raw;
+}
+
+void RawSafetensors::add(const std::string& name, const std::string& dtype,
+                         std::vector<int64_t> shape, const void* bytes, size_t nbytes) {
+  const size_t begin = data.size();
+  data.append(static_cast<const char*>(bytes), nbytes);
+  header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+}
+
+void RawSafetensors::write(const std::filesystem::path& path, size_t align) const {
+  std::string text = header.dump();
+  while ((8 + text.size()) % align != 0) text += ' ';
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xFF));
+  out << text << data;
+}
+
+void copy_dir(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::filesystem::create_directories(to);
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive |
+                                      std::filesystem::copy_options::overwrite_existing);
+  for (const auto& e : std::filesystem::recursive_directory_iterator(to)) {
+    std::filesystem::permissions(e.path(), std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::add);
+  }
+}
+
+}  // namespace qhx::test

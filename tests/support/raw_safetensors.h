@@ -1,0 +1,28 @@
+// Test-only access to a safetensors file as (JSON header, data bytes), to build files and to
+// corrupt them on purpose.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "util/json_file.h"
+
+namespace qhx::test {
+
+struct RawSafetensors {
+  Json header = Json::object();
+  std::string data;
+
+  static RawSafetensors read(const std::filesystem::path& path);
+  // Appends a tensor at the end of the data, recording its offsets in the header.
+  void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+           const void* bytes, size_t nbytes);
+  // Writes the 8-byte length, the header padded with spaces to `align`, then the data.
+  void write(const std::filesystem::path& path, size_t align = 8) const;
+};
+
+void copy_dir(const std::filesystem::path& from, const std::filesystem::path& to);
+
+}  // namespace qhx::test
