@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -128,6 +129,8 @@ TEST_P(Qwen3Parity, LogitsAtEveryPositionMatchReference) {
       }
     }
     EXPECT_LE(worst, tolerance) << "prompt " << p.name << ": max |logit diff| " << worst;
+    std::printf("%s/%s: max |logit diff| %.3g = %.3g x max|logit|\n", GetParam().c_str(),
+                p.name.c_str(), worst, worst / max_abs(p.logits));
   }
 }
 
