@@ -9,8 +9,9 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
+#include <cstdint>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -52,22 +53,11 @@ const ByteTable& byte_table() {
   return table;
 }
 
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
+// The vocabulary spelling of byte `b`: its table character in UTF-8 (all are below U+0800).
+std::string byte_spelling(uint8_t b) {
+  const char32_t c = byte_table().to_char[b];
+  if (c < 0x80) return std::string(1, static_cast<char>(c));
+  return {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
 }
 
 // Length of the UTF-8 sequence led by `lead` in valid text.
@@ -300,14 +290,36 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buffer.data());
 }
 
+// Compiles a Hugging Face split pattern. Hugging Face's regex engine takes \s as Unicode
+// White_Space, while PCRE2's \s also matches U+180E, so \s and \S are spelled as the property.
 Regex compile_regex(std::string_view pattern, const std::string& file, std::string_view field) {
+  std::string translated;
+  std::vector<size_t> source_offset;  // per byte of `translated`, its offset in `pattern`
+  const auto emit = [&](std::string_view text, size_t from) {
+    translated += text;
+    source_offset.insert(source_offset.end(), text.size(), from);
+  };
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      const char next = pattern[i + 1];
+      emit(next == 's'   ? "\\p{White_Space}"
+           : next == 'S' ? "\\P{White_Space}"
+                         : pattern.substr(i, 2),
+           i);
+      ++i;
+    } else {
+      emit(pattern.substr(i, 1), i);
+    }
+  }
   int code = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                    PCRE2_UTF | PCRE2_UCP, &code, &offset, nullptr);
+  pcre2_code* regex =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                    PCRE2_UTF | PCRE2_UCP, &code, &offset, nullptr);
   if (regex == nullptr) {
+    const size_t at = offset < source_offset.size() ? source_offset[offset] : pattern.size();
     fail_field(file, field,
-               "bad regex at offset " + std::to_string(offset) + ": " + pcre2_message(code));
+               "bad regex at offset " + std::to_string(at) + ": " + pcre2_message(code));
   }
   // Without JIT support pcre2_match falls back to the interpreter, so failure here is fine.
   pcre2_jit_compile(regex, PCRE2_JIT_COMPLETE);
@@ -448,8 +460,7 @@ void Tokenizer::Impl::load_model(const Json& root, const std::string& file) {
   }
   // Every byte needs a token, so BPE can start from single bytes and never needs unk_token.
   for (int b = 0; b < 256; ++b) {
-    std::string spelling;
-    append_utf8(byte_table().to_char[b], spelling);
+    const std::string spelling = byte_spelling(static_cast<uint8_t>(b));
     const auto it = vocab.find(spelling);
     if (it == vocab.end()) {
       fail_field(file, "model.vocab",

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) and fuzzes each for N seconds
+# (default 30), starting from the saved corpus. New crashers are left in build-fuzz/crashes/.
+# Usage: tools/fuzz.sh [seconds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQHX_FUZZ=ON \
+  >/dev/null
+targets=(safetensors config tokenizer)
+cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+mkdir -p build-fuzz/crashes
+for t in "${targets[@]}"; do
+  work=build-fuzz/corpus/$t
+  mkdir -p "$work"
+  echo "fuzzing $t for ${seconds}s"
+  build-fuzz/tests/fuzz/fuzz_$t -max_total_time="$seconds" -max_len=65536 -timeout=10 \
+    -rss_limit_mb=4096 -artifact_prefix=build-fuzz/crashes/$t- -print_final_stats=1 \
+    "$work" "tests/fuzz/corpus/$t" 2>&1 | grep -E '^(stat::number_of_executed_units|==|SUMMARY)' || true
+  if ls build-fuzz/crashes/$t-* >/dev/null 2>&1; then
+    echo "fuzz_$t found a failing input: $(ls build-fuzz/crashes/$t-*)"
+    exit 1
+  fi
+done
