@@ -20,14 +20,20 @@ const std::set<std::string_view> kInformationalKeys = {
     "tokenizer_class", "use_return_dict", "torchscript", "pruned_heads", "tf_legacy_loss",
     "use_bfloat16", "finetuning_task", "prefix", "sep_token_id", "decoder_start_token_id",
     "task_specific_params", "add_cross_attention", "cross_attention_hidden_size", "is_decoder",
-    "tie_encoder_decoder", "num_labels"};
+    "tie_encoder_decoder", "num_labels",
+    // Qwen3.5: the multi-token-prediction head is not used for decoding, and the HF torch path
+    // keeps the recurrent state in f32 whatever mamba_ssm_dtype says.
+    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "mamba_ssm_dtype"};
 
 // Keys the forward pass reads.
 const std::set<std::string_view> kModelKeys = {
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
     "rope_parameters", "rope_scaling", "hidden_act", "attention_bias", "mlp_bias",
-    "use_sliding_window", "sliding_window", "layer_types"};
+    "use_sliding_window", "sliding_window", "layer_types", "partial_rotary_factor",
+    "attn_output_gate", "full_attention_interval", "linear_num_key_heads",
+    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim"};
 
 // Keys a multimodal wrapper carries around its text_config.
 const std::set<std::string_view> kWrapperKeys = {"text_config", "vision_config",
@@ -89,6 +95,9 @@ double rope_theta_of(const Json& cfg, const std::string& where) {
         continue;
       } else if (k == "rope_theta") {
         theta = require_number(*it, "rope_theta", w);
+      } else if (k == "partial_rotary_factor" || k == "mrope_section" ||
+                 k == "mrope_interleaved") {
+        continue;  // read by rotary_dim_of; M-RoPE is the identity on text (spec §3.5)
       } else {
         fail(w + "." + k, "unknown RoPE parameter");
       }
@@ -96,6 +105,68 @@ double rope_theta_of(const Json& cfg, const std::string& where) {
   }
   if (!(theta > 0)) fail(field(where, "rope_theta"), "must be positive");
   return theta;
+}
+
+// int(head_dim · partial_rotary_factor), as transformers computes it. The factor may sit at the
+// top level or inside rope_parameters; Qwen3.5's config class defaults it to 0.25.
+int64_t rotary_dim_of(const Json& cfg, int64_t head_dim, double default_factor,
+                      const std::string& where) {
+  double factor = default_factor;
+  std::string key = "partial_rotary_factor";
+  if (cfg.contains(key) && !cfg[key].is_null()) factor = require_number(cfg, key, where);
+  if (auto it = cfg.find("rope_parameters"); it != cfg.end() && it->is_object() &&
+                                             it->contains(key)) {
+    factor = require_number(*it, key, where + ": rope_parameters");
+    key = "rope_parameters." + key;
+  }
+  const auto dim = static_cast<int64_t>(static_cast<double>(head_dim) * factor);
+  if (!(factor > 0 && factor <= 1) || dim < 2 || dim % 2 != 0) {
+    fail(field(where, key), "gives a rotary dimension of " + std::to_string(dim) +
+                                " for head_dim " + std::to_string(head_dim) +
+                                " (must be even, > 0, <= head_dim)");
+  }
+  return dim;
+}
+
+std::vector<LayerKind> layer_types_of(const Json& cfg, const ModelConfig& c,
+                                      const std::string& where) {
+  std::vector<LayerKind> kinds;
+  auto it = cfg.find("layer_types");
+  if (it == cfg.end() || it->is_null()) {
+    if (c.family == Family::kQwen3) return std::vector<LayerKind>(c.num_layers, LayerKind::kFullAttention);
+    // Qwen3.5 without an explicit list: every full_attention_interval-th layer is full.
+    int64_t interval = 4;
+    if (cfg.contains("full_attention_interval")) {
+      interval = positive_int(cfg, "full_attention_interval", where);
+    }
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      kinds.push_back((i + 1) % interval == 0 ? LayerKind::kFullAttention
+                                              : LayerKind::kLinearAttention);
+    }
+    return kinds;
+  }
+  const std::string w = field(where, "layer_types");
+  if (!it->is_array() || static_cast<int64_t>(it->size()) != c.num_layers) {
+    fail(w, "expected a list of num_hidden_layers (" + std::to_string(c.num_layers) +
+                ") entries, got " + (it->is_array() ? std::to_string(it->size()) : it->dump()));
+  }
+  for (const Json& t : *it) {
+    if (t == "full_attention") {
+      kinds.push_back(LayerKind::kFullAttention);
+    } else if (t == "linear_attention" && c.family == Family::kQwen3_5) {
+      kinds.push_back(LayerKind::kLinearAttention);
+    } else {
+      fail(w, "layer type " + t.dump() + " is not supported for model_type '" + c.model_type +
+                  "'");
+    }
+  }
+  return kinds;
+}
+
+int64_t int_or_default(const Json& cfg, std::string_view key, int64_t fallback,
+                       const std::string& where) {
+  auto it = cfg.find(key);
+  return it == cfg.end() || it->is_null() ? fallback : positive_int(cfg, key, where);
 }
 
 }  // namespace
@@ -126,6 +197,8 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   c.model_type = require_string(cfg, "model_type", where);
   if (c.model_type == "qwen3") {
     c.family = Family::kQwen3;
+  } else if (c.model_type == "qwen3_5_text" || c.model_type == "qwen3_5") {
+    c.family = Family::kQwen3_5;
   } else {
     fail(field(where, "model_type"), "'" + c.model_type + "' is not a model family qhx runs");
   }
@@ -152,10 +225,30 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   if (cfg.contains("rms_norm_eps")) c.rms_norm_eps = require_number(cfg, "rms_norm_eps", where);
   if (!(c.rms_norm_eps > 0)) fail(field(where, "rms_norm_eps"), "must be positive");
   c.rope_theta = rope_theta_of(cfg, where);
-  if (cfg.contains("tie_word_embeddings")) {
-    const Json& t = cfg["tie_word_embeddings"];
-    if (!t.is_boolean()) fail(field(where, "tie_word_embeddings"), "expected true or false");
-    c.tie_word_embeddings = t.get<bool>();
+  const bool qwen3_5 = c.family == Family::kQwen3_5;
+  c.rotary_dim = rotary_dim_of(cfg, c.head_dim, qwen3_5 ? 0.25 : 1.0, where);
+  // A wrapper may carry the flag at either level; tying is decided by the weights present.
+  for (const Json* level : {&root, &cfg}) {
+    if (auto t = level->find("tie_word_embeddings"); t != level->end()) {
+      if (!t->is_boolean()) fail(field(where, "tie_word_embeddings"), "expected true or false");
+      c.tie_word_embeddings = c.tie_word_embeddings || t->get<bool>();
+    }
+  }
+  c.layer_types = layer_types_of(cfg, c, where);
+  if (qwen3_5) {
+    // Defaults are those of transformers' Qwen3_5TextConfig (spec §3.1).
+    c.linear_num_key_heads = int_or_default(cfg, "linear_num_key_heads", 16, where);
+    c.linear_num_value_heads = int_or_default(cfg, "linear_num_value_heads", 32, where);
+    c.linear_key_head_dim = int_or_default(cfg, "linear_key_head_dim", 128, where);
+    c.linear_value_head_dim = int_or_default(cfg, "linear_value_head_dim", 128, where);
+    c.linear_conv_kernel_dim = int_or_default(cfg, "linear_conv_kernel_dim", 4, where);
+    if (c.linear_num_value_heads % c.linear_num_key_heads != 0) {
+      fail(field(where, "linear_num_value_heads"),
+           "must be a multiple of linear_num_key_heads (" +
+               std::to_string(c.linear_num_key_heads) + ")");
+    }
+    require_value(cfg, "attn_output_gate", true, where,
+                  "Qwen3.5 attention always applies its output gate");
   }
   if (cfg.contains("max_position_embeddings") && !cfg["max_position_embeddings"].is_null()) {
     c.max_position_embeddings = positive_int(cfg, "max_position_embeddings", where);
@@ -171,16 +264,6 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   require_value(cfg, "attention_bias", false, where, "Qwen3 projections have no bias");
   require_value(cfg, "mlp_bias", false, where, "Qwen3 MLP has no bias");
   require_value(cfg, "use_sliding_window", false, where, "sliding-window attention");
-  if (auto it = cfg.find("layer_types"); it != cfg.end() && !it->is_null()) {
-    if (!it->is_array() || static_cast<int64_t>(it->size()) != c.num_layers) {
-      fail(field(where, "layer_types"), "expected one entry per layer");
-    }
-    for (const Json& t : *it) {
-      if (t != "full_attention") {
-        fail(field(where, "layer_types"), "layer type " + t.dump() + " is not supported");
-      }
-    }
-  }
   return c;
 }
 

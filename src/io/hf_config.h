@@ -9,9 +9,13 @@
 
 namespace qhx {
 
-enum class Family { kQwen3 };
+enum class Family { kQwen3, kQwen3_5 };
 
-// Text-decoder hyper-parameters (spec §2.1). Keys that change the math and that qhx does not
+// Token mixer of a decoder layer: softmax attention with a KV cache, or Gated DeltaNet linear
+// attention with a conv state and a recurrent state (Qwen3.5, spec §3.7).
+enum class LayerKind { kFullAttention, kLinearAttention };
+
+// Text-decoder hyper-parameters (spec §2.1, §3.1). Keys that change the math and that qhx does not
 // implement (biases, sliding windows, RoPE scaling) are rejected, not ignored.
 struct ModelConfig {
   Family family = Family::kQwen3;
@@ -25,6 +29,14 @@ struct ModelConfig {
   int64_t head_dim = 0;      // default: hidden_size / num_heads
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  int64_t rotary_dim = 0;  // leading dims of each head that RoPE rotates (partial rotary)
+  std::vector<LayerKind> layer_types;
+  // Gated DeltaNet layers (Qwen3.5 only).
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;  // a multiple of the key heads
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
   bool tie_word_embeddings = false;  // a hint only: tying is decided by the weights present
   int64_t max_position_embeddings = 32768;
   std::optional<int32_t> bos_token_id;

@@ -24,6 +24,14 @@ struct AttentionShape {
   int64_t head_dim = 0;
 };
 
+// Heads of a gated delta rule: value head j reads key head j / (n_v_heads / n_k_heads).
+struct DeltaRuleShape {
+  int64_t n_k_heads = 0;
+  int64_t n_v_heads = 0;
+  int64_t k_dim = 0;
+  int64_t v_dim = 0;
+};
+
 namespace ref {
 
 // out[cols] = float32(w[row, :]).
@@ -54,6 +62,33 @@ void softmax(float* x, int64_t n);
 void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
                       const float* values, const AttentionShape& shape, float scale, float* out,
                       float* scores);
+
+// x[i] *= sigmoid(gate[i]).
+void sigmoid_gate(const float* gate, int64_t n, float* x);
+
+// In place: x / sqrt(Σ x² + eps) (eps on the sum, as Hugging Face's l2norm).
+void l2_normalize(float* x, int64_t n, float eps);
+
+// Depthwise causal conv1d over time followed by SiLU, continuing from `state`.
+// u: [n_tokens, channels] inputs; weight: [channels, kernel] (weight[c, kernel-1] multiplies the
+// current token); state: [kernel-1, channels], the previous inputs, oldest first (zeros at the
+// start of a sequence), updated to the last kernel-1 inputs. out: [n_tokens, channels].
+void causal_conv1d_silu(const float* u, int64_t n_tokens, int64_t channels, const float* weight,
+                        int64_t kernel, float* state, float* out);
+
+// The gated delta rule over n_tokens, continuing from `state` [n_v_heads, k_dim, v_dim] (f32,
+// key index first), which is updated. Per token t and value head j, with α = exp(g):
+//   S ← α S;  S ← S + k (β (v − Sᵀk))ᵀ;  o = Sᵀ q.
+// q, k: [n_tokens, n_k_heads·k_dim] (already L2-normalised, q scaled); v, out:
+// [n_tokens, n_v_heads·v_dim]; beta, g: [n_tokens, n_v_heads].
+// Token by token, as the definition reads:
+void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* beta,
+                                const float* g, int64_t n_tokens, const DeltaRuleShape& shape,
+                                float* state, float* out);
+// The same in chunks of `chunk` tokens (WY/UT form, spec §3.7 step 7'): equal up to rounding.
+void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* beta,
+                              const float* g, int64_t n_tokens, const DeltaRuleShape& shape,
+                              int64_t chunk, float* state, float* out);
 
 }  // namespace ref
 }  // namespace qhx

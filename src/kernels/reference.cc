@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 
@@ -128,6 +130,147 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
         const float* vj = values + j * kv_stride + kv_head * hd;
         const float p = scores[j];
         for (int64_t d = 0; d < hd; ++d) oh[d] += p * vj[d];
+      }
+    }
+  }
+}
+
+void sigmoid_gate(const float* gate, int64_t n, float* x) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+}
+
+void l2_normalize(float* x, int64_t n, float eps) {
+  float sum_sq = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum_sq += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(sum_sq + eps);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void causal_conv1d_silu(const float* u, int64_t n_tokens, int64_t channels, const float* weight,
+                        int64_t kernel, float* state, float* out) {
+  const int64_t history = kernel - 1;
+  // Input at step τ relative to this call: the state for τ < 0, else u.
+  const auto input = [&](int64_t tau, int64_t c) {
+    return tau < 0 ? state[(history + tau) * channels + c] : u[tau * channels + c];
+  };
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t c = 0; c < channels; ++c) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < kernel; ++j) acc += weight[c * kernel + j] * input(t - history + j, c);
+      out[t * channels + c] = acc / (1.0f + std::exp(-acc));
+    }
+  }
+  // Keep the last `history` inputs, oldest first.
+  std::vector<float> next(history * channels);
+  for (int64_t h = 0; h < history; ++h) {
+    for (int64_t c = 0; c < channels; ++c) {
+      next[h * channels + c] = input(n_tokens - history + h, c);
+    }
+  }
+  std::copy(next.begin(), next.end(), state);
+}
+
+void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* beta,
+                                const float* g, int64_t n_tokens, const DeltaRuleShape& shape,
+                                float* state, float* out) {
+  const int64_t dk = shape.k_dim, dv = shape.v_dim, group = shape.n_v_heads / shape.n_k_heads;
+  std::vector<float> memory(dv);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t j = 0; j < shape.n_v_heads; ++j) {
+      const float* qt = q + (t * shape.n_k_heads + j / group) * dk;
+      const float* kt = k + (t * shape.n_k_heads + j / group) * dk;
+      const float* vt = v + (t * shape.n_v_heads + j) * dv;
+      const float b = beta[t * shape.n_v_heads + j];
+      const float decay = std::exp(g[t * shape.n_v_heads + j]);
+      float* S = state + j * dk * dv;
+      for (int64_t i = 0; i < dk * dv; ++i) S[i] *= decay;  // decay before the read
+      std::fill(memory.begin(), memory.end(), 0.0f);
+      for (int64_t a = 0; a < dk; ++a) {
+        for (int64_t c = 0; c < dv; ++c) memory[c] += S[a * dv + c] * kt[a];
+      }
+      for (int64_t c = 0; c < dv; ++c) memory[c] = (vt[c] - memory[c]) * b;  // the delta
+      for (int64_t a = 0; a < dk; ++a) {
+        for (int64_t c = 0; c < dv; ++c) S[a * dv + c] += kt[a] * memory[c];
+      }
+      float* ot = out + (t * shape.n_v_heads + j) * dv;
+      std::fill(ot, ot + dv, 0.0f);
+      for (int64_t a = 0; a < dk; ++a) {
+        for (int64_t c = 0; c < dv; ++c) ot[c] += S[a * dv + c] * qt[a];
+      }
+    }
+  }
+}
+
+void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* beta,
+                              const float* g, int64_t n_tokens, const DeltaRuleShape& shape,
+                              int64_t chunk, float* state, float* out) {
+  const int64_t dk = shape.k_dim, dv = shape.v_dim, group = shape.n_v_heads / shape.n_k_heads;
+  const int64_t hk = shape.n_k_heads, hv = shape.n_v_heads;
+  std::vector<float> G(chunk), A(chunk * chunk), U(chunk * dv), W(chunk * dk);
+  const auto dot = [](const float* x, const float* y, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
+    return s;
+  };
+  for (int64_t j = 0; j < hv; ++j) {
+    float* S = state + j * dk * dv;
+    const int64_t kh = j / group;
+    for (int64_t start = 0; start < n_tokens; start += chunk) {
+      const int64_t n = std::min(chunk, n_tokens - start);
+      const auto q_at = [&](int64_t i) { return q + ((start + i) * hk + kh) * dk; };
+      const auto k_at = [&](int64_t i) { return k + ((start + i) * hk + kh) * dk; };
+      const auto v_at = [&](int64_t i) { return v + ((start + i) * hv + j) * dv; };
+      const auto beta_at = [&](int64_t i) { return beta[(start + i) * hv + j]; };
+      // Cumulative log-decay inside the chunk.
+      float acc = 0.0f;
+      for (int64_t i = 0; i < n; ++i) G[i] = acc += g[(start + i) * hv + j];
+      // A = strictly lower β_i (k_i·k_j) e^{G_i−G_j}; solve (I + A) U = βv, (I + A) W = β e^G k.
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t c = 0; c < i; ++c) {
+          A[i * chunk + c] = beta_at(i) * dot(k_at(i), k_at(c), dk) * std::exp(G[i] - G[c]);
+        }
+        for (int64_t c = 0; c < dv; ++c) U[i * dv + c] = beta_at(i) * v_at(i)[c];
+        const float scale = beta_at(i) * std::exp(G[i]);
+        for (int64_t c = 0; c < dk; ++c) W[i * dk + c] = scale * k_at(i)[c];
+        for (int64_t p = 0; p < i; ++p) {
+          const float a = A[i * chunk + p];
+          for (int64_t c = 0; c < dv; ++c) U[i * dv + c] -= a * U[p * dv + c];
+          for (int64_t c = 0; c < dk; ++c) W[i * dk + c] -= a * W[p * dk + c];
+        }
+      }
+      // V' = U − W S (held in U).
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t a = 0; a < dk; ++a) {
+          const float w = W[i * dk + a];
+          for (int64_t c = 0; c < dv; ++c) U[i * dv + c] -= w * S[a * dv + c];
+        }
+      }
+      // o_i = e^{G_i} Sᵀq_i + Σ_{p≤i} (q_i·k_p) e^{G_i−G_p} V'_p, with S the incoming state.
+      for (int64_t i = 0; i < n; ++i) {
+        float* o = out + ((start + i) * hv + j) * dv;
+        std::fill(o, o + dv, 0.0f);
+        const float* qi = q_at(i);
+        for (int64_t a = 0; a < dk; ++a) {
+          for (int64_t c = 0; c < dv; ++c) o[c] += S[a * dv + c] * qi[a];
+        }
+        const float outer_decay = std::exp(G[i]);
+        for (int64_t c = 0; c < dv; ++c) o[c] *= outer_decay;
+        for (int64_t p = 0; p <= i; ++p) {
+          const float w = dot(qi, k_at(p), dk) * std::exp(G[i] - G[p]);
+          for (int64_t c = 0; c < dv; ++c) o[c] += w * U[p * dv + c];
+        }
+      }
+      // S ← e^{G_n} S + Σ_p e^{G_n−G_p} k_p V'_pᵀ.
+      const float last = G[n - 1];
+      const float state_decay = std::exp(last);
+      for (int64_t i = 0; i < dk * dv; ++i) S[i] *= state_decay;
+      for (int64_t p = 0; p < n; ++p) {
+        const float w = std::exp(last - G[p]);
+        const float* kp = k_at(p);
+        for (int64_t a = 0; a < dk; ++a) {
+          const float ka = w * kp[a];
+          for (int64_t c = 0; c < dv; ++c) S[a * dv + c] += ka * U[p * dv + c];
+        }
       }
     }
   }

@@ -1,6 +1,6 @@
 #include "io/checkpoint.h"
+#include "models/families.h"
 #include "models/model.h"
-#include "models/qwen3.h"
 
 namespace qhx {
 
@@ -9,6 +9,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir) {
   Checkpoint checkpoint = Checkpoint::open(dir);
   switch (config.family) {
     case Family::kQwen3: return load_qwen3(config, std::move(checkpoint));
+    case Family::kQwen3_5: return load_qwen3_5(config, std::move(checkpoint));
   }
   return nullptr;
 }

@@ -6,18 +6,30 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "io/hf_config.h"
 
 namespace qhx {
 
-// Everything a sequence carries between forward calls (KV cache, later recurrent state).
+// A named piece of a sequence's state, e.g. "layer3.recurrent".
+struct StateTensor {
+  std::string name;
+  std::span<const float> data;
+};
+
+// Everything a sequence carries between forward calls: KV caches, conv and recurrent states.
 class ModelState {
  public:
   virtual ~ModelState() = default;
   virtual int64_t n_past() const = 0;  // tokens already processed
-  virtual void reset() = 0;
+  virtual void reset() = 0;            // back to the empty sequence
+  // A snapshot: an independent copy that can be continued or restored from.
+  virtual std::unique_ptr<ModelState> clone() const = 0;
+  // Becomes a copy of `snapshot` (a state of the same model).
+  virtual void restore(const ModelState& snapshot) = 0;
+  virtual std::vector<StateTensor> tensors() const = 0;
 };
 
 enum class LogitsFor { kLastToken, kEveryToken };

@@ -17,32 +17,39 @@ See tools/oracle/README.md for the golden file format.
 """
 
 import argparse
-import json
-import os
 import platform
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+from oracle_common import (
+    MIN_DISTINCT_GREEDY,
+    MIN_REL_MARGIN,
+    N_GREEDY,
+    acceptable,
+    evaluate,
+    forward_logits,
+    greedy_cached,
+    greedy_generate,
+    make_world_readable,
+    random_ids,
+    rel_margin,
+    setup_determinism,
+    write_golden,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT_REL = "tools/oracle/make_qwen3_fixtures.py"
 TOKENIZER_SRC = Path("/work/shared/fixtures/tokenizer/qwen3")
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "LICENSE", "NOTICE"]
 
-N_GREEDY = 64
 SAMPLE_STRIDE = 13            # "sampled" logit rows: 0, 13, 26, ...
 RANDOM_PROMPT_LENS = [1, 6, 17, 40]
-# A fixture is accepted only if, on every greedy step of every prompt,
-# (top1 - top2) >= MIN_REL_MARGIN * max|logit| (max over that prompt's logits).
-MIN_REL_MARGIN = 2e-3
-# ... and its 64 greedy ids contain at least this many distinct tokens (margin selection
-# otherwise favours degenerate one-token loops).
-MIN_DISTINCT_GREEDY = 12
+# Acceptance rule (N_GREEDY, MIN_REL_MARGIN, MIN_DISTINCT_GREEDY): see oracle_common.py.
 
 # Full-vocab text prompts: one candidate list per prompt; TEXT_CHOICE picks the entry
 # (first candidate whose 64 greedy steps all clear MIN_REL_MARGIN, found with --search-prompts).
@@ -230,18 +237,6 @@ text also describes files of that folder (cases.jsonl, chat.jsonl) that are not 
 # helpers
 
 
-def setup_determinism():
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_grad_enabled(False)
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-
-
 def make_config(fx):
     kw = dict(COMMON)
     kw.update(
@@ -323,9 +318,7 @@ def check_reference_weights(ref, fx, ckpt: Path):
 
 
 def random_prompt_ids(fx, seed, i, prompt_seed):
-    g = torch.Generator().manual_seed(seed * 1_000_000 + i * 10_000 + prompt_seed)
-    n = RANDOM_PROMPT_LENS[i]
-    return torch.randint(0, fx["vocab_size"], (n,), generator=g, dtype=torch.int64).tolist()
+    return random_ids(seed * 1_000_000 + i * 10_000 + prompt_seed, RANDOM_PROMPT_LENS[i], fx["vocab_size"])
 
 
 def load_tokenizers(tok_dir: Path):
@@ -353,77 +346,6 @@ def make_prompts(fx, choice, tok_dir: Path):
                 for i, k in enumerate(choice["text_choice"])]
     return [(f"p{i}", None, random_prompt_ids(fx, choice["seed"], i, ps))
             for i, ps in enumerate(choice["prompt_seeds"])]
-
-
-def forward_logits(model, ids):
-    x = torch.tensor([ids], dtype=torch.int64)
-    out = model(input_ids=x, use_cache=False)
-    lg = out.logits[0]
-    assert lg.dtype == torch.float32
-    return lg
-
-
-def greedy_recompute(model, ids, n):
-    """Forward-argmax loop WITHOUT KV cache: every step re-runs the full sequence."""
-    prompt_logits = forward_logits(model, ids)
-    seq = list(ids)
-    step = prompt_logits[-1]
-    greedy, margins = [], []
-    max_abs = float(prompt_logits.abs().max())
-    for k in range(n):
-        tok = int(torch.argmax(step))  # first index on ties
-        top2 = torch.topk(step, 2).values
-        assert float(step[tok]) == float(top2[0])
-        margins.append(float(top2[0] - top2[1]))
-        greedy.append(tok)
-        seq.append(tok)
-        if k + 1 < n:
-            lg = forward_logits(model, seq)
-            step = lg[-1]
-            max_abs = max(max_abs, float(step.abs().max()))
-    return prompt_logits, greedy, margins, max_abs
-
-
-def greedy_cached(model, ids, n):
-    """Same loop through the HF KV cache (cross-check only)."""
-    x = torch.tensor([ids], dtype=torch.int64)
-    out = model(input_ids=x, use_cache=True)
-    past = out.cache
-    step = out.logits[0, -1]
-    toks, steps = [], []
-    for k in range(n):
-        tok = int(torch.argmax(step))
-        toks.append(tok)
-        steps.append(step.clone())
-        if k + 1 < n:
-            out = model(input_ids=torch.tensor([[tok]]), cache=past, use_cache=True)
-            past = out.cache
-            step = out.logits[0, -1]
-    return toks, steps
-
-
-def greedy_generate(model, ids, n):
-    """HF generate() greedy (cross-check only; the stored eos ids can only stop it early)."""
-    gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=n, min_new_tokens=0,
-                          pad_token_id=0, eos_token_id=None)
-    # Explicit all-ones mask: without it generate() infers one from pad_token_id and masks
-    # any prompt token equal to it.
-    out = model.generate(torch.tensor([ids], dtype=torch.int64),
-                         attention_mask=torch.ones(1, len(ids), dtype=torch.int64), generation_config=gc)
-    return out[0, len(ids):].tolist()
-
-
-def evaluate(model, prompts, n):
-    res = []
-    for name, text, ids in prompts:
-        plog, greedy, margins, max_abs = greedy_recompute(model, ids, n)
-        res.append(dict(name=name, text=text, ids=ids, logits=plog, greedy=greedy,
-                        margins=margins, max_abs=max_abs))
-    return res
-
-
-def rel_margin(r):
-    return min(r["margins"]) / r["max_abs"]
 
 
 def fixture_by_name(name):
@@ -463,7 +385,7 @@ def search_prompts(fx, seed, max_tries, tmp_root: Path):
             print(f"  {fx['name']} seed {seed} p{i} candidate {k}: rel margin {rm:.3e} "
                   f"(abs {min(r['margins']):.3e}, max|logit| {r['max_abs']:.3f}, "
                   f"{len(set(r['greedy']))} distinct greedy ids)", flush=True)
-            if rm >= MIN_REL_MARGIN and len(set(r["greedy"])) >= MIN_DISTINCT_GREEDY:
+            if acceptable(r):
                 pick = k
                 break
         chosen.append(pick)
@@ -539,8 +461,6 @@ def generate_fixture(fx, choice):
                                 max_abs_logit=r["max_abs"]))
     if rows is not None:
         tensors["logit_rows"] = rows.clone()
-    save_file(tensors, str(gold / "golden.safetensors"))
-
     meta = {
         "checkpoint": fx["ckpt_dir"],
         "generator": {
@@ -556,13 +476,8 @@ def generate_fixture(fx, choice):
         "n_greedy": N_GREEDY,
         "prompts": prompt_meta,
     }
-    with open(gold / "golden.json", "w") as f:
-        json.dump(meta, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-
-    for d in {ckpt, gold}:
-        for f in d.iterdir():
-            f.chmod(0o644)  # safetensors/huggingface write some files 0600
+    write_golden(gold, tensors, meta)
+    make_world_readable({ckpt, gold})
 
     print(f"{fx['name']}: seed {seed}, min rel margin {rm:.3e}, "
           f"min abs margin {min(min(r['margins']) for r in res):.4e}, "

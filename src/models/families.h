@@ -1,5 +1,4 @@
-// Qwen3 dense decoder (spec §2): pre-norm blocks of GQA attention with q/k RMSNorm and
-// rotate-half RoPE, and a SwiGLU MLP; final RMSNorm and a tied or separate lm_head.
+// Model family loaders: bind a checkpoint's tensors to the decoder plan (models/decoder.h).
 #pragma once
 
 #include <memory>
@@ -10,5 +9,6 @@
 namespace qhx {
 
 std::unique_ptr<Model> load_qwen3(const ModelConfig& config, Checkpoint checkpoint);
+std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkpoint);
 
 }  // namespace qhx

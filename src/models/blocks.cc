@@ -1,0 +1,144 @@
+#include "models/blocks.h"
+
+#include <cmath>
+
+namespace qhx {
+
+std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim) {
+  std::vector<float> inv_freq(rotary_dim / 2);
+  const auto base = static_cast<float>(theta);
+  for (int64_t i = 0; i < rotary_dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    inv_freq[i] = 1.0f / std::pow(base, exponent);
+  }
+  return inv_freq;
+}
+
+void attention_forward(const AttentionWeights& w, const AttentionParams& p, int64_t n_tokens,
+                       int64_t first_pos, const float* x, LayerState& cache, float* out) {
+  const int64_t hd = p.shape.head_dim, n_heads = p.shape.n_heads, n_kv = p.shape.n_kv_heads;
+  const int64_t q_width = n_heads * hd, kv_width = n_kv * hd;
+  std::vector<float> q(n_tokens * q_width), gate, k(n_tokens * kv_width), v(n_tokens * kv_width);
+  if (p.output_gate) {
+    // q_proj yields [q_0 | g_0 | q_1 | g_1 | ...] per head; split it.
+    std::vector<float> both(n_tokens * 2 * q_width);
+    ref::matmul(x, n_tokens, w.q_proj, both.data());
+    gate.resize(n_tokens * q_width);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const float* src = both.data() + (t * n_heads + h) * 2 * hd;
+        std::copy(src, src + hd, q.data() + (t * n_heads + h) * hd);
+        std::copy(src + hd, src + 2 * hd, gate.data() + (t * n_heads + h) * hd);
+      }
+    }
+  } else {
+    ref::matmul(x, n_tokens, w.q_proj, q.data());
+  }
+  ref::matmul(x, n_tokens, w.k_proj, k.data());
+  ref::matmul(x, n_tokens, w.v_proj, v.data());
+
+  // Per-head q/k RMSNorm, then RoPE at each token's absolute position.
+  std::vector<float> cos(p.rotary_dim / 2), sin(p.rotary_dim / 2);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* qt = q.data() + t * q_width;
+    float* kt = k.data() + t * kv_width;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      ref::rms_norm(qt + h * hd, w.q_norm.data(), hd, p.norm_eps, qt + h * hd);
+    }
+    for (int64_t h = 0; h < n_kv; ++h) {
+      ref::rms_norm(kt + h * hd, w.k_norm.data(), hd, p.norm_eps, kt + h * hd);
+    }
+    for (size_t i = 0; i < p.inv_freq.size(); ++i) {
+      const float angle = static_cast<float>(first_pos + t) * p.inv_freq[i];
+      cos[i] = std::cos(angle);
+      sin[i] = std::sin(angle);
+    }
+    ref::rope_rotate_half(qt, n_heads, hd, p.rotary_dim, cos.data(), sin.data());
+    ref::rope_rotate_half(kt, n_kv, hd, p.rotary_dim, cos.data(), sin.data());
+  }
+  cache.keys.insert(cache.keys.end(), k.begin(), k.end());
+  cache.values.insert(cache.values.end(), v.begin(), v.end());
+
+  std::vector<float> attn(n_tokens * q_width), scores(first_pos + n_tokens);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ref::causal_attention(q.data(), n_tokens, first_pos, cache.keys.data(), cache.values.data(),
+                        p.shape, scale, attn.data(), scores.data());
+  if (p.output_gate) ref::sigmoid_gate(gate.data(), n_tokens * q_width, attn.data());
+  ref::matmul(attn.data(), n_tokens, w.o_proj, out);
+}
+
+void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
+                            int64_t n_tokens, const float* x, LayerState& state, float* out) {
+  const int64_t kd = p.key_width(), vd = p.value_width(), channels = p.conv_channels();
+  const int64_t hv = p.heads.n_v_heads, dk = p.heads.k_dim, dv = p.heads.v_dim;
+
+  // Step 1: projections.
+  std::vector<float> mixed(n_tokens * channels), z(n_tokens * vd), b(n_tokens * hv),
+      a(n_tokens * hv);
+  ref::matmul(x, n_tokens, w.in_proj_qkv, mixed.data());
+  ref::matmul(x, n_tokens, w.in_proj_z, z.data());
+  ref::matmul(x, n_tokens, w.in_proj_b, b.data());
+  ref::matmul(x, n_tokens, w.in_proj_a, a.data());
+
+  // Step 2: causal depthwise conv + SiLU on the q|k|v channels, continuing the conv state.
+  std::vector<float> conv_out(n_tokens * channels);
+  ref::causal_conv1d_silu(mixed.data(), n_tokens, channels, w.conv.data(), p.conv_kernel,
+                          state.conv.data(), conv_out.data());
+
+  // Steps 3 and 6: split, L2-normalise q and k per key head, scale q by dk^-1/2.
+  std::vector<float> q(n_tokens * kd), k(n_tokens * kd), v(n_tokens * vd);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* row = conv_out.data() + t * channels;
+    std::copy(row, row + kd, q.data() + t * kd);
+    std::copy(row + kd, row + 2 * kd, k.data() + t * kd);
+    std::copy(row + 2 * kd, row + channels, v.data() + t * vd);
+    for (int64_t h = 0; h < p.heads.n_k_heads; ++h) {
+      float* qh = q.data() + t * kd + h * dk;
+      ref::l2_normalize(qh, dk, 1e-6f);
+      for (int64_t d = 0; d < dk; ++d) qh[d] *= q_scale;
+      ref::l2_normalize(k.data() + t * kd + h * dk, dk, 1e-6f);
+    }
+  }
+
+  // Step 4: gates. β = σ(b); g = −exp(A_log) · softplus(a + dt_bias), softplus threshold 20.
+  std::vector<float> beta(n_tokens * hv), g(n_tokens * hv);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t j = 0; j < hv; ++j) {
+      const int64_t i = t * hv + j;
+      beta[i] = 1.0f / (1.0f + std::exp(-b[i]));
+      const float s = a[i] + w.dt_bias[j];
+      const float softplus = s > 20.0f ? s : std::log1p(std::exp(s));
+      g[i] = -std::exp(w.a_log[j]) * softplus;
+    }
+  }
+
+  // Steps 5 and 7: the gated delta rule (value head j reads key head j / (Hv/Hk)).
+  std::vector<float> core(n_tokens * vd);
+  if (n_tokens == 1) {
+    ref::gated_delta_rule_recurrent(q.data(), k.data(), v.data(), beta.data(), g.data(), 1,
+                                    p.heads, state.recurrent.data(), core.data());
+  } else {
+    ref::gated_delta_rule_chunked(q.data(), k.data(), v.data(), beta.data(), g.data(), n_tokens,
+                                  p.heads, p.chunk, state.recurrent.data(), core.data());
+  }
+
+  // Step 8: per value head, RMSNorm (plain scale) then gate with silu(z); out_proj.
+  for (int64_t i = 0; i < n_tokens * hv; ++i) {
+    float* o = core.data() + i * dv;
+    ref::rms_norm(o, w.norm.data(), dv, p.norm_eps, o);
+    ref::silu_mul(z.data() + i * dv, o, dv, o);
+  }
+  ref::matmul(core.data(), n_tokens, w.out_proj, out);
+}
+
+void mlp_forward(const MlpWeights& w, int64_t n_tokens, const float* x, float* out) {
+  const int64_t inner = w.gate_proj.rows;
+  std::vector<float> gate(n_tokens * inner), up(n_tokens * inner);
+  ref::matmul(x, n_tokens, w.gate_proj, gate.data());
+  ref::matmul(x, n_tokens, w.up_proj, up.data());
+  ref::silu_mul(gate.data(), up.data(), n_tokens * inner, gate.data());
+  ref::matmul(gate.data(), n_tokens, w.down_proj, out);
+}
+
+}  // namespace qhx

@@ -1,0 +1,69 @@
+// The blocks decoder layers are made of, each a short composition of kernels:
+// softmax attention (Qwen3; Qwen3.5 adds an output gate and partial rotary), Gated DeltaNet
+// linear attention (Qwen3.5), and the SwiGLU MLP. All take x: [n_tokens, hidden] and write
+// out: [n_tokens, hidden].
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "models/decoder_state.h"
+
+namespace qhx {
+
+struct AttentionWeights {
+  MatrixRef q_proj;  // [n_heads·head_dim, H], or with an output gate [n_heads·2·head_dim, H]
+  MatrixRef k_proj, v_proj, o_proj;
+  std::vector<float> q_norm, k_norm;  // [head_dim], effective scales (1 + w already added)
+};
+
+struct AttentionParams {
+  AttentionShape shape;
+  int64_t rotary_dim = 0;        // leading dims of each head that rotate (i ↔ i + rotary_dim/2)
+  std::vector<float> inv_freq;   // rotary_dim / 2 RoPE frequencies
+  bool output_gate = false;      // q_proj rows per head are [query | gate] (spec §3.6)
+  float norm_eps = 1e-6f;
+};
+
+// RoPE frequencies 1 / θ^(2i/R) in f32, as transformers computes them (spec §1.3).
+std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim);
+
+// Positions first_pos, first_pos+1, ...; appends the new keys and values to `cache`.
+void attention_forward(const AttentionWeights& w, const AttentionParams& p, int64_t n_tokens,
+                       int64_t first_pos, const float* x, LayerState& cache, float* out);
+
+struct GatedDeltaNetWeights {
+  MatrixRef in_proj_qkv;  // [2·Kd + Vd, H]: query, key and value channels
+  MatrixRef in_proj_z;    // [Vd, H]: output gate
+  MatrixRef in_proj_b;    // [Hv, H]: β before the sigmoid
+  MatrixRef in_proj_a;    // [Hv, H]: decay input
+  MatrixRef out_proj;     // [H, Vd]
+  std::vector<float> conv;     // [channels, kernel] depthwise conv1d
+  std::vector<float> a_log;    // [Hv]
+  std::vector<float> dt_bias;  // [Hv]
+  std::vector<float> norm;     // [v_dim], plain scale of the gated RMSNorm
+};
+
+struct GatedDeltaNetParams {
+  DeltaRuleShape heads;
+  int64_t conv_kernel = 4;
+  float norm_eps = 1e-6f;
+  int64_t chunk = 64;  // prefill chunk of the delta rule (one token: recurrent step)
+
+  int64_t key_width() const { return heads.n_k_heads * heads.k_dim; }
+  int64_t value_width() const { return heads.n_v_heads * heads.v_dim; }
+  int64_t conv_channels() const { return 2 * key_width() + value_width(); }
+};
+
+// Continues the layer's conv and recurrent state in `state`.
+void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
+                            int64_t n_tokens, const float* x, LayerState& state, float* out);
+
+struct MlpWeights {
+  MatrixRef gate_proj, up_proj, down_proj;
+};
+
+void mlp_forward(const MlpWeights& w, int64_t n_tokens, const float* x, float* out);
+
+}  // namespace qhx

@@ -1,0 +1,111 @@
+#include "models/decoder.h"
+
+#include "models/decoder_state.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+class Decoder final : public Model {
+ public:
+  Decoder(const ModelConfig& config, Checkpoint checkpoint, DecoderWeights weights,
+          AttentionParams attention, GatedDeltaNetParams deltanet)
+      : config_(config),
+        checkpoint_(std::move(checkpoint)),
+        weights_(std::move(weights)),
+        attention_(std::move(attention)),
+        deltanet_(deltanet) {}
+
+  const ModelConfig& config() const override { return config_; }
+
+  std::unique_ptr<ModelState> new_state() const override {
+    std::vector<LayerState> layers(weights_.layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (weights_.layers[i].kind == LayerKind::kLinearAttention) {
+        const auto& h = deltanet_.heads;
+        layers[i].conv.assign((deltanet_.conv_kernel - 1) * deltanet_.conv_channels(), 0.0f);
+        layers[i].recurrent.assign(h.n_v_heads * h.k_dim * h.v_dim, 0.0f);
+      }
+    }
+    return std::make_unique<DecoderState>(std::move(layers));
+  }
+
+  void forward(std::span<const int32_t> ids, ModelState& base_state, LogitsFor which,
+               std::vector<float>& logits) const override;
+
+ private:
+  ModelConfig config_;
+  Checkpoint checkpoint_;  // owns the mappings every MatrixRef points into
+  DecoderWeights weights_;
+  AttentionParams attention_;
+  GatedDeltaNetParams deltanet_;
+};
+
+void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, LogitsFor which,
+                      std::vector<float>& logits) const {
+  auto& state = dynamic_cast<DecoderState&>(base_state);
+  const int64_t n_tokens = static_cast<int64_t>(ids.size());
+  const int64_t first_pos = state.n_past();
+  const int64_t H = config_.hidden_size, vocab = config_.vocab_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (n_tokens == 0) fail("forward", "no tokens to process");
+  if (first_pos + n_tokens > config_.max_position_embeddings) {
+    fail("context", std::to_string(first_pos + n_tokens) +
+                        " tokens exceed the model's max_position_embeddings (" +
+                        std::to_string(config_.max_position_embeddings) + ")");
+  }
+
+  std::vector<float> h(n_tokens * H), x(n_tokens * H), y(n_tokens * H);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (ids[t] < 0 || ids[t] >= vocab) {
+      fail("token ids", "id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
+                            std::to_string(vocab) + ")");
+    }
+    ref::read_row(weights_.embed_tokens, ids[t], h.data() + t * H);
+  }
+  const auto norm_rows = [&](const std::vector<float>& scale) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      ref::rms_norm(h.data() + t * H, scale.data(), H, eps, x.data() + t * H);
+    }
+  };
+  const auto add_to_residual = [&] {
+    for (int64_t i = 0; i < n_tokens * H; ++i) h[i] += y[i];
+  };
+
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    const DecoderLayer& layer = weights_.layers[i];
+    norm_rows(layer.input_norm);
+    if (layer.kind == LayerKind::kFullAttention) {
+      attention_forward(layer.attention, attention_, n_tokens, first_pos, x.data(),
+                        state.layers[i], y.data());
+    } else {
+      gated_deltanet_forward(layer.deltanet, deltanet_, n_tokens, x.data(), state.layers[i],
+                             y.data());
+    }
+    add_to_residual();
+    norm_rows(layer.post_attention_norm);
+    mlp_forward(layer.mlp, n_tokens, x.data(), y.data());
+    add_to_residual();
+  }
+  state.advance(n_tokens);
+
+  const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
+  const int64_t n_out = n_tokens - first_out;
+  for (int64_t t = 0; t < n_out; ++t) {
+    ref::rms_norm(h.data() + (first_out + t) * H, weights_.final_norm.data(), H, eps,
+                  x.data() + t * H);
+  }
+  logits.resize(n_out * vocab);
+  ref::matmul(x.data(), n_out, weights_.lm_head, logits.data());
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkpoint,
+                                    DecoderWeights weights, AttentionParams attention,
+                                    GatedDeltaNetParams deltanet) {
+  return std::make_unique<Decoder>(config, std::move(checkpoint), std::move(weights),
+                                   std::move(attention), deltanet);
+}
+
+}  // namespace qhx

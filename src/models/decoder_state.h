@@ -1,0 +1,38 @@
+// Per-sequence state of a decoder whose layers are softmax attention (KV cache) or Gated
+// DeltaNet (conv state + f32 recurrent state).
+#pragma once
+
+#include <vector>
+
+#include "models/model.h"
+
+namespace qhx {
+
+struct LayerState {
+  std::vector<float> keys, values;  // attention: [n_past, n_kv_heads·head_dim] each
+  std::vector<float> conv;          // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
+  std::vector<float> recurrent;     // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
+};
+
+class DecoderState final : public ModelState {
+ public:
+  // `empty` gives each layer's state at the start of a sequence (zeroed, correctly sized).
+  explicit DecoderState(std::vector<LayerState> empty) : layers(std::move(empty)) {}
+
+  int64_t n_past() const override { return n_past_; }
+  void reset() override;
+  std::unique_ptr<ModelState> clone() const override {
+    return std::make_unique<DecoderState>(*this);
+  }
+  void restore(const ModelState& snapshot) override;
+  std::vector<StateTensor> tensors() const override;
+
+  void advance(int64_t n_tokens) { n_past_ += n_tokens; }
+
+  std::vector<LayerState> layers;
+
+ private:
+  int64_t n_past_ = 0;
+};
+
+}  // namespace qhx

@@ -1,0 +1,43 @@
+// Binding checkpoint tensors to a model's weights, with shape checks that name the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/hf_config.h"
+#include "kernels/kernels.h"
+
+namespace qhx {
+
+class WeightReader {
+ public:
+  WeightReader(const Checkpoint& checkpoint, std::string prefix)
+      : checkpoint_(checkpoint), prefix_(std::move(prefix)) {}
+
+  bool contains(const std::string& name) const { return checkpoint_.contains(prefix_ + name); }
+  // A [rows, cols] float matrix used in place.
+  MatrixRef matrix(const std::string& name, int64_t rows, int64_t cols) const;
+  // A tensor of any float dtype and the given shape, widened to f32.
+  std::vector<float> f32(const std::string& name, std::initializer_list<int64_t> shape) const;
+  // A zero-centred norm weight w stored as an offset: returns 1 + w, added in f32 (spec §1.1 B).
+  std::vector<float> one_plus(const std::string& name, int64_t n) const;
+
+  const Checkpoint& checkpoint() const { return checkpoint_; }
+
+ private:
+  const Checkpoint& checkpoint_;
+  std::string prefix_;
+};
+
+// Where the text decoder's tensors live: "model.language_model." in multimodal wrappers (whose
+// vision and multi-token-prediction tensors are never read), else "model.".
+std::string text_decoder_prefix(const Checkpoint& checkpoint);
+
+// lm_head.weight when the checkpoint has it; otherwise the embedding table, if the config says
+// the two are tied (spec §1.5: tying is decided by the file contents).
+MatrixRef lm_head_or_tied(const Checkpoint& checkpoint, const ModelConfig& config,
+                          const MatrixRef& embed_tokens);
+
+}  // namespace qhx
