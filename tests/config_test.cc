@@ -115,6 +115,75 @@ TEST_F(ConfigTest, UnsupportedSettingsAreErrors) {
   expect_error([&] { load(j); }, {"hidden_size", "integer"});
 }
 
+// Qwen3.5-0.8B's config.json as published (spec §3.1, §3.2), vision part shortened.
+Json qwen3_5_config() {
+  return Json::parse(R"({
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+    "vision_end_token_id": 248054, "tie_word_embeddings": true,
+    "vision_config": {"depth": 12, "hidden_size": 768},
+    "text_config": {
+      "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 1024,
+      "intermediate_size": 3584, "num_hidden_layers": 8, "num_attention_heads": 8,
+      "num_key_value_heads": 2, "head_dim": 256, "hidden_act": "silu", "rms_norm_eps": 1e-06,
+      "attention_bias": false, "attn_output_gate": true, "full_attention_interval": 4,
+      "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+                      "full_attention", "linear_attention", "linear_attention",
+                      "linear_attention", "full_attention"],
+      "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+      "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                          "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                          "mrope_interleaved": true},
+      "max_position_embeddings": 262144, "eos_token_id": 248044, "mamba_ssm_dtype": "float32",
+      "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": false, "dtype": "bfloat16"}})");
+}
+
+TEST_F(ConfigTest, Qwen3_5NestedConfig) {
+  const ModelConfig c = load(qwen3_5_config());
+  EXPECT_EQ(c.family, Family::kQwen3_5);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e7);
+  EXPECT_TRUE(c.tie_word_embeddings);  // from the wrapper level
+  ASSERT_EQ(c.layer_types.size(), 8u);
+  EXPECT_EQ(c.layer_types[2], LayerKind::kLinearAttention);
+  EXPECT_EQ(c.layer_types[3], LayerKind::kFullAttention);
+  EXPECT_EQ(c.linear_num_value_heads, 16);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{248044});
+}
+
+TEST_F(ConfigTest, Qwen3_5LayerTypesFromTheInterval) {
+  Json j = qwen3_5_config();
+  j["text_config"].erase("layer_types");
+  j["text_config"]["full_attention_interval"] = 2;
+  const ModelConfig c = load(j);
+  EXPECT_EQ(c.layer_types[0], LayerKind::kLinearAttention);
+  EXPECT_EQ(c.layer_types[1], LayerKind::kFullAttention);
+  EXPECT_EQ(c.layer_types[7], LayerKind::kFullAttention);
+}
+
+TEST_F(ConfigTest, Qwen3_5MalformedConfigs) {
+  Json j = qwen3_5_config();
+  j["text_config"]["layer_types"].erase(0);
+  expect_error([&] { load(j); }, {"text_config: layer_types", "8", "got 7"});
+  j = qwen3_5_config();
+  j["text_config"]["layer_types"][0] = "sliding_attention";
+  expect_error([&] { load(j); }, {"layer_types", "sliding_attention"});
+  j = qwen3_5_config();
+  j["text_config"]["linear_num_value_heads"] = 24;
+  j["text_config"]["linear_num_key_heads"] = 16;
+  expect_error([&] { load(j); }, {"linear_num_value_heads", "multiple"});
+  j = qwen3_5_config();
+  j["text_config"]["rope_parameters"]["partial_rotary_factor"] = 0.001;
+  expect_error([&] { load(j); }, {"partial_rotary_factor", "rotary dimension"});
+  j = qwen3_5_config();
+  j["text_config"]["attn_output_gate"] = false;
+  expect_error([&] { load(j); }, {"attn_output_gate"});
+  j = qwen3_5_config();
+  j["text_config"]["linear_attention_bias"] = true;
+  expect_error([&] { load(j); }, {"linear_attention_bias", "unknown config key"});
+}
+
 TEST_F(ConfigTest, BadJsonNamesTheFile) {
   std::ofstream(path()) << "{\"vocab_size\": 12,";
   expect_error([&] { load_model_config(path()); }, {path().string(), "invalid JSON"});

@@ -1,6 +1,7 @@
 // Reference kernels against straightforward double-precision formulas, and the sampler.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -144,6 +145,93 @@ TEST(Kernels, CausalGqaAttentionMatchesDouble) {
         EXPECT_NEAR(out[t * qw + h * 8 + d], expected, 1e-5);
       }
     }
+  }
+}
+
+TEST(Kernels, CausalConv1dContinuesFromItsState) {
+  const int64_t channels = 3, kernel = 4, n = 7;
+  const std::vector<float> u = random_vector(n * channels, 10), w = random_vector(channels * kernel, 11);
+  std::vector<float> state((kernel - 1) * channels, 0.0f), out(n * channels);
+  ref::causal_conv1d_silu(u.data(), n, channels, w.data(), kernel, state.data(), out.data());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < channels; ++c) {
+      double acc = 0;  // w[c, kernel-1] meets the current token; zeros before the start
+      for (int64_t j = 0; j < kernel; ++j) {
+        const int64_t tau = t - (kernel - 1) + j;
+        if (tau >= 0) acc += double(w[c * kernel + j]) * u[tau * channels + c];
+      }
+      EXPECT_NEAR(out[t * channels + c], acc / (1 + std::exp(-acc)), 1e-5);
+    }
+  }
+  // The state holds the last kernel-1 inputs, and splitting the sequence changes nothing.
+  for (int64_t h = 0; h < kernel - 1; ++h) {
+    for (int64_t c = 0; c < channels; ++c) {
+      EXPECT_EQ(state[h * channels + c], u[(n - (kernel - 1) + h) * channels + c]);
+    }
+  }
+  std::vector<float> split_state((kernel - 1) * channels, 0.0f), split(n * channels);
+  for (int64_t t = 0; t < n; t += 2) {
+    const int64_t len = std::min<int64_t>(2, n - t);
+    ref::causal_conv1d_silu(u.data() + t * channels, len, channels, w.data(), kernel,
+                            split_state.data(), split.data() + t * channels);
+  }
+  EXPECT_EQ(split, out);
+}
+
+// The gated delta rule straight from its definition, in double precision.
+void delta_rule_double(const std::vector<float>& q, const std::vector<float>& k,
+                       const std::vector<float>& v, const std::vector<float>& beta,
+                       const std::vector<float>& g, int64_t n, const DeltaRuleShape& s,
+                       std::vector<double>& state, std::vector<double>& out) {
+  const int64_t r = s.n_v_heads / s.n_k_heads;
+  out.assign(n * s.n_v_heads * s.v_dim, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < s.n_v_heads; ++j) {
+      double* S = state.data() + j * s.k_dim * s.v_dim;
+      const int64_t kh = j / r;
+      const double alpha = std::exp(double(g[t * s.n_v_heads + j]));
+      for (int64_t i = 0; i < s.k_dim * s.v_dim; ++i) S[i] *= alpha;
+      for (int64_t c = 0; c < s.v_dim; ++c) {
+        double m = 0;
+        for (int64_t a = 0; a < s.k_dim; ++a) m += S[a * s.v_dim + c] * k[(t * s.n_k_heads + kh) * s.k_dim + a];
+        const double delta = beta[t * s.n_v_heads + j] * (v[(t * s.n_v_heads + j) * s.v_dim + c] - m);
+        for (int64_t a = 0; a < s.k_dim; ++a) S[a * s.v_dim + c] += k[(t * s.n_k_heads + kh) * s.k_dim + a] * delta;
+        double o = 0;
+        for (int64_t a = 0; a < s.k_dim; ++a) o += S[a * s.v_dim + c] * q[(t * s.n_k_heads + kh) * s.k_dim + a];
+        out[(t * s.n_v_heads + j) * s.v_dim + c] = o;
+      }
+    }
+  }
+}
+
+TEST(Kernels, GatedDeltaRuleRecurrentAndChunkedMatchTheDefinition) {
+  const DeltaRuleShape s{2, 4, 8, 6};  // two value heads per key head
+  const int64_t n = 37;
+  std::vector<float> q = random_vector(n * s.n_k_heads * s.k_dim, 12),
+                     k = random_vector(n * s.n_k_heads * s.k_dim, 13),
+                     v = random_vector(n * s.n_v_heads * s.v_dim, 14),
+                     beta = random_vector(n * s.n_v_heads, 15), g = random_vector(n * s.n_v_heads, 16);
+  for (int64_t i = 0; i < n * s.n_k_heads; ++i) {
+    ref::l2_normalize(q.data() + i * s.k_dim, s.k_dim, 1e-6f);
+    ref::l2_normalize(k.data() + i * s.k_dim, s.k_dim, 1e-6f);
+  }
+  for (float& b : beta) b = 1.0f / (1.0f + std::exp(-b));
+  for (float& x : g) x = -std::fabs(x);
+  const std::vector<float> initial = random_vector(s.n_v_heads * s.k_dim * s.v_dim, 17, 0.5f);
+  std::vector<double> expected_state(initial.begin(), initial.end()), expected;
+  delta_rule_double(q, k, v, beta, g, n, s, expected_state, expected);
+
+  for (int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{8}, int64_t{64}}) {  // 0: recurrent
+    std::vector<float> state = initial, out(expected.size());
+    if (chunk == 0) {
+      ref::gated_delta_rule_recurrent(q.data(), k.data(), v.data(), beta.data(), g.data(), n, s,
+                                      state.data(), out.data());
+    } else {
+      ref::gated_delta_rule_chunked(q.data(), k.data(), v.data(), beta.data(), g.data(), n, s,
+                                    chunk, state.data(), out.data());
+    }
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << chunk;
+    for (size_t i = 0; i < state.size(); ++i) ASSERT_NEAR(state[i], expected_state[i], 1e-5) << chunk;
   }
 }
 

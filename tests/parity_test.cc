@@ -1,5 +1,7 @@
 // Parity with Hugging Face transformers (float32, eager) on the golden fixtures written by
-// tools/oracle/make_qwen3_fixtures.py, and internal consistency of prefill and decode.
+// tools/oracle/ (tests/fixtures/<family>/<fixture>/golden.*), and internal consistency of the
+// engine: batched prefill, token-by-token decode and prefill in segments agree on logits and on
+// every state tensor (KV caches, conv and recurrent states); snapshots continue identically.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,15 +24,28 @@ namespace {
 
 namespace fs = std::filesystem;
 
+const char* const kFamilies[] = {"qwen3", "qwen3_5"};
+
+// "family/fixture" for every fixture directory with a golden.json.
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;
-  const fs::path root = test::source_dir() / "tests/fixtures/qwen3";
-  if (!fs::exists(root)) return names;
-  for (const auto& entry : fs::directory_iterator(root)) {
-    if (fs::exists(entry.path() / "golden.json")) names.push_back(entry.path().filename());
+  for (const char* family : kFamilies) {
+    const fs::path root = test::source_dir() / "tests/fixtures" / family;
+    if (!fs::exists(root)) continue;
+    for (const auto& entry : fs::directory_iterator(root)) {
+      if (fs::exists(entry.path() / "golden.json")) {
+        names.push_back(std::string(family) + "/" + entry.path().filename().string());
+      }
+    }
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+size_t count_fixtures(const std::string& family) {
+  const auto names = fixture_names();
+  return std::count_if(names.begin(), names.end(),
+                       [&](const std::string& n) { return n.starts_with(family + "/"); });
 }
 
 template <typename T>
@@ -58,7 +73,7 @@ struct Golden {
 };
 
 Golden load_golden(const std::string& fixture) {
-  const fs::path dir = test::source_dir() / "tests/fixtures/qwen3" / fixture;
+  const fs::path dir = test::source_dir() / "tests/fixtures" / fixture;
   const Json meta = read_json_file(dir / "golden.json");
   const SafetensorsFile tensors = SafetensorsFile::open(dir / "golden.safetensors");
   Golden g;
@@ -88,13 +103,33 @@ Golden load_golden(const std::string& fixture) {
   return g;
 }
 
-float max_abs(const std::vector<float>& v) {
+float max_abs(std::span<const float> v) {
   float m = 0.0f;
   for (float x : v) m = std::max(m, std::fabs(x));
   return m;
 }
 
-class Qwen3Parity : public ::testing::TestWithParam<std::string> {
+// max |a - b| / max |a|: the relative measure of the "within 1e-5 relative".
+float relative_diff(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return INFINITY;
+  float worst = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  const float scale = max_abs(a);
+  return scale > 0 ? worst / scale : worst;
+}
+
+// Every state tensor of `b` within `tolerance` (relative) of the same tensor of `a`.
+void expect_same_state(const ModelState& a, const ModelState& b, float tolerance,
+                       const std::string& what) {
+  const auto ta = a.tensors(), tb = b.tensors();
+  ASSERT_EQ(ta.size(), tb.size());
+  EXPECT_EQ(a.n_past(), b.n_past()) << what;
+  for (size_t i = 0; i < ta.size(); ++i) {
+    EXPECT_LE(relative_diff(ta[i].data, tb[i].data), tolerance) << what << ": " << ta[i].name;
+  }
+}
+
+class Parity : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     golden_ = load_golden(GetParam());
@@ -110,12 +145,14 @@ class Qwen3Parity : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Model> model_;
 };
 
-TEST(Qwen3Fixtures, AllPresent) {
-  // Four small-vocab shapes and the full-vocab model (see tools/oracle/README.md).
-  EXPECT_GE(fixture_names().size(), 5u);
+TEST(Fixtures, AllPresent) {
+  // See tools/oracle/README.md: five Qwen3 shapes (one with the full vocabulary) and three
+  // Qwen3.5 shapes.
+  EXPECT_GE(count_fixtures("qwen3"), 5u);
+  EXPECT_GE(count_fixtures("qwen3_5"), 3u);
 }
 
-TEST_P(Qwen3Parity, LogitsAtEveryPositionMatchReference) {
+TEST_P(Parity, LogitsAtEveryPositionMatchReference) {
   const int64_t vocab = model_->config().vocab_size;
   for (const GoldenPrompt& p : golden_.prompts) {
     const std::vector<float> logits = prefill_all(p.ids);
@@ -134,7 +171,7 @@ TEST_P(Qwen3Parity, LogitsAtEveryPositionMatchReference) {
   }
 }
 
-TEST_P(Qwen3Parity, GreedyContinuationMatchesReference) {
+TEST_P(Parity, GreedyContinuationMatchesReference) {
   for (const GoldenPrompt& p : golden_.prompts) {
     auto state = model_->new_state();
     GenerateOptions options;
@@ -145,44 +182,68 @@ TEST_P(Qwen3Parity, GreedyContinuationMatchesReference) {
   }
 }
 
-TEST_P(Qwen3Parity, DecodeOverPromptMatchesPrefill) {
+TEST_P(Parity, DecodeOverPromptMatchesPrefill) {
   const int64_t vocab = model_->config().vocab_size;
   for (const GoldenPrompt& p : golden_.prompts) {
-    const std::vector<float> batched = prefill_all(p.ids);
+    auto batched_state = model_->new_state();
+    std::vector<float> batched;
+    model_->forward(p.ids, *batched_state, LogitsFor::kEveryToken, batched);
     auto state = model_->new_state();
-    std::vector<float> step;
-    float worst = 0.0f;
+    std::vector<float> step, stepped(batched.size());
     for (size_t t = 0; t < p.ids.size(); ++t) {
       model_->forward(std::span(&p.ids[t], 1), *state, LogitsFor::kLastToken, step);
-      for (int64_t r = 0; r < vocab; ++r) {
-        worst = std::max(worst, std::fabs(step[r] - batched[t * vocab + r]));
-      }
+      std::copy(step.begin(), step.end(), stepped.begin() + t * vocab);
     }
-    EXPECT_LE(worst, 1e-5f * max_abs(batched)) << "prompt " << p.name;
+    EXPECT_LE(relative_diff(batched, stepped), 1e-5f) << "prompt " << p.name;
+    expect_same_state(*batched_state, *state, 1e-5f, "prompt " + p.name);
   }
 }
 
-TEST_P(Qwen3Parity, PrefillInSegmentsMatchesOneShot) {
-  const int64_t vocab = model_->config().vocab_size;
+TEST_P(Parity, PrefillInSegmentsMatchesOneShot) {
   for (const GoldenPrompt& p : golden_.prompts) {
     if (p.ids.size() < 3) continue;
-    const std::vector<float> batched = prefill_all(p.ids);
+    auto one_shot_state = model_->new_state();
+    std::vector<float> one_shot;
+    model_->forward(p.ids, *one_shot_state, LogitsFor::kEveryToken, one_shot);
     auto state = model_->new_state();
-    std::vector<float> segment;
+    std::vector<float> segment, segmented;
     const size_t cuts[] = {0, p.ids.size() / 3, 2 * p.ids.size() / 3, p.ids.size()};
-    float worst = 0.0f;
     for (int s = 0; s < 3; ++s) {
       const std::span<const int32_t> part(p.ids.data() + cuts[s], cuts[s + 1] - cuts[s]);
       model_->forward(part, *state, LogitsFor::kEveryToken, segment);
-      for (size_t i = 0; i < segment.size(); ++i) {
-        worst = std::max(worst, std::fabs(segment[i] - batched[cuts[s] * vocab + i]));
-      }
+      segmented.insert(segmented.end(), segment.begin(), segment.end());
     }
-    EXPECT_LE(worst, 1e-5f * max_abs(batched)) << "prompt " << p.name;
+    EXPECT_LE(relative_diff(one_shot, segmented), 1e-5f) << "prompt " << p.name;
+    expect_same_state(*one_shot_state, *state, 1e-5f, "prompt " + p.name);
   }
 }
 
-TEST_P(Qwen3Parity, TextPromptsTokenizeLikeReference) {
+TEST_P(Parity, SnapshotsContinueIdentically) {
+  const GoldenPrompt& p = golden_.prompts.back();
+  const size_t half = p.ids.size() / 2;
+  if (half == 0) GTEST_SKIP() << "prompt too short";
+  const std::span<const int32_t> first(p.ids.data(), half), rest(p.ids.data() + half,
+                                                                  p.ids.size() - half);
+  auto state = model_->new_state();
+  std::vector<float> logits, again;
+  model_->forward(first, *state, LogitsFor::kLastToken, logits);
+  const auto snapshot = state->clone();
+  model_->forward(rest, *state, LogitsFor::kEveryToken, logits);
+  const auto finished = state->clone();
+
+  state->restore(*snapshot);  // back to the turn boundary, then the same continuation
+  model_->forward(rest, *state, LogitsFor::kEveryToken, again);
+  EXPECT_EQ(logits, again);
+  expect_same_state(*finished, *state, 0.0f, "restored");
+
+  state->reset();  // a reset state behaves as a new one
+  auto fresh = model_->new_state();
+  model_->forward(p.ids, *state, LogitsFor::kLastToken, logits);
+  model_->forward(p.ids, *fresh, LogitsFor::kLastToken, again);
+  EXPECT_EQ(logits, again);
+}
+
+TEST_P(Parity, TextPromptsTokenizeLikeReference) {
   const bool has_tokenizer = fs::exists(golden_.checkpoint / "tokenizer.json");
   for (const GoldenPrompt& p : golden_.prompts) {
     if (!p.text) continue;
@@ -192,8 +253,12 @@ TEST_P(Qwen3Parity, TextPromptsTokenizeLikeReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen3Parity, ::testing::ValuesIn(fixture_names()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '/', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace qhx
