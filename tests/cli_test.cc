@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -93,7 +94,8 @@ TEST(Cli, TokenizeNeedsOnlyTokenizerFiles) {
 
 class CliBrokenModel : public ::testing::Test {
  protected:
-  void SetUp() override { test::copy_dir(kSmallModel, model()); }
+  void SetUp() override { test::copy_dir(source(), model()); }
+  virtual fs::path source() const { return kSmallModel; }
   fs::path model() const { return dir_.path() / "model"; }
   CliRun generate() {
     return qhx("generate --model " + model().string() + " --prompt-ids 1,2,3 -n 4 --print-ids");
@@ -146,6 +148,55 @@ TEST_F(CliBrokenModel, TokenizerJsonWithoutModelSection) {
   std::ofstream(model() / "tokenizer.json") << tok.dump();
   expect_user_error(qhx("tokenize --model " + model().string(), "hi"),
                     {"tokenizer.json", "model"});
+}
+
+// Qwen3.5 checkpoints broken in the ways peers' converters break them.
+class CliBrokenQwen3_5 : public CliBrokenModel {
+ protected:
+  fs::path source() const override {
+    return test::source_dir() / "tests/fixtures/qwen3_5/gva2_tied";
+  }
+  void edit_config(const std::function<void(Json&)>& edit) {
+    Json config = Json::parse(slurp(model() / "config.json"));
+    edit(config);
+    std::ofstream(model() / "config.json") << config.dump(2);
+  }
+};
+
+TEST_F(CliBrokenQwen3_5, RunsWhenIntact) {
+  const CliRun r = generate();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ','), 3) << r.out;
+}
+
+TEST_F(CliBrokenQwen3_5, MissingALog) {
+  test::RawSafetensors raw = weights();
+  raw.header.erase("model.layers.1.linear_attn.A_log");
+  raw.write(model() / "model.safetensors");
+  expect_user_error(generate(), {"missing tensor 'model.layers.1.linear_attn.A_log'"});
+}
+
+TEST_F(CliBrokenQwen3_5, ConvWeightOfTheWrongShape) {
+  test::RawSafetensors raw = weights();
+  Json& shape = raw.header["model.layers.0.linear_attn.conv1d.weight"]["shape"];
+  shape = {shape[0], shape[2], shape[1]};  // [C, K, 1]: same bytes, wrong layout
+  raw.write(model() / "model.safetensors");
+  expect_user_error(generate(), {"model.safetensors", "conv1d.weight", "expected"});
+}
+
+TEST_F(CliBrokenQwen3_5, LayerTypesOfTheWrongLength) {
+  edit_config([](Json& c) { c["layer_types"].erase(c["layer_types"].size() - 1); });
+  expect_user_error(generate(), {"config.json", "layer_types", "num_hidden_layers"});
+}
+
+TEST_F(CliBrokenQwen3_5, ValueHeadsNotAMultipleOfKeyHeads) {
+  edit_config([](Json& c) { c["linear_num_value_heads"] = 3; });
+  expect_user_error(generate(), {"config.json", "linear_num_value_heads", "multiple"});
+}
+
+TEST_F(CliBrokenQwen3_5, HeadDimsThatDisagreeWithTheWeights) {
+  edit_config([](Json& c) { c["linear_value_head_dim"] = 16; c["linear_key_head_dim"] = 16; });
+  expect_user_error(generate(), {"model.safetensors", "expected"});
 }
 
 TEST(Cli, PromptWithInvalidUtf8) {

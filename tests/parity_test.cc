@@ -67,6 +67,7 @@ struct GoldenPrompt {
 };
 
 struct Golden {
+  fs::path dir;
   fs::path checkpoint;
   std::vector<int64_t> rows;  // vocabulary rows the golden logits cover
   std::vector<GoldenPrompt> prompts;
@@ -77,6 +78,7 @@ Golden load_golden(const std::string& fixture) {
   const Json meta = read_json_file(dir / "golden.json");
   const SafetensorsFile tensors = SafetensorsFile::open(dir / "golden.safetensors");
   Golden g;
+  g.dir = dir;
   g.checkpoint = test::source_dir() / meta.at("checkpoint").get<std::string>();
   const int64_t vocab = load_model_config(g.checkpoint / "config.json").vocab_size;
   if (meta.at("logit_rows") == "all") {
@@ -241,6 +243,50 @@ TEST_P(Parity, SnapshotsContinueIdentically) {
   model_->forward(p.ids, *state, LogitsFor::kLastToken, logits);
   model_->forward(p.ids, *fresh, LogitsFor::kLastToken, again);
   EXPECT_EQ(logits, again);
+}
+
+// Hugging Face's Gated DeltaNet states after a one-shot prefill (golden P.state.layer{i}
+// [Hv, dk, dv] and P.conv.layer{i} [C, K], HF keeping K conv columns where we keep K-1).
+TEST_P(Parity, DeltaNetStatesMatchReference) {
+  const SafetensorsFile tensors = SafetensorsFile::open(golden_.dir / "golden.safetensors");
+  int checked = 0;
+  for (const GoldenPrompt& p : golden_.prompts) {
+    auto state = model_->new_state();
+    std::vector<float> logits;
+    model_->forward(p.ids, *state, LogitsFor::kLastToken, logits);
+    for (const StateTensor& t : state->tensors()) {
+      const auto dot = t.name.find('.');
+      const std::string layer = t.name.substr(0, dot), kind = t.name.substr(dot + 1);
+      if (kind == "recurrent") {
+        const std::string name = p.name + ".state." + layer;
+        if (tensors.find(name) == nullptr) continue;
+        const auto theirs = read_tensor<float>(tensors, name, DType::kF32);
+        EXPECT_LE(relative_diff(theirs, t.data), 1e-4f) << name;
+        ++checked;
+      } else if (kind == "conv") {
+        const std::string name = p.name + ".conv." + layer;
+        const TensorView* view = tensors.find(name);
+        if (view == nullptr) continue;
+        const auto theirs = read_tensor<float>(tensors, name, DType::kF32);
+        const int64_t channels = view->shape[0], columns = view->shape[1];
+        const int64_t history = static_cast<int64_t>(t.data.size()) / channels;
+        ASSERT_EQ(history, columns - 1) << name;
+        std::vector<float> transposed(t.data.size());
+        for (int64_t h = 0; h < history; ++h) {
+          for (int64_t c = 0; c < channels; ++c) {
+            transposed[h * channels + c] = theirs[c * columns + 1 + h];
+          }
+        }
+        EXPECT_LE(relative_diff(transposed, t.data), 1e-4f) << name;
+        ++checked;
+      }
+    }
+  }
+  const bool has_deltanet =
+      std::count(model_->config().layer_types.begin(), model_->config().layer_types.end(),
+                 LayerKind::kLinearAttention) > 0;
+  if (!has_deltanet) GTEST_SKIP() << "no Gated DeltaNet layers";
+  EXPECT_GT(checked, 0) << "golden has no DeltaNet states";
 }
 
 TEST_P(Parity, TextPromptsTokenizeLikeReference) {

@@ -170,33 +170,38 @@ void causal_conv1d_silu(const float* u, int64_t n_tokens, int64_t channels, cons
   std::copy(next.begin(), next.end(), state);
 }
 
+// Both delta-rule references compute in double and round to f32 where a real kernel must store:
+// the state after every token (recurrent) or chunk (chunked), and the outputs. The chunked form's
+// triangular solve loses a few bits in f32; in double the two paths agree to the storage rounding.
 void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* beta,
                                 const float* g, int64_t n_tokens, const DeltaRuleShape& shape,
                                 float* state, float* out) {
   const int64_t dk = shape.k_dim, dv = shape.v_dim, group = shape.n_v_heads / shape.n_k_heads;
-  std::vector<float> memory(dv);
+  std::vector<double> S(dk * dv), delta(dv);
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t j = 0; j < shape.n_v_heads; ++j) {
       const float* qt = q + (t * shape.n_k_heads + j / group) * dk;
       const float* kt = k + (t * shape.n_k_heads + j / group) * dk;
       const float* vt = v + (t * shape.n_v_heads + j) * dv;
-      const float b = beta[t * shape.n_v_heads + j];
-      const float decay = std::exp(g[t * shape.n_v_heads + j]);
-      float* S = state + j * dk * dv;
-      for (int64_t i = 0; i < dk * dv; ++i) S[i] *= decay;  // decay before the read
-      std::fill(memory.begin(), memory.end(), 0.0f);
-      for (int64_t a = 0; a < dk; ++a) {
-        for (int64_t c = 0; c < dv; ++c) memory[c] += S[a * dv + c] * kt[a];
+      const double b = beta[t * shape.n_v_heads + j];
+      const double decay = std::exp(static_cast<double>(g[t * shape.n_v_heads + j]));
+      float* stored = state + j * dk * dv;
+      for (int64_t i = 0; i < dk * dv; ++i) S[i] = stored[i] * decay;  // decay before the read
+      for (int64_t c = 0; c < dv; ++c) {
+        double memory = 0.0;
+        for (int64_t a = 0; a < dk; ++a) memory += S[a * dv + c] * kt[a];
+        delta[c] = (vt[c] - memory) * b;
       }
-      for (int64_t c = 0; c < dv; ++c) memory[c] = (vt[c] - memory[c]) * b;  // the delta
       for (int64_t a = 0; a < dk; ++a) {
-        for (int64_t c = 0; c < dv; ++c) S[a * dv + c] += kt[a] * memory[c];
+        for (int64_t c = 0; c < dv; ++c) S[a * dv + c] += kt[a] * delta[c];
       }
       float* ot = out + (t * shape.n_v_heads + j) * dv;
-      std::fill(ot, ot + dv, 0.0f);
-      for (int64_t a = 0; a < dk; ++a) {
-        for (int64_t c = 0; c < dv; ++c) ot[c] += S[a * dv + c] * qt[a];
+      for (int64_t c = 0; c < dv; ++c) {
+        double o = 0.0;
+        for (int64_t a = 0; a < dk; ++a) o += S[a * dv + c] * qt[a];
+        ot[c] = static_cast<float>(o);
       }
+      for (int64_t i = 0; i < dk * dv; ++i) stored[i] = static_cast<float>(S[i]);
     }
   }
 }
@@ -206,34 +211,37 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
                               int64_t chunk, float* state, float* out) {
   const int64_t dk = shape.k_dim, dv = shape.v_dim, group = shape.n_v_heads / shape.n_k_heads;
   const int64_t hk = shape.n_k_heads, hv = shape.n_v_heads;
-  std::vector<float> G(chunk), A(chunk * chunk), U(chunk * dv), W(chunk * dk);
+  std::vector<double> S(dk * dv), G(chunk), A(chunk * chunk), U(chunk * dv), W(chunk * dk),
+      o(dv);
   const auto dot = [](const float* x, const float* y, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
-    return s;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * y[i];
+    return sum;
   };
   for (int64_t j = 0; j < hv; ++j) {
-    float* S = state + j * dk * dv;
+    float* stored = state + j * dk * dv;
+    std::copy(stored, stored + dk * dv, S.begin());
     const int64_t kh = j / group;
     for (int64_t start = 0; start < n_tokens; start += chunk) {
       const int64_t n = std::min(chunk, n_tokens - start);
       const auto q_at = [&](int64_t i) { return q + ((start + i) * hk + kh) * dk; };
       const auto k_at = [&](int64_t i) { return k + ((start + i) * hk + kh) * dk; };
       const auto v_at = [&](int64_t i) { return v + ((start + i) * hv + j) * dv; };
-      const auto beta_at = [&](int64_t i) { return beta[(start + i) * hv + j]; };
+      const auto beta_at = [&](int64_t i) { return static_cast<double>(beta[(start + i) * hv + j]); };
       // Cumulative log-decay inside the chunk.
-      float acc = 0.0f;
-      for (int64_t i = 0; i < n; ++i) G[i] = acc += g[(start + i) * hv + j];
-      // A = strictly lower β_i (k_i·k_j) e^{G_i−G_j}; solve (I + A) U = βv, (I + A) W = β e^G k.
+      double cumulative = 0.0;
+      for (int64_t i = 0; i < n; ++i) G[i] = cumulative += g[(start + i) * hv + j];
+      // A = strictly lower β_i (k_i·k_p) e^{G_i−G_p}; solve (I + A) U = βv, (I + A) W = β e^G k
+      // by forward substitution.
       for (int64_t i = 0; i < n; ++i) {
-        for (int64_t c = 0; c < i; ++c) {
-          A[i * chunk + c] = beta_at(i) * dot(k_at(i), k_at(c), dk) * std::exp(G[i] - G[c]);
+        for (int64_t p = 0; p < i; ++p) {
+          A[i * chunk + p] = beta_at(i) * dot(k_at(i), k_at(p), dk) * std::exp(G[i] - G[p]);
         }
         for (int64_t c = 0; c < dv; ++c) U[i * dv + c] = beta_at(i) * v_at(i)[c];
-        const float scale = beta_at(i) * std::exp(G[i]);
+        const double scale = beta_at(i) * std::exp(G[i]);
         for (int64_t c = 0; c < dk; ++c) W[i * dk + c] = scale * k_at(i)[c];
         for (int64_t p = 0; p < i; ++p) {
-          const float a = A[i * chunk + p];
+          const double a = A[i * chunk + p];
           for (int64_t c = 0; c < dv; ++c) U[i * dv + c] -= a * U[p * dv + c];
           for (int64_t c = 0; c < dk; ++c) W[i * dk + c] -= a * W[p * dk + c];
         }
@@ -241,37 +249,38 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
       // V' = U − W S (held in U).
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t a = 0; a < dk; ++a) {
-          const float w = W[i * dk + a];
+          const double w = W[i * dk + a];
           for (int64_t c = 0; c < dv; ++c) U[i * dv + c] -= w * S[a * dv + c];
         }
       }
       // o_i = e^{G_i} Sᵀq_i + Σ_{p≤i} (q_i·k_p) e^{G_i−G_p} V'_p, with S the incoming state.
       for (int64_t i = 0; i < n; ++i) {
-        float* o = out + ((start + i) * hv + j) * dv;
-        std::fill(o, o + dv, 0.0f);
         const float* qi = q_at(i);
+        std::fill(o.begin(), o.end(), 0.0);
         for (int64_t a = 0; a < dk; ++a) {
           for (int64_t c = 0; c < dv; ++c) o[c] += S[a * dv + c] * qi[a];
         }
-        const float outer_decay = std::exp(G[i]);
+        const double outer_decay = std::exp(G[i]);
         for (int64_t c = 0; c < dv; ++c) o[c] *= outer_decay;
         for (int64_t p = 0; p <= i; ++p) {
-          const float w = dot(qi, k_at(p), dk) * std::exp(G[i] - G[p]);
+          const double w = dot(qi, k_at(p), dk) * std::exp(G[i] - G[p]);
           for (int64_t c = 0; c < dv; ++c) o[c] += w * U[p * dv + c];
         }
+        float* oi = out + ((start + i) * hv + j) * dv;
+        for (int64_t c = 0; c < dv; ++c) oi[c] = static_cast<float>(o[c]);
       }
-      // S ← e^{G_n} S + Σ_p e^{G_n−G_p} k_p V'_pᵀ.
-      const float last = G[n - 1];
-      const float state_decay = std::exp(last);
-      for (int64_t i = 0; i < dk * dv; ++i) S[i] *= state_decay;
+      // S ← e^{G_n} S + Σ_p e^{G_n−G_p} k_p V'_pᵀ, stored as f32 at the chunk boundary.
+      const double last = G[n - 1];
+      for (int64_t i = 0; i < dk * dv; ++i) S[i] *= std::exp(last);
       for (int64_t p = 0; p < n; ++p) {
-        const float w = std::exp(last - G[p]);
+        const double w = std::exp(last - G[p]);
         const float* kp = k_at(p);
         for (int64_t a = 0; a < dk; ++a) {
-          const float ka = w * kp[a];
+          const double ka = w * kp[a];
           for (int64_t c = 0; c < dv; ++c) S[a * dv + c] += ka * U[p * dv + c];
         }
       }
+      for (int64_t i = 0; i < dk * dv; ++i) S[i] = stored[i] = static_cast<float>(S[i]);
     }
   }
 }
