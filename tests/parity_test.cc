@@ -143,6 +143,17 @@ class Parity : public ::testing::TestWithParam<std::string> {
     model_->forward(ids, *state, LogitsFor::kEveryToken, logits);
     return logits;
   }
+  // One line per prompt for the logs: the relative differences the tests bound.
+  void report(const char* what, const GoldenPrompt& p, std::span<const float> a,
+              std::span<const float> b, const ModelState& sa, const ModelState& sb) const {
+    float worst_state = 0.0f;
+    const auto ta = sa.tensors(), tb = sb.tensors();
+    for (size_t i = 0; i < ta.size() && i < tb.size(); ++i) {
+      worst_state = std::max(worst_state, relative_diff(ta[i].data, tb[i].data));
+    }
+    std::printf("%s/%s (%zu tokens) %s: logits %.2g, states %.2g relative\n", GetParam().c_str(),
+                p.name.c_str(), p.ids.size(), what, relative_diff(a, b), worst_state);
+  }
   Golden golden_;
   std::unique_ptr<Model> model_;
 };
@@ -198,6 +209,7 @@ TEST_P(Parity, DecodeOverPromptMatchesPrefill) {
     }
     EXPECT_LE(relative_diff(batched, stepped), 1e-5f) << "prompt " << p.name;
     expect_same_state(*batched_state, *state, 1e-5f, "prompt " + p.name);
+    report("decode-over-prompt", p, batched, stepped, *batched_state, *state);
   }
 }
 
@@ -217,6 +229,7 @@ TEST_P(Parity, PrefillInSegmentsMatchesOneShot) {
     }
     EXPECT_LE(relative_diff(one_shot, segmented), 1e-5f) << "prompt " << p.name;
     expect_same_state(*one_shot_state, *state, 1e-5f, "prompt " + p.name);
+    report("3-segment prefill", p, one_shot, segmented, *one_shot_state, *state);
   }
 }
 
