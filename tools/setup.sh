@@ -7,7 +7,8 @@ build_dir=${1:-build}
 shift || true
 
 packages=(build-essential cmake pkg-config nlohmann-json3-dev libpcre2-dev libicu-dev
-          libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev)
+          libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libssl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -26,10 +26,12 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
       }
       shard_names.insert(name);
     }
-    for (const auto& name : shard_names) ckpt.files_.push_back(SafetensorsFile::open(dir / name));
+    for (const auto& name : shard_names) {
+      ckpt.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(dir / name)));
+    }
     // Every tensor the index promises must be in the file it names.
-    std::map<std::string, const SafetensorsFile*> by_name;
-    for (const auto& f : ckpt.files_) by_name[f.path().filename().string()] = &f;
+    std::map<std::string, const TensorFile*> by_name;
+    for (const auto& f : ckpt.files_) by_name[f->path().filename().string()] = f.get();
     for (const auto& [tensor, file] : weight_map.items()) {
       if (by_name.at(file.get<std::string>())->find(tensor) == nullptr) {
         fail((dir / file.get<std::string>()).string(),
@@ -37,16 +39,32 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
       }
     }
   } else if (std::filesystem::exists(single_path)) {
-    ckpt.files_.push_back(SafetensorsFile::open(single_path));
+    ckpt.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single_path)));
   } else {
     fail(dir.string(), "no model.safetensors or model.safetensors.index.json");
   }
   return ckpt;
 }
 
+Checkpoint Checkpoint::from_files(const std::filesystem::path& dir,
+                                  std::vector<std::unique_ptr<TensorFile>> files) {
+  Checkpoint ckpt;
+  ckpt.dir_ = dir;
+  std::map<std::string, const TensorFile*> owner;
+  for (const auto& f : files) {
+    for (const auto& [name, view] : f->tensors()) {
+      if (auto [it, fresh] = owner.emplace(name, f.get()); !fresh) {
+        fail(f->path().string(), "tensor '" + name + "' is also in " + it->second->path().string());
+      }
+    }
+  }
+  ckpt.files_ = std::move(files);
+  return ckpt;
+}
+
 const TensorView* Checkpoint::find(const std::string& name) const {
   for (const auto& f : files_) {
-    if (const TensorView* t = f.find(name)) return t;
+    if (const TensorView* t = f->find(name)) return t;
   }
   return nullptr;
 }

@@ -1,10 +1,12 @@
-// A Hugging Face checkpoint's weights: one model.safetensors, or several files listed by
-// model.safetensors.index.json. Lookup by tensor name with shape checks that name the file.
+// The weights of a model, looked up by tensor name across one or more tensor files: a Hugging
+// Face checkpoint (model.safetensors, or the shards model.safetensors.index.json lists) or the
+// tensor files of a qhx bundle. Shape checks name the file.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,7 +16,11 @@ namespace qhx {
 
 class Checkpoint {
  public:
+  Checkpoint() = default;
   static Checkpoint open(const std::filesystem::path& dir);
+  // Tensors spread over `files` (names must be unique across them).
+  static Checkpoint from_files(const std::filesystem::path& dir,
+                               std::vector<std::unique_ptr<TensorFile>> files);
 
   const TensorView* find(const std::string& name) const;
   // The tensor, or an Error naming the checkpoint and the tensor if it is missing or its shape
@@ -23,11 +29,11 @@ class Checkpoint {
   bool contains(const std::string& name) const { return find(name) != nullptr; }
 
   const std::filesystem::path& dir() const { return dir_; }
-  const std::vector<SafetensorsFile>& files() const { return files_; }
+  const std::vector<std::unique_ptr<TensorFile>>& files() const { return files_; }
 
  private:
   std::filesystem::path dir_;
-  std::vector<SafetensorsFile> files_;
+  std::vector<std::unique_ptr<TensorFile>> files_;
 };
 
 }  // namespace qhx

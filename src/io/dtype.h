@@ -9,10 +9,14 @@
 
 namespace qhx {
 
-enum class DType { kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF64 };
+// kW8 and kW4 are qhx bundle weight formats (int8 per-row and int4 per-group quantisation, laid
+// out as kernels/kernels.h MatrixRef describes); safetensors files never hold them.
+enum class DType { kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF64, kW8, kW4 };
 
 std::optional<DType> dtype_from_safetensors_name(std::string_view name);
 std::string_view dtype_name(DType dtype);
+// Bytes per element of a plain type. W8 and W4 have no such size (their bytes depend on the
+// matrix shape, see matrix_bytes in kernels/quant.h), so they throw Error.
 size_t dtype_size(DType dtype);
 
 inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }

@@ -172,8 +172,10 @@ int64_t int_or_default(const Json& cfg, std::string_view key, int64_t fallback,
 }  // namespace
 
 ModelConfig load_model_config(const std::filesystem::path& config_json) {
-  const Json root = read_json_file(config_json);
-  const std::string root_where = config_json.string();
+  return parse_model_config(read_json_file(config_json), config_json.string());
+}
+
+ModelConfig parse_model_config(const Json& root, const std::string& root_where) {
   if (!root.is_object()) fail(root_where, "expected a JSON object");
   const bool nested = root.contains("text_config");
   const Json& cfg = nested ? require_field(root, "text_config", root_where) : root;

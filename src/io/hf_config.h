@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,8 @@ struct ModelConfig {
 
 // Reads config.json; a nested "text_config" (multimodal wrappers) takes precedence.
 ModelConfig load_model_config(const std::filesystem::path& config_json);
+// The same from an already parsed config object; `where` names it in errors.
+ModelConfig parse_model_config(const nlohmann::json& root, const std::string& where);
 
 // Sampling defaults and stop ids from generation_config.json (all optional).
 struct GenerationDefaults {

@@ -34,6 +34,8 @@ std::string_view dtype_name(DType dtype) {
     case DType::kI8: return "I8";
     case DType::kU8: return "U8";
     case DType::kBool: return "BOOL";
+    case DType::kW8: return "W8";
+    case DType::kW4: return "W4";
   }
   return "?";
 }
@@ -50,23 +52,11 @@ size_t dtype_size(DType dtype) {
     case DType::kI8:
     case DType::kU8:
     case DType::kBool: return 1;
+    case DType::kW8:
+    case DType::kW4:
+      fail(dtype_name(dtype), "a quantized type has no element size (see matrix_bytes)");
   }
   return 1;
-}
-
-int64_t TensorView::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-std::string TensorView::shape_string() const {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
 }
 
 namespace {
@@ -82,7 +72,7 @@ uint64_t read_le64(const std::byte* p) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, MappedFile file)
-    : path_(std::make_unique<std::filesystem::path>(path)), file_(std::move(file)) {}
+    : TensorFile(path, std::move(file)) {}
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile st(path, MappedFile(path));
@@ -165,11 +155,6 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     st.tensors_.emplace(name, std::move(view));
   }
   return st;
-}
-
-const TensorView* SafetensorsFile::find(const std::string& name) const {
-  auto it = tensors_.find(name);
-  return it == tensors_.end() ? nullptr : &it->second;
 }
 
 }  // namespace qhx

@@ -1,6 +1,7 @@
 // Compute kernels. They know tensors and shapes, never models. Every op has one scalar
 // reference implementation here (namespace qhx::ref); fast variants are tested against it.
-// All arithmetic is float32; weights may be stored as F32, BF16 or F16 and are widened exactly.
+// All arithmetic is float32: F32, BF16 and F16 weights are widened exactly, W8 and W4 weights
+// dequantised to float32(scale) · q.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +11,19 @@
 namespace qhx {
 
 // A row-major [rows, cols] matrix used where it lies (usually in a mapped weight file).
+// Quantized weights are symmetric, w ≈ scale · q, with `data` holding q and `scales` the scales:
+//   W8: q int8 [rows, cols] in [-127, 127]; one f32 scale per row, [rows].
+//   W4: q int4 in [-7, 7] (two's complement), two per byte, cols/2 bytes per row: byte b holds
+//       column 2b in its low nibble and column 2b+1 in its high nibble. One scale (f16 bits) per
+//       group_size consecutive columns of a row, [rows, cols/group_size]; group_size is even
+//       and divides cols (kernels/quant.h checks layouts and writes them).
 struct MatrixRef {
   DType dtype = DType::kF32;
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
+  const void* scales = nullptr;  // W8 and W4 only
+  int64_t group_size = 0;        // W4 only
 };
 
 // Shape of grouped-query attention: query head h reads key/value head h / (n_heads/n_kv_heads).
@@ -34,7 +43,7 @@ struct DeltaRuleShape {
 
 namespace ref {
 
-// out[cols] = float32(w[row, :]).
+// out[cols] = float32(w[row, :]), for W8 and W4 the float32 product scale · q.
 void read_row(const MatrixRef& w, int64_t row, float* out);
 
 // y[t, r] = Σ_c x[t, c] · w[r, c] for t < n_tokens (x: [n_tokens, w.cols], y: [n_tokens, w.rows]).

@@ -7,21 +7,6 @@
 #include "kernels/kernels.h"
 
 namespace qhx::ref {
-namespace {
-
-template <typename Widen>
-void matmul_rows(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, Widen widen) {
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const float* xt = x + t * w.cols;
-    for (int64_t r = 0; r < w.rows; ++r) {
-      float sum = 0.0f;
-      for (int64_t c = 0; c < w.cols; ++c) sum += xt[c] * widen(r * w.cols + c);
-      y[t * w.rows + r] = sum;
-    }
-  }
-}
-
-}  // namespace
 
 void read_row(const MatrixRef& w, int64_t row, float* out) {
   const int64_t base = row * w.cols;
@@ -39,30 +24,42 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
         out[c] = f16_to_f32(static_cast<const uint16_t*>(w.data)[base + c]);
       }
       return;
+    case DType::kW8: {
+      const int8_t* q = static_cast<const int8_t*>(w.data) + base;
+      const float scale = static_cast<const float*>(w.scales)[row];
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = scale * static_cast<float>(q[c]);
+      return;
+    }
+    case DType::kW4: {
+      const uint8_t* packed = static_cast<const uint8_t*>(w.data) + base / 2;
+      const uint16_t* scales =
+          static_cast<const uint16_t*>(w.scales) + row * (w.cols / w.group_size);
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const int nibble = (packed[c / 2] >> (c % 2 * 4)) & 0xF;
+        const int q = (nibble ^ 8) - 8;  // sign-extend the int4
+        out[c] = f16_to_f32(scales[c / w.group_size]) * static_cast<float>(q);
+      }
+      return;
+    }
     default:
       break;
   }
-  std::abort();  // callers only build MatrixRefs of float types
+  std::abort();  // callers only build MatrixRefs of weight types
 }
 
+// Each weight row is widened or dequantised once by read_row, so every dtype shares the same
+// f32 arithmetic.
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  switch (w.dtype) {
-    case DType::kF32: {
-      const auto* p = static_cast<const float*>(w.data);
-      return matmul_rows(x, n_tokens, w, y, [p](int64_t i) { return p[i]; });
+  std::vector<float> row(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    read_row(w, r, row.data());
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* xt = x + t * w.cols;
+      float sum = 0.0f;
+      for (int64_t c = 0; c < w.cols; ++c) sum += xt[c] * row[c];
+      y[t * w.rows + r] = sum;
     }
-    case DType::kBF16: {
-      const auto* p = static_cast<const uint16_t*>(w.data);
-      return matmul_rows(x, n_tokens, w, y, [p](int64_t i) { return bf16_to_f32(p[i]); });
-    }
-    case DType::kF16: {
-      const auto* p = static_cast<const uint16_t*>(w.data);
-      return matmul_rows(x, n_tokens, w, y, [p](int64_t i) { return f16_to_f32(p[i]); });
-    }
-    default:
-      break;
   }
-  std::abort();
 }
 
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y) {

@@ -1,12 +1,22 @@
+#include "io/bundle.h"
 #include "io/checkpoint.h"
 #include "models/families.h"
 #include "models/model.h"
 
 namespace qhx {
 
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir) {
-  const ModelConfig config = load_model_config(dir / "config.json");
-  Checkpoint checkpoint = Checkpoint::open(dir);
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  ModelConfig config;
+  Checkpoint checkpoint;
+  if (is_bundle(dir)) {
+    const BundleManifest manifest = open_bundle_manifest(
+        dir, {.verify_sha256 = options.verify_sha256, .check_target = options.check_target});
+    config = manifest.config;
+    checkpoint = open_bundle_tensors(dir, manifest);
+  } else {
+    config = load_model_config(dir / "config.json");
+    checkpoint = Checkpoint::open(dir);
+  }
   switch (config.family) {
     case Family::kQwen3: return load_qwen3(config, std::move(checkpoint));
     case Family::kQwen3_5: return load_qwen3_5(config, std::move(checkpoint));

@@ -46,7 +46,13 @@ class Model {
                        std::vector<float>& logits) const = 0;
 };
 
-// Opens a Hugging Face checkpoint directory (config.json + safetensors) of any supported family.
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir);
+struct LoadOptions {
+  bool verify_sha256 = false;  // bundles: check every file's sha256 (sizes are always checked)
+  bool check_target = true;    // bundles: refuse one built for another CPU
+};
+
+// Opens a Hugging Face checkpoint directory (config.json + safetensors) or a qhx bundle
+// (manifest.json + tensor files) of any supported family. Weights are mapped, not copied.
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options = {});
 
 }  // namespace qhx

@@ -5,10 +5,12 @@
 namespace qhx {
 namespace {
 
-void require_float(const TensorView& t) {
-  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+void require_float(const TensorView& t, bool quantized_ok) {
+  if (!is_float(t.dtype) && !(quantized_ok && (t.dtype == DType::kW8 || t.dtype == DType::kW4))) {
     fail(t.file->string() + ": tensor '" + t.name + "'",
-         "dtype " + std::string(dtype_name(t.dtype)) + " is not a float weight type");
+         "dtype " + std::string(dtype_name(t.dtype)) + " is not a weight type qhx reads here");
   }
 }
 
@@ -16,14 +18,17 @@ void require_float(const TensorView& t) {
 
 MatrixRef WeightReader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
   const TensorView& t = checkpoint_.require(prefix_ + name, {rows, cols});
-  require_float(t);
-  return MatrixRef{t.dtype, t.data, rows, cols};
+  require_float(t, /*quantized_ok=*/true);
+  MatrixRef m{t.dtype, t.data, rows, cols};
+  m.scales = t.scales;
+  m.group_size = t.group_size;
+  return m;
 }
 
 std::vector<float> WeightReader::f32(const std::string& name,
                                      std::initializer_list<int64_t> shape) const {
   const TensorView& t = checkpoint_.require(prefix_ + name, shape);
-  require_float(t);
+  require_float(t, /*quantized_ok=*/false);
   const MatrixRef all{t.dtype, t.data, 1, t.numel()};
   std::vector<float> out(t.numel());
   ref::read_row(all, 0, out.data());

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "forge/convert.h"
+#include "io/bundle.h"
 #include "io/hf_config.h"
 #include "models/model.h"
 #include "runtime/generate.h"
@@ -65,7 +67,22 @@ struct GenerateArgs {
   std::optional<uint64_t> seed;
   bool print_ids = false;
   bool ignore_eos = false;
+  bool verify = false;
 };
+
+// One line for stderr about a bundle's provenance: its plan and its gate certificate.
+std::string describe_bundle(const qhx::BundleManifest& m) {
+  std::string line = "bundle: " + m.family + ", weights " +
+                     m.precision_policy.value("matrices", std::string("?")) + ", target " +
+                     m.target + ", " + std::to_string(m.shards.size()) + " decoder shard(s); ";
+  if (m.gate.is_null()) return line + "not gated";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "gate %s: top-1 %.4f, Pearson r %.6f, KL %.3g, greedy %lld/%lld",
+                m.gate.value("passed", false) ? "passed" : "FAILED", m.gate.value("top1", 0.0),
+                m.gate.value("pearson_min", 0.0), m.gate.value("kl_mean", 0.0),
+                m.gate.value("greedy_matched", 0LL), m.gate.value("prompts", 0LL));
+  return line + buf;
+}
 
 int run_generate(const GenerateArgs& args) {
   const fs::path dir(args.model);
@@ -77,9 +94,15 @@ int run_generate(const GenerateArgs& args) {
       args.prompt_ids.empty() ? tokenizer->encode(args.prompt, "--prompt")
                               : parse_id_list(args.prompt_ids);
 
-  const auto model = qhx::load_model(dir);
-  const qhx::GenerationDefaults defaults =
-      qhx::load_generation_defaults(dir / "generation_config.json");
+  qhx::GenerationDefaults defaults;
+  if (qhx::is_bundle(dir)) {
+    const auto manifest = qhx::open_bundle_manifest(dir, {.verify_sha256 = args.verify});
+    std::fprintf(stderr, "%s\n", describe_bundle(manifest).c_str());
+    defaults = manifest.generation;
+  } else {
+    defaults = qhx::load_generation_defaults(dir / "generation_config.json");
+  }
+  const auto model = qhx::load_model(dir, {.verify_sha256 = args.verify});
 
   qhx::GenerateOptions options;
   options.max_new_tokens = args.n;
@@ -130,6 +153,92 @@ int run_generate(const GenerateArgs& args) {
   return 0;
 }
 
+struct ForgeArgs {
+  std::string source, out, weights = "f32", lm_head, embed, target = "generic", reference;
+  int64_t group_size = 64, shards = 1, max_context = 0, gate_prompts = 8, gate_greedy = 32;
+  uint64_t max_shard_bytes = 0;
+  std::optional<double> min_top1, min_top5, min_pearson, max_kl, min_greedy;
+  bool no_gate = false, force = false;
+
+  qhx::DType dtype(const std::string& flag, const std::string& value) const {
+    const auto d = qhx::parse_weight_dtype(value);
+    if (!d) qhx::fail(flag, "'" + value + "' is not one of f32, bf16, f16, w8, w4");
+    return *d;
+  }
+  std::optional<qhx::GateThresholds> thresholds(qhx::DType weights) const {
+    if (!min_top1 && !min_top5 && !min_pearson && !max_kl && !min_greedy) return std::nullopt;
+    qhx::GateThresholds t = qhx::default_gate_thresholds(weights);
+    if (min_top1) t.min_top1 = *min_top1;
+    if (min_top5) t.min_top5 = *min_top5;
+    if (min_pearson) t.min_pearson = *min_pearson;
+    if (max_kl) t.max_kl = *max_kl;
+    if (min_greedy) t.min_greedy = *min_greedy;
+    return t;
+  }
+};
+
+void print_gate(const qhx::GateReport& r) {
+  std::fprintf(stderr, "%s\n", r.summary().c_str());
+  for (const auto& p : r.prompts) {
+    std::fprintf(stderr, "  %-10s %4lld positions  top-1 %.4f  top-5 %.4f  r %.6f  KL %.3g  %s\n",
+                 p.name.c_str(), static_cast<long long>(p.positions), p.top1, p.top5,
+                 p.pearson_min, p.kl_mean,
+                 p.greedy_match ? "greedy identical"
+                                : ("greedy differs at " + std::to_string(p.first_divergence)).c_str());
+  }
+  for (const auto& f : r.failures) std::fprintf(stderr, "  below threshold: %s\n", f.c_str());
+}
+
+constexpr int kGateFailed = 3;
+
+int run_convert(const ForgeArgs& a) {
+  qhx::ConvertOptions o;
+  o.weights = a.dtype("--weights", a.weights);
+  if (!a.lm_head.empty()) o.lm_head = a.dtype("--lm-head", a.lm_head);
+  if (!a.embed.empty()) o.embed = a.dtype("--embed", a.embed);
+  o.group_size = a.group_size;
+  o.shards = a.shards;
+  o.max_shard_bytes = a.max_shard_bytes;
+  o.target = a.target;
+  o.max_context = a.max_context;
+  o.gate = !a.no_gate;
+  o.thresholds = a.thresholds(o.weights);
+  o.gate_prompts = a.gate_prompts;
+  o.gate_greedy_tokens = a.gate_greedy;
+  o.overwrite = a.force;
+  const qhx::ConvertResult r = qhx::forge_convert(a.source, a.out, o);
+  if (r.gate) print_gate(*r.gate);
+  if (!r.published) {
+    std::fprintf(stderr, "qhx: the gate failed; nothing was written to %s\n", a.out.c_str());
+    return kGateFailed;
+  }
+  std::fprintf(stderr, "wrote %s\n", a.out.c_str());
+  return 0;
+}
+
+int run_gate(const ForgeArgs& a) {
+  const auto manifest = qhx::open_bundle_manifest(a.source, {.check_target = false});
+  const auto weights = qhx::parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
+  const qhx::GateReport r = qhx::forge_gate(a.source, a.reference,
+                                            a.thresholds(weights.value_or(qhx::DType::kF32)),
+                                            a.gate_prompts, a.gate_greedy);
+  print_gate(r);
+  return r.passed ? 0 : kGateFailed;
+}
+
+int run_verify(const std::string& bundle) {
+  const auto manifest = qhx::open_bundle_manifest(bundle, {.verify_sha256 = true,
+                                                           .check_target = false});
+  qhx::open_bundle_tensors(bundle, manifest);  // every tensor table parses and fits its file
+  std::printf("%s: %zu files verified (sizes, sha256, tensor tables)\n", bundle.c_str(),
+              manifest.files.size());
+  if (!qhx::target_runs_here(manifest.target)) {
+    std::printf("note: built for target '%s', this machine is '%s'\n", manifest.target.c_str(),
+                qhx::host_target().c_str());
+  }
+  return 0;
+}
+
 int run_tokenize(const std::string& model_dir) {
   const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(model_dir);
   const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
@@ -143,7 +252,7 @@ int run_tokenize(const std::string& model_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"qhx: on-device runtime for Qwen3 models"};
+  CLI::App app{"qhx: on-device runtime for Qwen3 and Qwen3.5 models"};
   app.require_subcommand(1);
 
   GenerateArgs gen;
@@ -163,11 +272,54 @@ int main(int argc, char** argv) {
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated ids, comma-separated, on one line instead of text");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
+  generate->add_flag("--verify", gen.verify, "Bundles: check every file's sha256 before loading");
 
   std::string tokenize_model;
   CLI::App* tokenize =
       app.add_subcommand("tokenize", "Read UTF-8 text on stdin, print its token ids as JSON");
   tokenize->add_option("--model,-m", tokenize_model, "Directory with tokenizer.json")->required();
+
+  ForgeArgs forge_args;
+  CLI::App* forge = app.add_subcommand("forge", "Build bundles from Hugging Face checkpoints");
+  forge->require_subcommand(1);
+  CLI::App* convert = forge->add_subcommand("convert", "Convert a checkpoint into a gated bundle");
+  convert->add_option("source", forge_args.source, "Hugging Face checkpoint directory")->required();
+  convert->add_option("-o,--output", forge_args.out, "Bundle directory to create")->required();
+  convert->add_option("--weights", forge_args.weights, "Decoder matrices: f32, bf16, f16, w8, w4");
+  convert->add_option("--lm-head", forge_args.lm_head, "lm_head dtype (default: --weights)");
+  convert->add_option("--embed", forge_args.embed, "Embedding table dtype (default: --weights)");
+  convert->add_option("--group-size", forge_args.group_size, "W4 group width")
+      ->check(CLI::PositiveNumber);
+  auto* shards_opt = convert->add_option("--shards", forge_args.shards, "Decoder shards")
+                         ->check(CLI::PositiveNumber);
+  convert->add_option("--max-shard-bytes", forge_args.max_shard_bytes,
+                      "Split decoder layers into shards of at most this size")
+      ->excludes(shards_opt);
+  convert->add_option("--target", forge_args.target,
+                      "generic, x86_64, x86_64-avx2, x86_64-avx512, aarch64, aarch64-dotprod");
+  convert->add_option("--max-ctx", forge_args.max_context, "Context limit of the plan");
+  convert->add_flag("--no-gate", forge_args.no_gate, "Publish without running the oracle gate");
+  convert->add_flag("--force", forge_args.force, "Replace an existing bundle");
+  CLI::App* gate = forge->add_subcommand("gate", "Compare a bundle with its reference");
+  gate->add_option("bundle", forge_args.source, "Bundle directory")->required();
+  gate->add_option("--reference", forge_args.reference,
+                   "Hugging Face checkpoint or f32 bundle")->required();
+  for (CLI::App* sub : {convert, gate}) {
+    sub->add_option("--gate-prompts", forge_args.gate_prompts, "Prompts in the gate suite")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--gate-tokens", forge_args.gate_greedy, "Greedy tokens per prompt")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--min-top1", forge_args.min_top1, "Gate threshold: top-1 agreement");
+    sub->add_option("--min-top5", forge_args.min_top5, "Gate threshold: top-5 overlap");
+    sub->add_option("--min-pearson", forge_args.min_pearson, "Gate threshold: Pearson r");
+    sub->add_option("--max-kl", forge_args.max_kl, "Gate threshold: mean KL (nats)");
+    sub->add_option("--min-greedy", forge_args.min_greedy,
+                    "Gate threshold: fraction of identical greedy continuations");
+  }
+
+  std::string verify_bundle;
+  CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");
+  verify->add_option("bundle", verify_bundle, "Bundle directory")->required();
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -177,6 +329,9 @@ int main(int argc, char** argv) {
       }
       return run_generate(gen);
     }
+    if (convert->parsed()) return run_convert(forge_args);
+    if (gate->parsed()) return run_gate(forge_args);
+    if (verify->parsed()) return run_verify(verify_bundle);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {
     std::cout.flush();

@@ -1,0 +1,409 @@
+#include "forge/convert.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "forge/model_card.h"
+#include "io/bundle.h"
+#include "io/checkpoint.h"
+#include "io/hf_config.h"
+#include "io/qhxt.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "models/model.h"
+#include "models/weights.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#include "util/sha256.h"
+
+namespace qhx {
+namespace fs = std::filesystem;
+namespace {
+
+std::string weight_dtype_name(DType d) {
+  switch (d) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kW8: return "w8";
+    case DType::kW4: return "w4";
+    default: return std::string(dtype_name(d));
+  }
+}
+
+// A source tensor as f32 rows: [rows, cols] with rows = shape[0].
+std::vector<float> read_f32(const TensorView& t, int64_t& rows, int64_t& cols) {
+  rows = t.shape.empty() ? 1 : t.shape[0];
+  cols = rows == 0 ? 0 : t.numel() / rows;
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+    fail(t.file->string() + ": tensor '" + t.name + "'",
+         "dtype " + std::string(dtype_name(t.dtype)) + " cannot be converted");
+  }
+  std::vector<float> out(t.numel());
+  const MatrixRef m{t.dtype, t.data, rows, cols};
+  for (int64_t r = 0; r < rows; ++r) ref::read_row(m, r, out.data() + r * cols);
+  for (float x : out) {
+    if (!std::isfinite(x)) fail(t.file->string() + ": tensor '" + t.name + "'", "holds inf or NaN");
+  }
+  return out;
+}
+
+template <typename T>
+std::vector<std::byte> as_bytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// The widest even group size <= wanted that divides cols (W4 groups must tile each row).
+int64_t fitting_group(int64_t wanted, int64_t cols) {
+  for (int64_t g = wanted; g >= 2; g -= 2) {
+    if (cols % g == 0) return g;
+  }
+  fail("--group-size", "no even group size divides " + std::to_string(cols) + " columns");
+}
+
+TensorToWrite encode_tensor(const TensorView& source, const std::string& name, DType dtype,
+                            int64_t group_size) {
+  int64_t rows = 0, cols = 0;
+  const std::vector<float> w = read_f32(source, rows, cols);
+  TensorToWrite t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = source.shape;
+  switch (dtype) {
+    case DType::kF32: t.data = as_bytes(w); break;
+    case DType::kBF16:
+    case DType::kF16: {
+      std::vector<uint16_t> h(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        h[i] = dtype == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+      }
+      t.data = as_bytes(h);
+      break;
+    }
+    case DType::kW8: {
+      std::vector<int8_t> q(w.size());
+      std::vector<float> scales(rows);
+      quantize_w8(w.data(), rows, cols, q.data(), scales.data());
+      t.data = as_bytes(q);
+      t.scales = as_bytes(scales);
+      break;
+    }
+    case DType::kW4: {
+      t.group_size = fitting_group(group_size, cols);
+      std::vector<uint8_t> packed(w.size() / 2);
+      std::vector<uint16_t> scales(rows * (cols / t.group_size));
+      quantize_w4(w.data(), rows, cols, t.group_size, packed.data(), scales.data());
+      t.data = as_bytes(packed);
+      t.scales = as_bytes(scales);
+      break;
+    }
+    default: fail(name, "unsupported target dtype");
+  }
+  return t;
+}
+
+// Encodes one tensor; errors (non-finite weights, impossible groups) name the source tensor.
+TensorToWrite encode(const TensorView& source, const std::string& name, DType dtype,
+                     int64_t group_size) {
+  try {
+    return encode_tensor(source, name, dtype, group_size);
+  } catch (const Error& e) {
+    fail(source.file->string() + ": tensor '" + source.name + "'", e.what());
+  }
+}
+
+// Which stored dtype a tensor gets (docs/bundle.md, precision policy): matrices take the
+// requested dtype; vectors (norms, A_log, dt_bias), conv kernels and the Gated DeltaNet gate
+// projections (β, decay: tiny, and their error is exponentiated) stay f32.
+DType dtype_for(const std::string& name, const TensorView& t, const ConvertOptions& o) {
+  if (name == "model.embed_tokens.weight") return o.embed.value_or(default_table_dtype(o.weights));
+  if (name == "lm_head.weight") return o.lm_head.value_or(default_table_dtype(o.weights));
+  if (t.shape.size() != 2) return DType::kF32;
+  if (name.ends_with("linear_attn.in_proj_a.weight") ||
+      name.ends_with("linear_attn.in_proj_b.weight")) {
+    return DType::kF32;
+  }
+  return o.weights;
+}
+
+int64_t layer_of(const std::string& name) {
+  const auto at = name.find("layers.");
+  return at == std::string::npos ? -1 : std::atoll(name.c_str() + at + 7);
+}
+
+// Removes the directory on scope exit unless released: a failed convert leaves nothing.
+class TempDirGuard {
+ public:
+  explicit TempDirGuard(fs::path p) : path_(std::move(p)) {}
+  ~TempDirGuard() {
+    if (!path_.empty()) {
+      std::error_code ignored;
+      fs::remove_all(path_, ignored);
+    }
+  }
+  void release() { path_.clear(); }
+
+ private:
+  fs::path path_;
+};
+
+// ".<name><tag><pid>" beside `out`: never taken for a bundle, unique to this process.
+fs::path hidden_sibling(const fs::path& out, const char* tag) {
+  std::string name(".");
+  name.append(out.filename().string()).append(tag).append(std::to_string(::getpid()));
+  return fs::absolute(out).parent_path() / name;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+DType default_table_dtype(DType weights) {
+  return weights == DType::kW8 || weights == DType::kW4 ? DType::kBF16 : weights;
+}
+
+std::optional<DType> parse_weight_dtype(std::string_view name) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kW8, DType::kW4}) {
+    if (weight_dtype_name(d) == name) return d;
+  }
+  return std::nullopt;
+}
+
+ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
+                            const ConvertOptions& options) {
+  if (!is_known_target(options.target)) fail("--target", "unknown target '" + options.target + "'");
+  if (fs::exists(out) && !options.overwrite) {
+    fail(out.string(), "already exists (pass --force to replace it)");
+  }
+  const Json config_json = read_json_file(hf_dir / "config.json");
+  const ModelConfig config = parse_model_config(config_json, (hf_dir / "config.json").string());
+  const Checkpoint checkpoint = Checkpoint::open(hf_dir);
+  const std::string family = config.family == Family::kQwen3 ? "qwen3" : "qwen3_5";
+  const std::string prefix = text_decoder_prefix(checkpoint);
+  const int64_t max_context = options.max_context > 0
+                                  ? std::min(options.max_context, config.max_position_embeddings)
+                                  : config.max_position_embeddings;
+
+  // Encode every tensor of the text decoder under its canonical name; vision and
+  // multi-token-prediction tensors are not part of the plan.
+  std::vector<TensorToWrite> embed, output;
+  std::map<int64_t, std::vector<TensorToWrite>> by_layer;
+  std::map<int64_t, uint64_t> layer_bytes;
+  int64_t skipped = 0;
+  const bool tied = !checkpoint.contains("lm_head.weight");
+  for (const auto& file : checkpoint.files()) {
+    for (const auto& [source_name, view] : file->tensors()) {
+      std::string name;
+      if (source_name.starts_with(prefix)) {
+        name = "model." + source_name.substr(prefix.size());
+      } else if (source_name == "lm_head.weight") {
+        name = source_name;
+      } else {
+        ++skipped;
+        continue;
+      }
+      TensorToWrite t = encode(view, name, dtype_for(name, view, options), options.group_size);
+      if (name == "model.embed_tokens.weight") {
+        const DType head = options.lm_head.value_or(default_table_dtype(options.weights));
+        if (tied && head != t.dtype) {
+          // A tied head stored in another dtype than the table becomes its own tensor.
+          output.push_back(encode(view, "lm_head.weight", head, options.group_size));
+        }
+        embed.push_back(std::move(t));
+      } else if (const int64_t layer = layer_of(name); layer >= 0) {
+        layer_bytes[layer] += t.data.size() + t.scales.size();
+        by_layer[layer].push_back(std::move(t));
+      } else {
+        output.push_back(std::move(t));
+      }
+    }
+  }
+  if (embed.empty()) fail(hf_dir.string(), "no " + prefix + "embed_tokens.weight");
+  if (static_cast<int64_t>(by_layer.size()) != config.num_layers) {
+    fail(hf_dir.string(), "tensors for " + std::to_string(by_layer.size()) + " layers, config.json says " +
+                              std::to_string(config.num_layers));
+  }
+
+  // Decoder shards: consecutive layer ranges, balanced by bytes (or bounded by max bytes).
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  uint64_t total = 0;
+  for (const auto& [layer, bytes] : layer_bytes) total += bytes;
+  const int64_t wanted = std::max<int64_t>(1, std::min(options.shards, config.num_layers));
+  int64_t first = 0;
+  uint64_t in_shard = 0, done = 0;
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    const uint64_t bytes = layer_bytes[layer];
+    const bool over_max = options.max_shard_bytes > 0 && in_shard > 0 &&
+                          in_shard + bytes > options.max_shard_bytes;
+    const bool over_share = options.max_shard_bytes == 0 &&
+                            static_cast<int64_t>(ranges.size()) + 1 < wanted && in_shard > 0 &&
+                            done >= total * (ranges.size() + 1) / wanted;
+    if (over_max || over_share) {
+      ranges.emplace_back(first, layer);
+      first = layer;
+      in_shard = 0;
+    }
+    in_shard += bytes;
+    done += bytes;
+  }
+  ranges.emplace_back(first, config.num_layers);
+
+  // Write everything under a temporary name beside `out`.
+  const fs::path parent = fs::absolute(out).parent_path();
+  fs::create_directories(parent);
+  const fs::path temp = hidden_sibling(out, ".partial-");
+  fs::remove_all(temp);
+  fs::create_directory(temp);
+  TempDirGuard guard(temp);
+
+  write_qhxt(temp / "embed.qhxt", embed);
+  Json shards_json = Json::array();
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    std::vector<TensorToWrite> tensors;
+    for (int64_t layer = ranges[s].first; layer < ranges[s].second; ++layer) {
+      for (auto& t : by_layer[layer]) tensors.push_back(std::move(t));
+    }
+    const std::string file = "decoder-" + std::to_string(s) + ".qhxt";
+    write_qhxt(temp / file, tensors);
+    shards_json.push_back({{"file", file}, {"layers", {ranges[s].first, ranges[s].second}}});
+  }
+  write_qhxt(temp / "output.qhxt", output);
+
+  std::vector<std::string> tokenizer_files;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
+    if (fs::exists(hf_dir / f)) {
+      fs::copy_file(hf_dir / f, temp / f);
+      tokenizer_files.push_back(f);
+    }
+  }
+  const GenerationDefaults generation = load_generation_defaults(hf_dir / "generation_config.json");
+  std::set<int32_t> stops(generation.eos_token_ids.begin(), generation.eos_token_ids.end());
+  stops.insert(config.eos_token_ids.begin(), config.eos_token_ids.end());
+  Json sampling = Json::object();
+  if (generation.do_sample) sampling["do_sample"] = *generation.do_sample;
+  if (generation.temperature) sampling["temperature"] = *generation.temperature;
+  if (generation.top_k) sampling["top_k"] = *generation.top_k;
+  if (generation.top_p) sampling["top_p"] = *generation.top_p;
+
+  Json files = Json::array();
+  std::vector<std::string> listed = {"embed.qhxt", "output.qhxt"};
+  for (const auto& s : shards_json) listed.push_back(s["file"]);
+  listed.insert(listed.end(), tokenizer_files.begin(), tokenizer_files.end());
+  for (const auto& f : listed) {
+    files.push_back({{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
+  }
+  const DType head = tied && !options.lm_head ? options.embed.value_or(default_table_dtype(options.weights))
+                                              : options.lm_head.value_or(default_table_dtype(options.weights));
+  Json manifest = {
+      {"format", "qhx-bundle"},
+      {"format_version", kBundleFormatVersion},
+      {"created_by", "qhx forge convert"},
+      {"created_at", utc_now()},
+      {"source", {{"path", fs::absolute(hf_dir).lexically_normal().string()},
+                  {"config_sha256", sha256_file(hf_dir / "config.json")},
+                  {"skipped_tensors", skipped}}},
+      {"family", family},
+      {"model_config", config_json},
+      {"target", options.target},
+      {"tokenizer", {{"files", tokenizer_files}}},
+      {"plan",
+       {{"embed", {{"file", "embed.qhxt"}, {"dtype", weight_dtype_name(options.embed.value_or(default_table_dtype(options.weights)))}}},
+        {"decoder_shards", shards_json},
+        {"output", {{"file", "output.qhxt"},
+                    {"lm_head", checkpoint.contains("lm_head.weight") || head != options.embed.value_or(default_table_dtype(options.weights))
+                                    ? "lm_head.weight" : "tied"},
+                    {"dtype", weight_dtype_name(head)}}},
+        {"generate",
+         {{"op", family + "_generate"},
+          {"max_context", max_context},
+          {"prefill_chunk", 64},
+          {"sliding_window", nullptr},
+          {"stop_ids", std::vector<int32_t>(stops.begin(), stops.end())},
+          {"chat_template", tokenizer_files.empty() ? Json(nullptr) : Json("tokenizer")},
+          {"sampling", sampling}}}}},
+      {"precision_policy",
+       {{"matrices", weight_dtype_name(options.weights)},
+        {"w4_group_size", options.weights == DType::kW4 ? Json(options.group_size) : Json(nullptr)},
+        {"embed", weight_dtype_name(options.embed.value_or(default_table_dtype(options.weights)))},
+        {"lm_head", weight_dtype_name(head)},
+        {"norms", "f32"},
+        {"gdn_A_log_dt_bias_conv", "f32"},
+        {"gdn_gate_projections", "f32"},
+        {"gdn_recurrent_state", "f32"},
+        {"activations", "f32"},
+        {"kv_cache", "f32"}}},
+      {"files", files},
+      {"gate", nullptr}};
+  std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
+
+  ConvertResult result;
+  if (options.gate) {
+    const GateReport report = forge_gate(temp, hf_dir, options.thresholds.value_or(
+                                                           default_gate_thresholds(options.weights)),
+                                         options.gate_prompts, options.gate_greedy_tokens);
+    Json certificate = report.to_json();
+    certificate["reference"] = fs::absolute(hf_dir).lexically_normal().string();
+    certificate["date"] = utc_now();
+    manifest["gate"] = certificate;
+    std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
+    result.gate = report;
+    if (!report.passed) return result;  // the guard removes the temporary bundle
+  }
+  write_model_card(temp, manifest);
+  for (const auto& entry : fs::directory_iterator(temp)) fsync_path(entry.path());
+  if (fs::exists(out)) {
+    const fs::path old = hidden_sibling(out, ".old-");
+    fs::rename(out, old);
+    fs::rename(temp, out);
+    fs::remove_all(old);
+  } else {
+    fs::rename(temp, out);
+  }
+  fsync_path(parent);
+  guard.release();
+  result.published = true;
+  return result;
+}
+
+GateReport forge_gate(const fs::path& bundle, const fs::path& reference,
+                      const std::optional<GateThresholds>& thresholds, int64_t n_prompts,
+                      int64_t n_greedy) {
+  const BundleManifest manifest = open_bundle_manifest(bundle, {.verify_sha256 = false,
+                                                                .check_target = false});
+  const auto candidate = load_model(bundle, {.verify_sha256 = false, .check_target = false});
+  const auto ref = load_model(reference);
+  if (ref->config().vocab_size != candidate->config().vocab_size) {
+    fail(reference.string(), "reference vocabulary differs from the bundle's");
+  }
+  std::optional<Tokenizer> tokenizer;
+  if (fs::exists(reference / "tokenizer.json")) tokenizer = Tokenizer::load(reference);
+  const auto suite = gate_prompt_suite(tokenizer ? &*tokenizer : nullptr,
+                                       candidate->config().vocab_size, n_prompts);
+  const auto matrices = parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
+  return run_gate(*candidate, *ref, suite, n_greedy,
+                  thresholds.value_or(default_gate_thresholds(matrices.value_or(DType::kF32))));
+}
+
+}  // namespace qhx

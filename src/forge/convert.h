@@ -1,0 +1,54 @@
+// qhx forge convert: Hugging Face checkpoint → bundle (docs/bundle.md). The bundle is written
+// under a temporary name beside the output and renamed into place only after it passed the
+// oracle gate, so a failed or interrupted convert never leaves a bundle behind.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "forge/gate.h"
+#include "io/dtype.h"
+
+namespace qhx {
+
+struct ConvertOptions {
+  DType weights = DType::kF32;           // decoder matrices
+  std::optional<DType> lm_head;          // default: weights, but bf16 for w8/w4
+  std::optional<DType> embed;            // default: weights, but bf16 for w8/w4
+  int64_t group_size = 64;               // W4 group width
+  int64_t shards = 1;                    // decoder shards by layer range...
+  uint64_t max_shard_bytes = 0;          // ...or as many as needed to stay under this size
+  std::string target = "generic";
+  int64_t max_context = 0;               // 0: the checkpoint's max_position_embeddings
+  bool gate = true;
+  std::optional<GateThresholds> thresholds;  // default: default_gate_thresholds(weights)
+  int64_t gate_prompts = 8;
+  int64_t gate_greedy_tokens = 32;
+  bool overwrite = false;
+};
+
+// The embedding table and lm_head of a quantized bundle default to bf16: the logits are a direct
+// linear function of lm_head (no later layer averages its rounding), and tied checkpoints share
+// the table with it.
+DType default_table_dtype(DType weights);
+
+struct ConvertResult {
+  std::optional<GateReport> gate;
+  bool published = false;
+};
+
+// Throws Error on bad input; returns published = false (and leaves nothing at `out`) when the
+// gate fails.
+ConvertResult forge_convert(const std::filesystem::path& hf_dir, const std::filesystem::path& out,
+                            const ConvertOptions& options);
+
+// Runs the gate on an existing bundle against a reference (HF directory or bundle).
+GateReport forge_gate(const std::filesystem::path& bundle, const std::filesystem::path& reference,
+                      const std::optional<GateThresholds>& thresholds, int64_t n_prompts,
+                      int64_t n_greedy);
+
+std::optional<DType> parse_weight_dtype(std::string_view name);  // "f32", "bf16", "w8", ...
+
+}  // namespace qhx

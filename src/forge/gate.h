@@ -1,0 +1,63 @@
+// The oracle gate: compares a candidate model (a converted bundle) with a reference (the
+// Hugging Face checkpoint, or an f32 bundle) on a prompt suite, and decides whether the
+// candidate may be published. Thresholds and their reasoning: docs/gate.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/dtype.h"
+#include "models/model.h"
+#include "tokenizer/tokenizer.h"
+#include "util/json_file.h"
+
+namespace qhx {
+
+struct GateThresholds {
+  double min_top1 = 1.0;      // fraction of positions whose argmax agrees
+  double min_top5 = 1.0;      // mean overlap of the top-5 sets
+  double min_pearson = 1.0;   // lowest per-position Pearson r of the logits
+  double max_kl = 0.0;        // mean KL(reference ‖ candidate), nats
+  double min_greedy = 0.0;    // fraction of prompts whose greedy continuation is identical
+};
+
+// Defaults by the weight dtype of the candidate (docs/gate.md).
+GateThresholds default_gate_thresholds(DType weights);
+
+struct GatePrompt {
+  std::string name;
+  std::vector<int32_t> ids;
+};
+
+// The suite: text prompts through the tokenizer when there is one, else deterministic random
+// ids (the small test checkpoints have no tokenizer).
+std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vocab_size,
+                                          int64_t n_prompts);
+
+struct GatePromptResult {
+  std::string name;
+  int64_t positions = 0;
+  double top1 = 0, top5 = 0, pearson_min = 0, kl_mean = 0;
+  bool greedy_match = false;
+  int64_t first_divergence = -1;  // index of the first differing greedy token, -1 if none
+};
+
+struct GateReport {
+  std::vector<GatePromptResult> prompts;
+  double top1 = 0, top5 = 0, pearson_min = 1, kl_mean = 0;
+  int64_t greedy_matched = 0;
+  GateThresholds thresholds;
+  bool passed = false;
+  std::vector<std::string> failures;  // which thresholds were missed
+
+  Json to_json() const;
+  std::string summary() const;  // one line
+};
+
+GateReport run_gate(const Model& candidate, const Model& reference,
+                    const std::vector<GatePrompt>& suite, int64_t n_greedy,
+                    const GateThresholds& thresholds);
+
+}  // namespace qhx

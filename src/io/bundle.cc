@@ -1,0 +1,252 @@
+#include "io/bundle.h"
+
+#include <set>
+
+#include "io/qhxt.h"
+#include "util/error.h"
+#include "util/sha256.h"
+
+namespace qhx {
+namespace {
+
+const char* const kTargets[] = {"generic", "x86_64", "x86_64-avx2", "x86_64-avx512",
+                                "aarch64", "aarch64-dotprod"};
+
+std::string field(const std::string& where, std::string_view key) {
+  return where + ": " + std::string(key);
+}
+
+const Json& object_field(const Json& j, std::string_view key, const std::string& where) {
+  const Json& v = require_field(j, key, where);
+  if (!v.is_object()) fail(field(where, key), "expected an object");
+  return v;
+}
+
+// A file name inside the bundle: no directories, no "..", nothing hidden.
+std::string local_file(const Json& j, std::string_view key, const std::string& where) {
+  const std::string name = require_string(j, key, where);
+  if (name.empty() || name.find('/') != std::string::npos || name.find('\\') != std::string::npos ||
+      name.starts_with(".")) {
+    fail(field(where, key), "'" + name + "' is not a file name inside the bundle");
+  }
+  return name;
+}
+
+}  // namespace
+
+bool is_bundle(const std::filesystem::path& dir) {
+  return std::filesystem::exists(dir / "manifest.json");
+}
+
+BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
+  if (!j.is_object()) fail(where, "expected a JSON object");
+  BundleManifest m;
+  m.raw = j;
+  if (require_string(j, "format", where) != "qhx-bundle") {
+    fail(field(where, "format"), "not a qhx bundle manifest");
+  }
+  const int64_t version = require_int(j, "format_version", where);
+  if (version > kBundleFormatVersion || version < 1) {
+    fail(field(where, "format_version"),
+         "bundle format version " + std::to_string(version) + " is newer than this qhx reads (" +
+             std::to_string(kBundleFormatVersion) + "): upgrade qhx or convert again");
+  }
+  m.family = require_string(j, "family", where);
+  m.model_config = require_field(j, "model_config", where);
+  m.config = parse_model_config(m.model_config, field(where, "model_config"));
+  const std::string family_of_config = m.config.family == Family::kQwen3 ? "qwen3" : "qwen3_5";
+  if (m.family != family_of_config) {
+    fail(field(where, "family"), "'" + m.family + "' but model_config is " + family_of_config);
+  }
+  m.target = require_string(j, "target", where);
+  if (!is_known_target(m.target)) fail(field(where, "target"), "unknown target '" + m.target + "'");
+
+  const Json& plan = object_field(j, "plan", where);
+  const std::string pw = field(where, "plan");
+  m.embed_file = local_file(object_field(plan, "embed", pw), "file", field(pw, "embed"));
+  const Json& shards = require_field(plan, "decoder_shards", pw);
+  if (!shards.is_array() || shards.empty()) {
+    fail(field(pw, "decoder_shards"), "expected a non-empty array");
+  }
+  int64_t next_layer = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string sw = field(pw, "decoder_shards[" + std::to_string(i) + "]");
+    BundleShard s;
+    s.file = local_file(shards[i], "file", sw);
+    const Json& layers = require_field(shards[i], "layers", sw);
+    if (!layers.is_array() || layers.size() != 2 || !layers[0].is_number_integer() ||
+        !layers[1].is_number_integer()) {
+      fail(field(sw, "layers"), "expected [first, end)");
+    }
+    s.first_layer = layers[0].get<int64_t>();
+    s.end_layer = layers[1].get<int64_t>();
+    if (s.first_layer != next_layer || s.end_layer <= s.first_layer) {
+      fail(field(sw, "layers"), "shards must cover the layers in order without gaps");
+    }
+    next_layer = s.end_layer;
+    m.shards.push_back(s);
+  }
+  if (next_layer != m.config.num_layers) {
+    fail(field(pw, "decoder_shards"), "cover " + std::to_string(next_layer) + " layers, the model has " +
+                                          std::to_string(m.config.num_layers));
+  }
+  m.output_file = local_file(object_field(plan, "output", pw), "file", field(pw, "output"));
+
+  const Json& op = object_field(plan, "generate", pw);
+  const std::string ow = field(pw, "generate");
+  const std::string op_name = require_string(op, "op", ow);
+  if (op_name != m.family + "_generate") {
+    fail(field(ow, "op"), "'" + op_name + "' does not run a " + m.family + " model");
+  }
+  const int64_t max_ctx = require_int(op, "max_context", ow);
+  if (max_ctx <= 0) fail(field(ow, "max_context"), "must be positive");
+  m.config.max_position_embeddings = std::min(m.config.max_position_embeddings, max_ctx);
+  m.prefill_chunk = require_int(op, "prefill_chunk", ow);
+  if (m.prefill_chunk <= 0) fail(field(ow, "prefill_chunk"), "must be positive");
+  if (auto it = op.find("sliding_window"); it != op.end() && !it->is_null()) {
+    fail(field(ow, "sliding_window"), "sliding-window attention is not supported");
+  }
+  for (const Json& id : require_field(op, "stop_ids", ow)) {
+    if (!id.is_number_integer()) fail(field(ow, "stop_ids"), "expected integers");
+    m.generation.eos_token_ids.push_back(id.get<int32_t>());
+  }
+  if (auto it = op.find("sampling"); it != op.end() && it->is_object()) {
+    const std::string sw = field(ow, "sampling");
+    if (it->contains("do_sample")) m.generation.do_sample = (*it)["do_sample"].get<bool>();
+    if (it->contains("temperature")) m.generation.temperature = require_number(*it, "temperature", sw);
+    if (it->contains("top_k")) m.generation.top_k = require_int(*it, "top_k", sw);
+    if (it->contains("top_p")) m.generation.top_p = require_number(*it, "top_p", sw);
+  }
+
+  const Json& tok = object_field(j, "tokenizer", where);
+  for (const Json& f : require_field(tok, "files", field(where, "tokenizer"))) {
+    if (!f.is_string()) fail(field(where, "tokenizer.files"), "expected file names");
+    m.tokenizer_files.push_back(f.get<std::string>());
+  }
+  m.precision_policy = require_field(j, "precision_policy", where);
+
+  const Json& files = require_field(j, "files", where);
+  if (!files.is_array()) fail(field(where, "files"), "expected an array");
+  std::set<std::string> listed;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string fw = field(where, "files[" + std::to_string(i) + "]");
+    BundleFile f;
+    f.path = local_file(files[i], "path", fw);
+    const Json& size = require_field(files[i], "size", fw);
+    if (!size.is_number_unsigned()) fail(field(fw, "size"), "expected a byte count");
+    f.size = size.get<uint64_t>();
+    f.sha256 = require_string(files[i], "sha256", fw);
+    if (f.sha256.size() != 64 ||
+        f.sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      fail(field(fw, "sha256"), "expected 64 lowercase hex digits");
+    }
+    if (!listed.insert(f.path).second) fail(fw, "'" + f.path + "' is listed twice");
+    m.files.push_back(f);
+  }
+  std::vector<std::string> referenced = {m.embed_file, m.output_file};
+  for (const auto& s : m.shards) referenced.push_back(s.file);
+  referenced.insert(referenced.end(), m.tokenizer_files.begin(), m.tokenizer_files.end());
+  for (const auto& r : referenced) {
+    if (!listed.contains(r)) fail(field(where, "files"), "'" + r + "' is used by the plan but not listed");
+  }
+  if (auto it = j.find("gate"); it != j.end()) m.gate = *it;
+  return m;
+}
+
+BundleManifest open_bundle_manifest(const std::filesystem::path& dir,
+                                    const BundleOpenOptions& options) {
+  const auto manifest_path = dir / "manifest.json";
+  BundleManifest m = parse_bundle_manifest(read_json_file(manifest_path), manifest_path.string());
+  if (options.check_target && !target_runs_here(m.target)) {
+    fail(manifest_path.string() + ": target",
+         "bundle is built for '" + m.target + "' and this machine is '" + host_target() +
+             "': convert for this target or use a pack");
+  }
+  for (const BundleFile& f : m.files) {
+    const auto path = dir / f.path;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec) fail(path.string(), "missing (listed in manifest.json)");
+    if (size != f.size) {
+      fail(path.string(), "size " + std::to_string(size) + " bytes, manifest.json says " +
+                              std::to_string(f.size) + ": truncated or replaced");
+    }
+  }
+  if (options.verify_sha256) verify_bundle_files(dir, m);
+  return m;
+}
+
+void verify_bundle_files(const std::filesystem::path& dir, const BundleManifest& m) {
+  for (const BundleFile& f : m.files) {
+    const std::string actual = sha256_file(dir / f.path);
+    if (actual != f.sha256) {
+      fail((dir / f.path).string(), "sha256 " + actual + " does not match manifest.json (" +
+                                        f.sha256 + "): the file is corrupt or was changed");
+    }
+  }
+}
+
+Checkpoint open_bundle_tensors(const std::filesystem::path& dir, const BundleManifest& m) {
+  std::vector<std::string> names = {m.embed_file};
+  for (const auto& s : m.shards) names.push_back(s.file);
+  names.push_back(m.output_file);
+  std::vector<std::unique_ptr<TensorFile>> files;
+  std::set<std::string> opened;
+  for (const auto& name : names) {
+    if (!opened.insert(name).second) continue;
+    files.push_back(std::make_unique<QhxtFile>(QhxtFile::open(dir / name)));
+  }
+  // Each shard holds exactly its own layers' tensors.
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    const BundleShard& s = m.shards[i];
+    const TensorFile& f = *files[1 + i];
+    if (f.path().filename() != s.file) continue;  // a file shared by several stages
+    for (const auto& [name, view] : f.tensors()) {
+      const auto at = name.find("layers.");
+      if (at == std::string::npos) continue;
+      const int64_t layer = std::atoll(name.c_str() + at + 7);
+      if (layer < s.first_layer || layer >= s.end_layer) {
+        fail(f.path().string(), "tensor '" + name + "' is outside the shard's layers [" +
+                                    std::to_string(s.first_layer) + ", " +
+                                    std::to_string(s.end_layer) + ")");
+      }
+    }
+  }
+  return Checkpoint::from_files(dir, std::move(files));
+}
+
+bool is_known_target(const std::string& target) {
+  for (const char* t : kTargets) {
+    if (target == t) return true;
+  }
+  return false;
+}
+
+std::string host_target() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return "x86_64-avx512";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "x86_64-avx2";
+  return "x86_64";
+#elif defined(__aarch64__)
+#if defined(__ARM_FEATURE_DOTPROD)
+  return "aarch64-dotprod";
+#else
+  return "aarch64";
+#endif
+#else
+  return "generic";
+#endif
+}
+
+bool target_runs_here(const std::string& target) {
+  if (target == "generic") return true;
+  const std::string host = host_target();
+  if (target == host) return true;
+  if (host == "x86_64-avx512") return target == "x86_64" || target == "x86_64-avx2";
+  if (host == "x86_64-avx2") return target == "x86_64";
+  if (host == "aarch64-dotprod") return target == "aarch64";
+  return false;
+}
+
+}  // namespace qhx

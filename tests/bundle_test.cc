@@ -1,0 +1,224 @@
+// Bundles and the forge: round trips, shards, integrity failures, atomic publishing, the gate.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "forge/convert.h"
+#include "io/bundle.h"
+#include "io/qhxt.h"
+#include "models/model.h"
+#include "support/expect_error.h"
+#include "support/fixtures.h"
+#include "util/json_file.h"
+
+namespace qhx {
+namespace {
+
+namespace fs = std::filesystem;
+using test::expect_error;
+
+const fs::path kQwen3 = test::source_dir() / "tests/fixtures/qwen3/gqa2_tied_bf16";
+const fs::path kQwen3Untied = test::source_dir() / "tests/fixtures/qwen3/gqa4_sharded_f32";
+const fs::path kQwen3_5 = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+
+std::vector<float> logits_of(const fs::path& model_dir, const std::vector<int32_t>& ids) {
+  const auto model = load_model(model_dir);
+  auto state = model->new_state();
+  std::vector<float> logits;
+  model->forward(ids, *state, LogitsFor::kEveryToken, logits);
+  return logits;
+}
+
+const std::vector<int32_t> kPrompt = {3, 141, 59, 26, 53, 58, 97, 93, 23, 84, 62, 64, 33, 83, 27};
+
+ConvertOptions f32_options() {
+  ConvertOptions o;
+  o.gate_prompts = 3;
+  o.gate_greedy_tokens = 8;
+  return o;
+}
+
+class BundleTest : public ::testing::Test {
+ protected:
+  fs::path bundle(const std::string& name) const { return dir_.path() / name; }
+  fs::path convert(const fs::path& source, const std::string& name, ConvertOptions o) {
+    const ConvertResult r = forge_convert(source, bundle(name), o);
+    EXPECT_TRUE(r.published) << (r.gate ? r.gate->summary() : "no gate");
+    return bundle(name);
+  }
+  Json manifest(const fs::path& b) const { return read_json_file(b / "manifest.json"); }
+  void write_manifest(const fs::path& b, const Json& m) const {
+    std::ofstream(b / "manifest.json") << m.dump(2);
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(BundleTest, F32BundleGivesTheCheckpointsLogitsBitwise) {
+  for (const fs::path& source : {kQwen3, kQwen3Untied, kQwen3_5}) {
+    const fs::path b = convert(source, "f32-" + source.filename().string(), f32_options());
+    EXPECT_EQ(logits_of(b, kPrompt), logits_of(source, kPrompt)) << source;
+  }
+}
+
+TEST_F(BundleTest, OneTwoOrThreeShardsGiveIdenticalLogits) {
+  for (const fs::path& source : {kQwen3, kQwen3_5}) {
+    std::vector<float> first;
+    for (int64_t shards : {1, 2, 3}) {
+      ConvertOptions o = f32_options();
+      o.weights = DType::kW8;
+      o.shards = shards;
+      o.gate = false;
+      const fs::path b = convert(source, source.filename().string() + std::to_string(shards), o);
+      EXPECT_EQ(static_cast<int64_t>(manifest(b)["plan"]["decoder_shards"].size()), shards);
+      const auto logits = logits_of(b, kPrompt);
+      if (first.empty()) first = logits;
+      EXPECT_EQ(logits, first) << source << " with " << shards << " shards";
+    }
+  }
+}
+
+TEST_F(BundleTest, QuantizedBundlesPassTheirGate) {
+  for (const fs::path& source : {kQwen3, kQwen3Untied, kQwen3_5}) {
+    for (DType d : {DType::kBF16, DType::kF16, DType::kW8}) {
+      ConvertOptions o;  // the default suite: 8 prompts, 32 greedy tokens
+      o.weights = d;
+      const ConvertResult r =
+          forge_convert(source, bundle(std::string(dtype_name(d)) + source.filename().string()), o);
+      ASSERT_TRUE(r.gate.has_value());
+      EXPECT_TRUE(r.published) << source << " " << dtype_name(d) << ": " << r.gate->summary();
+    }
+  }
+}
+
+TEST_F(BundleTest, FailedGatePublishesNothing) {
+  ConvertOptions o = f32_options();
+  o.weights = DType::kW4;
+  o.group_size = 16;
+  o.thresholds = GateThresholds{1.0, 1.0, 1.0, 0.0, 1.0};  // W4 cannot be exact
+  const ConvertResult r = forge_convert(kQwen3, bundle("w4"), o);
+  ASSERT_TRUE(r.gate.has_value());
+  EXPECT_FALSE(r.gate->passed);
+  EXPECT_FALSE(r.published);
+  EXPECT_FALSE(fs::exists(bundle("w4")));
+  EXPECT_TRUE(fs::is_empty(dir_.path())) << "no temporary directory left behind";
+}
+
+TEST_F(BundleTest, IntegrityFailuresAreNamed) {
+  const fs::path good = convert(kQwen3, "good", f32_options());
+  const auto fresh = [&](const std::string& name) {
+    fs::copy(good, bundle(name), fs::copy_options::recursive);
+    return bundle(name);
+  };
+  {  // a corrupted byte: sizes still match, sha256 does not
+    const fs::path b = fresh("corrupt");
+    std::fstream f(b / "decoder-0.qhxt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x5a');
+    f.close();
+    EXPECT_NO_THROW(load_model(b));
+    expect_error([&] { load_model(b, {.verify_sha256 = true}); },
+                 {"decoder-0.qhxt", "sha256", "corrupt"});
+  }
+  {  // a truncated file
+    const fs::path b = fresh("truncated");
+    fs::resize_file(b / "output.qhxt", fs::file_size(b / "output.qhxt") - 10);
+    expect_error([&] { load_model(b); }, {"output.qhxt", "size", "truncated"});
+  }
+  {  // a missing file
+    const fs::path b = fresh("missing");
+    fs::remove(b / "embed.qhxt");
+    expect_error([&] { load_model(b); }, {"embed.qhxt", "missing"});
+  }
+  {  // a wrong sha256 in the manifest
+    const fs::path b = fresh("wrong-sha");
+    Json m = manifest(b);
+    m["files"][0]["sha256"] = std::string(64, '0');
+    write_manifest(b, m);
+    expect_error([&] { load_model(b, {.verify_sha256 = true}); }, {"sha256", "does not match"});
+  }
+  {  // a manifest from a newer qhx
+    const fs::path b = fresh("newer");
+    Json m = manifest(b);
+    m["format_version"] = kBundleFormatVersion + 1;
+    write_manifest(b, m);
+    expect_error([&] { load_model(b); }, {"manifest.json: format_version", "newer"});
+  }
+  {  // a bundle for another machine
+    const fs::path b = fresh("other-target");
+    Json m = manifest(b);
+    m["target"] = host_target().starts_with("x86_64") ? "aarch64" : "x86_64";
+    write_manifest(b, m);
+    expect_error([&] { load_model(b); }, {"manifest.json: target", "built for"});
+  }
+}
+
+// Writes a .qhxt file by hand: header, the given table, and `data_bytes` zero bytes of data.
+void write_raw_qhxt(const fs::path& path, const Json& table, size_t data_bytes) {
+  const std::string text = table.dump();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write("QHXT", 4);
+  const uint32_t version = kQhxtVersion;
+  const uint64_t length = text.size();
+  out.write(reinterpret_cast<const char*>(&version), 4);
+  out.write(reinterpret_cast<const char*>(&length), 8);
+  out << text << std::string(data_bytes, '\0');
+}
+
+TEST_F(BundleTest, TensorTablesThatDoNotFitTheFile) {
+  const fs::path file = dir_.path() / "t.qhxt";
+  Json entry = {{"name", "w"}, {"dtype", "F32"}, {"shape", {4, 4}}, {"offset", 1024},
+                {"nbytes", 64}};
+  write_raw_qhxt(file, {{"tensors", {entry}}}, 1200);
+  EXPECT_NO_THROW(QhxtFile::open(file));
+  entry["offset"] = 1 << 20;
+  write_raw_qhxt(file, {{"tensors", {entry}}}, 1200);
+  expect_error([&] { QhxtFile::open(file); }, {"t.qhxt", "tensor 'w'", "past the end"});
+  entry["offset"] = 1000;
+  write_raw_qhxt(file, {{"tensors", {entry}}}, 1200);
+  expect_error([&] { QhxtFile::open(file); }, {"aligned"});
+  entry["offset"] = 0;
+  write_raw_qhxt(file, {{"tensors", {entry}}}, 1200);
+  expect_error([&] { QhxtFile::open(file); }, {"tensor table"});
+  entry["offset"] = 1024;
+  entry["nbytes"] = 60;
+  write_raw_qhxt(file, {{"tensors", {entry}}}, 1200);
+  expect_error([&] { QhxtFile::open(file); }, {"nbytes"});
+  entry["nbytes"] = 64;
+  Json second = entry;
+  second["name"] = "v";
+  write_raw_qhxt(file, {{"tensors", {entry, second}}}, 1200);
+  expect_error([&] { QhxtFile::open(file); }, {"overlapping"});
+}
+
+TEST_F(BundleTest, ConvertKilledMidwayLeavesNoBundle) {
+  // A file-size limit kills the converter (SIGXFSZ) while it writes the embedding table.
+  const std::string command = "ulimit -f 256; exec " + std::string(QHX_CLI_PATH) +
+                              " forge convert " + (test::source_dir() / "models/qwen3-tiny-random").string() +
+                              " -o " + bundle("killed").string() + " >/dev/null 2>&1";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0));
+  EXPECT_FALSE(fs::exists(bundle("killed")));
+  bool partial_left = false;  // proves the kill came mid-write, not before anything was written
+  for (const auto& e : fs::directory_iterator(dir_.path())) {
+    partial_left |= e.path().filename().string().starts_with(".killed.partial-");
+    EXPECT_FALSE(is_bundle(e.path())) << e.path();
+  }
+  EXPECT_TRUE(partial_left);
+}
+
+TEST_F(BundleTest, ModelCardDescribesTheBundle) {
+  const fs::path b = convert(kQwen3_5, "carded", f32_options());
+  const Json card = read_json_file(b / "card.json");
+  EXPECT_EQ(card["family"], "qwen3_5");
+  EXPECT_TRUE(card["gate"]["passed"].get<bool>());
+  std::ifstream readme(b / "README.md");
+  std::stringstream text;
+  text << readme.rdbuf();
+  EXPECT_NE(text.str().find("Oracle gate"), std::string::npos);
+  EXPECT_NE(text.str().find(manifest(b)["files"][0]["sha256"].get<std::string>()), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qhx

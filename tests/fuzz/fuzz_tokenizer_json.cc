@@ -1,0 +1,29 @@
+// Fuzz target: any bytes as tokenizer.json must load (and then encode and decode a fixed text)
+// or give qhx::Error.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::filesystem::path dir = [] {
+    auto d = std::filesystem::temp_directory_path() / ("qhx-fuzz-tok-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  std::ofstream(dir / "tokenizer.json", std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  try {
+    const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(dir);
+    const auto ids = tokenizer.encode("Hello, wörld! 123 <|im_end|>\n");
+    tokenizer.decode(ids);
+  } catch (const qhx::Error&) {
+  }
+  return 0;
+}
