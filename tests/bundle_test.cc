@@ -7,6 +7,7 @@
 
 #include "forge/convert.h"
 #include "io/bundle.h"
+#include "io/pack.h"
 #include "io/qhxt.h"
 #include "models/model.h"
 #include "support/expect_error.h"
@@ -218,6 +219,24 @@ TEST_F(BundleTest, ModelCardDescribesTheBundle) {
   text << readme.rdbuf();
   EXPECT_NE(text.str().find("Oracle gate"), std::string::npos);
   EXPECT_NE(text.str().find(manifest(b)["files"][0]["sha256"].get<std::string>()), std::string::npos);
+}
+
+TEST_F(BundleTest, PacksPickTheBundleForThisMachine) {
+  ConvertOptions o = f32_options();
+  const fs::path generic = convert(kQwen3, "generic", o);
+  o.target = host_target().starts_with("x86_64") ? "aarch64" : "x86_64";
+  const fs::path other = convert(kQwen3, "other", o);
+  write_pack(bundle("pack"), {generic, other}, false);
+  EXPECT_EQ(select_pack_bundle(bundle("pack")).filename(), "generic");
+  EXPECT_EQ(logits_of(bundle("pack"), kPrompt), logits_of(kQwen3, kPrompt));
+
+  write_pack(bundle("foreign"), {other}, false);
+  expect_error([&] { load_model(bundle("foreign")); },
+               {"MANIFEST.json", "no bundle for this machine", o.target});
+  std::ofstream(bundle("pack") / "generic" / "embed.qhxt", std::ios::app) << "x";
+  expect_error([&] { load_model(bundle("pack")); }, {"embed.qhxt", "size"});
+  expect_error([&] { write_pack(bundle("twice"), {generic, generic}, false); },
+               {"second bundle", "generic"});
 }
 
 }  // namespace

@@ -199,6 +199,40 @@ TEST_F(CliBrokenQwen3_5, HeadDimsThatDisagreeWithTheWeights) {
   expect_user_error(generate(), {"model.safetensors", "expected"});
 }
 
+TEST(CliForge, ConvertVerifyGateAndRun) {
+  test::TempDir dir;
+  const std::string b = (dir.path() / "b").string();
+  CliRun r = qhx("forge convert " + kSmallModel.string() + " -o " + b + " --weights w8 --shards 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("gate passed"), std::string::npos) << r.err;
+
+  r = qhx("verify " + b);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("verified"), std::string::npos) << r.out;
+
+  r = qhx("generate --model " + b + " --prompt-ids 5,17,300 -n 4 --print-ids");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("bundle: qwen3, weights w8"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gate passed"), std::string::npos) << r.err;
+
+  r = qhx("forge gate " + b + " --reference " + kSmallModel.string() + " --min-top1 1.01");
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("below threshold: top-1"), std::string::npos) << r.err;
+
+  {
+    std::fstream f(dir.path() / "b" / "decoder-1.qhxt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  expect_user_error(qhx("verify " + b), {"decoder-1.qhxt", "sha256"});
+  expect_user_error(qhx("generate --model " + b + " --verify --prompt-ids 1 -n 1 --print-ids"),
+                    {"decoder-1.qhxt", "sha256"});
+  expect_user_error(qhx("forge convert " + kSmallModel.string() + " -o " + b),
+                    {"already exists"});
+  expect_user_error(qhx("forge convert " + kSmallModel.string() + " -o " + b + "2 --weights q3"),
+                    {"--weights", "q3"});
+}
+
 TEST(Cli, PromptWithInvalidUtf8) {
   const CliRun r = qhx("generate --model " + kDefaultModel.string() +
                     " --prompt \"$(printf 'ok \\377 no')\" -n 4");

@@ -1,11 +1,13 @@
 #include "io/bundle.h"
 #include "io/checkpoint.h"
+#include "io/pack.h"
 #include "models/families.h"
 #include "models/model.h"
 
 namespace qhx {
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  if (is_pack(dir)) return load_model(select_pack_bundle(dir), options);
   ModelConfig config;
   Checkpoint checkpoint;
   if (is_bundle(dir)) {

@@ -14,6 +14,7 @@
 #include "forge/convert.h"
 #include "io/bundle.h"
 #include "io/hf_config.h"
+#include "io/pack.h"
 #include "models/model.h"
 #include "runtime/generate.h"
 #include "tokenizer/tokenizer.h"
@@ -85,9 +86,15 @@ std::string describe_bundle(const qhx::BundleManifest& m) {
 }
 
 int run_generate(const GenerateArgs& args) {
-  const fs::path dir(args.model);
-  const auto tokenizer = load_tokenizer_if_present(dir);
-  if (!tokenizer && (!args.prompt.empty() || !args.print_ids)) {
+  fs::path dir(args.model);
+  if (qhx::is_pack(dir)) {
+    dir = qhx::select_pack_bundle(dir);
+    std::fprintf(stderr, "pack: using %s\n", dir.c_str());
+  }
+  // Ids in and ids out need no tokenizer (and do not pay for loading one).
+  const bool needs_tokenizer = !args.prompt.empty() || !args.print_ids;
+  const auto tokenizer = needs_tokenizer ? load_tokenizer_if_present(dir) : std::nullopt;
+  if (!tokenizer && needs_tokenizer) {
     qhx::fail(dir.string(), "no tokenizer.json: use --prompt-ids and --print-ids");
   }
   const std::vector<int32_t> prompt =
@@ -239,6 +246,12 @@ int run_verify(const std::string& bundle) {
   return 0;
 }
 
+int run_pack(const std::string& out, const std::vector<std::string>& bundles, bool force) {
+  qhx::write_pack(out, std::vector<fs::path>(bundles.begin(), bundles.end()), force);
+  std::fprintf(stderr, "wrote %s (%zu bundles)\n", out.c_str(), bundles.size());
+  return 0;
+}
+
 int run_tokenize(const std::string& model_dir) {
   const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(model_dir);
   const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
@@ -321,6 +334,14 @@ int main(int argc, char** argv) {
   CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");
   verify->add_option("bundle", verify_bundle, "Bundle directory")->required();
 
+  std::string pack_out;
+  std::vector<std::string> pack_bundles;
+  bool pack_force = false;
+  CLI::App* pack = app.add_subcommand("pack", "Gather bundles for several targets into a pack");
+  pack->add_option("bundles", pack_bundles, "Bundle directories, one per target")->required();
+  pack->add_option("-o,--output", pack_out, "Pack directory to create")->required();
+  pack->add_flag("--force", pack_force, "Replace an existing pack");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (generate->parsed()) {
@@ -332,6 +353,7 @@ int main(int argc, char** argv) {
     if (convert->parsed()) return run_convert(forge_args);
     if (gate->parsed()) return run_gate(forge_args);
     if (verify->parsed()) return run_verify(verify_bundle);
+    if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {
     std::cout.flush();
