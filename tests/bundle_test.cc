@@ -169,8 +169,8 @@ void write_raw_qhxt(const fs::path& path, const Json& table, size_t data_bytes) 
 
 TEST_F(BundleTest, TensorTablesThatDoNotFitTheFile) {
   const fs::path file = dir_.path() / "t.qhxt";
-  Json entry = {{"name", "w"}, {"dtype", "F32"}, {"shape", {4, 4}}, {"offset", 1024},
-                {"nbytes", 64}};
+  Json entry = {
+      {"name", "w"}, {"dtype", "F32"}, {"shape", {4, 4}}, {"offset", 1024}, {"nbytes", 64}};
   write_raw_qhxt(file, {{"tensors", {entry}}}, 1200);
   EXPECT_NO_THROW(QhxtFile::open(file));
   entry["offset"] = 1 << 20;
@@ -196,8 +196,9 @@ TEST_F(BundleTest, TensorTablesThatDoNotFitTheFile) {
 TEST_F(BundleTest, ConvertKilledMidwayLeavesNoBundle) {
   // A file-size limit kills the converter (SIGXFSZ) while it writes the embedding table.
   const std::string command = "ulimit -f 256; exec " + std::string(QHX_CLI_PATH) +
-                              " forge convert " + (test::source_dir() / "models/qwen3-tiny-random").string() +
-                              " -o " + bundle("killed").string() + " >/dev/null 2>&1";
+                              " forge convert " +
+                              (test::source_dir() / "models/qwen3-tiny-random").string() + " -o " +
+                              bundle("killed").string() + " >/dev/null 2>&1";
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0));
   EXPECT_FALSE(fs::exists(bundle("killed")));
@@ -218,7 +219,8 @@ TEST_F(BundleTest, ModelCardDescribesTheBundle) {
   std::stringstream text;
   text << readme.rdbuf();
   EXPECT_NE(text.str().find("Oracle gate"), std::string::npos);
-  EXPECT_NE(text.str().find(manifest(b)["files"][0]["sha256"].get<std::string>()), std::string::npos);
+  EXPECT_NE(text.str().find(manifest(b)["files"][0]["sha256"].get<std::string>()),
+            std::string::npos);
 }
 
 TEST_F(BundleTest, PacksPickTheBundleForThisMachine) {
@@ -235,8 +237,11 @@ TEST_F(BundleTest, PacksPickTheBundleForThisMachine) {
                {"MANIFEST.json", "no bundle for this machine", o.target});
   std::ofstream(bundle("pack") / "generic" / "embed.qhxt", std::ios::app) << "x";
   expect_error([&] { load_model(bundle("pack")); }, {"embed.qhxt", "size"});
-  expect_error([&] { write_pack(bundle("twice"), {generic, generic}, false); },
-               {"second bundle", "generic"});
+  expect_error(
+      [&] {
+        write_pack(bundle("twice"), {generic, generic}, false);
+      },
+      {"second bundle", "generic"});
 }
 
 }  // namespace

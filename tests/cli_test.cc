@@ -57,7 +57,7 @@ void expect_user_error(const CliRun& r, std::initializer_list<std::string> parts
 
 TEST(Cli, PrintIdsGivesOneLineOfIds) {
   const CliRun r = qhx("generate --model " + kSmallModel.string() +
-                    " --prompt-ids 5,17,300 -n 7 --greedy --print-ids");
+                       " --prompt-ids 5,17,300 -n 7 --greedy --print-ids");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ','), 6) << r.out;
@@ -68,11 +68,11 @@ TEST(Cli, PrintIdsGivesOneLineOfIds) {
 
 TEST(Cli, GeneratesTextFromTheDefaultModel) {
   const CliRun r = qhx("generate --model " + kDefaultModel.string() +
-                    " --prompt 'Once upon a time' -n 16 --seed 3");
+                       " --prompt 'Once upon a time' -n 16 --seed 3");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(r.out.empty());
   const CliRun again = qhx("generate --model " + kDefaultModel.string() +
-                        " --prompt 'Once upon a time' -n 16 --seed 3");
+                           " --prompt 'Once upon a time' -n 16 --seed 3");
   EXPECT_EQ(r.out, again.out) << "same seed, same text";
 }
 
@@ -146,8 +146,7 @@ TEST_F(CliBrokenModel, TokenizerJsonWithoutModelSection) {
   Json tok = Json::parse(slurp(kDefaultModel / "tokenizer.json"));
   tok.erase("model");
   std::ofstream(model() / "tokenizer.json") << tok.dump();
-  expect_user_error(qhx("tokenize --model " + model().string(), "hi"),
-                    {"tokenizer.json", "model"});
+  expect_user_error(qhx("tokenize --model " + model().string(), "hi"), {"tokenizer.json", "model"});
 }
 
 // Qwen3.5 checkpoints broken in the ways peers' converters break them.
@@ -195,7 +194,10 @@ TEST_F(CliBrokenQwen3_5, ValueHeadsNotAMultipleOfKeyHeads) {
 }
 
 TEST_F(CliBrokenQwen3_5, HeadDimsThatDisagreeWithTheWeights) {
-  edit_config([](Json& c) { c["linear_value_head_dim"] = 16; c["linear_key_head_dim"] = 16; });
+  edit_config([](Json& c) {
+    c["linear_value_head_dim"] = 16;
+    c["linear_key_head_dim"] = 16;
+  });
   expect_user_error(generate(), {"model.safetensors", "expected"});
 }
 
@@ -220,22 +222,22 @@ TEST(CliForge, ConvertVerifyGateAndRun) {
   EXPECT_NE(r.err.find("below threshold: top-1"), std::string::npos) << r.err;
 
   {
-    std::fstream f(dir.path() / "b" / "decoder-1.qhxt", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(dir.path() / "b" / "decoder-1.qhxt",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-1, std::ios::end);
     f.put('\x7f');
   }
   expect_user_error(qhx("verify " + b), {"decoder-1.qhxt", "sha256"});
   expect_user_error(qhx("generate --model " + b + " --verify --prompt-ids 1 -n 1 --print-ids"),
                     {"decoder-1.qhxt", "sha256"});
-  expect_user_error(qhx("forge convert " + kSmallModel.string() + " -o " + b),
-                    {"already exists"});
+  expect_user_error(qhx("forge convert " + kSmallModel.string() + " -o " + b), {"already exists"});
   expect_user_error(qhx("forge convert " + kSmallModel.string() + " -o " + b + "2 --weights q3"),
                     {"--weights", "q3"});
 }
 
 TEST(Cli, PromptWithInvalidUtf8) {
   const CliRun r = qhx("generate --model " + kDefaultModel.string() +
-                    " --prompt \"$(printf 'ok \\377 no')\" -n 4");
+                       " --prompt \"$(printf 'ok \\377 no')\" -n 4");
   expect_user_error(r, {"--prompt", "invalid UTF-8 at byte 3"});
   expect_user_error(qhx("tokenize --model " + kDefaultModel.string(), "ab\xC3"),
                     {"stdin", "invalid UTF-8 at byte 2"});
@@ -250,9 +252,9 @@ TEST(Cli, PromptLongerThanTheContext) {
 }
 
 TEST(Cli, TokenIdOutsideTheVocabulary) {
-  expect_user_error(qhx("generate --model " + kSmallModel.string() +
-                        " --prompt-ids 1,99999 -n 2 --print-ids"),
-                    {"99999", "vocabulary"});
+  expect_user_error(
+      qhx("generate --model " + kSmallModel.string() + " --prompt-ids 1,99999 -n 2 --print-ids"),
+      {"99999", "vocabulary"});
 }
 
 TEST(Cli, ModelWithoutTokenizerNeedsIds) {

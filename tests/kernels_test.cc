@@ -11,17 +11,12 @@
 #include "kernels/kernels.h"
 #include "runtime/sampler.h"
 #include "support/expect_error.h"
+#include "support/fixtures.h"
 
 namespace qhx {
 namespace {
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using test::random_vector;
 
 uint16_t f32_to_bf16_truncate(float x) {
   uint32_t bits;
@@ -72,7 +67,8 @@ TEST(Kernels, MatmulMatchesDoubleForEveryWeightType) {
       ref::matmul(x.data() + t * cols, 1, c.m, single.data());
       for (int64_t r = 0; r < rows; ++r) {
         double expected = 0;
-        for (int64_t k = 0; k < cols; ++k) expected += double(x[t * cols + k]) * (*c.exact)[r * cols + k];
+        for (int64_t k = 0; k < cols; ++k)
+          expected += double(x[t * cols + k]) * (*c.exact)[r * cols + k];
         EXPECT_NEAR(y[t * rows + r], expected, 1e-4) << dtype_name(c.m.dtype);
         EXPECT_EQ(y[t * rows + r], single[r]) << "a row must not depend on the batch";
       }
@@ -135,7 +131,8 @@ TEST(Kernels, CausalGqaAttentionMatchesDouble) {
       double z = 0;
       for (size_t j = 0; j < p.size(); ++j) {
         double dot = 0;
-        for (int64_t d = 0; d < 8; ++d) dot += double(q[t * qw + h * 8 + d]) * k[j * kvw + kv * 8 + d];
+        for (int64_t d = 0; d < 8; ++d)
+          dot += double(q[t * qw + h * 8 + d]) * k[j * kvw + kv * 8 + d];
         p[j] = std::exp(dot * scale);
         z += p[j];
       }
@@ -150,7 +147,8 @@ TEST(Kernels, CausalGqaAttentionMatchesDouble) {
 
 TEST(Kernels, CausalConv1dContinuesFromItsState) {
   const int64_t channels = 3, kernel = 4, n = 7;
-  const std::vector<float> u = random_vector(n * channels, 10), w = random_vector(channels * kernel, 11);
+  const std::vector<float> u = random_vector(n * channels, 10),
+                           w = random_vector(channels * kernel, 11);
   std::vector<float> state((kernel - 1) * channels, 0.0f), out(n * channels);
   ref::causal_conv1d_silu(u.data(), n, channels, w.data(), kernel, state.data(), out.data());
   for (int64_t t = 0; t < n; ++t) {
@@ -193,11 +191,15 @@ void delta_rule_double(const std::vector<float>& q, const std::vector<float>& k,
       for (int64_t i = 0; i < s.k_dim * s.v_dim; ++i) S[i] *= alpha;
       for (int64_t c = 0; c < s.v_dim; ++c) {
         double m = 0;
-        for (int64_t a = 0; a < s.k_dim; ++a) m += S[a * s.v_dim + c] * k[(t * s.n_k_heads + kh) * s.k_dim + a];
-        const double delta = beta[t * s.n_v_heads + j] * (v[(t * s.n_v_heads + j) * s.v_dim + c] - m);
-        for (int64_t a = 0; a < s.k_dim; ++a) S[a * s.v_dim + c] += k[(t * s.n_k_heads + kh) * s.k_dim + a] * delta;
+        for (int64_t a = 0; a < s.k_dim; ++a)
+          m += S[a * s.v_dim + c] * k[(t * s.n_k_heads + kh) * s.k_dim + a];
+        const double delta =
+            beta[t * s.n_v_heads + j] * (v[(t * s.n_v_heads + j) * s.v_dim + c] - m);
+        for (int64_t a = 0; a < s.k_dim; ++a)
+          S[a * s.v_dim + c] += k[(t * s.n_k_heads + kh) * s.k_dim + a] * delta;
         double o = 0;
-        for (int64_t a = 0; a < s.k_dim; ++a) o += S[a * s.v_dim + c] * q[(t * s.n_k_heads + kh) * s.k_dim + a];
+        for (int64_t a = 0; a < s.k_dim; ++a)
+          o += S[a * s.v_dim + c] * q[(t * s.n_k_heads + kh) * s.k_dim + a];
         out[(t * s.n_v_heads + j) * s.v_dim + c] = o;
       }
     }
@@ -210,7 +212,8 @@ TEST(Kernels, GatedDeltaRuleRecurrentAndChunkedMatchTheDefinition) {
   std::vector<float> q = random_vector(n * s.n_k_heads * s.k_dim, 12),
                      k = random_vector(n * s.n_k_heads * s.k_dim, 13),
                      v = random_vector(n * s.n_v_heads * s.v_dim, 14),
-                     beta = random_vector(n * s.n_v_heads, 15), g = random_vector(n * s.n_v_heads, 16);
+                     beta = random_vector(n * s.n_v_heads, 15),
+                     g = random_vector(n * s.n_v_heads, 16);
   for (int64_t i = 0; i < n * s.n_k_heads; ++i) {
     ref::l2_normalize(q.data() + i * s.k_dim, s.k_dim, 1e-6f);
     ref::l2_normalize(k.data() + i * s.k_dim, s.k_dim, 1e-6f);
@@ -231,7 +234,8 @@ TEST(Kernels, GatedDeltaRuleRecurrentAndChunkedMatchTheDefinition) {
                                     chunk, state.data(), out.data());
     }
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << chunk;
-    for (size_t i = 0; i < state.size(); ++i) ASSERT_NEAR(state[i], expected_state[i], 1e-5) << chunk;
+    for (size_t i = 0; i < state.size(); ++i)
+      ASSERT_NEAR(state[i], expected_state[i], 1e-5) << chunk;
   }
 }
 

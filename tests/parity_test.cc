@@ -237,8 +237,8 @@ TEST_P(Parity, SnapshotsContinueIdentically) {
   const GoldenPrompt& p = golden_.prompts.back();
   const size_t half = p.ids.size() / 2;
   if (half == 0) GTEST_SKIP() << "prompt too short";
-  const std::span<const int32_t> first(p.ids.data(), half), rest(p.ids.data() + half,
-                                                                  p.ids.size() - half);
+  const std::span<const int32_t> first(p.ids.data(), half),
+      rest(p.ids.data() + half, p.ids.size() - half);
   auto state = model_->new_state();
   std::vector<float> logits, again;
   model_->forward(first, *state, LogitsFor::kLastToken, logits);

@@ -12,22 +12,21 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "support/expect_error.h"
+#include "support/fixtures.h"
 
 namespace qhx {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using test::random_vector;
 
-bool is_f16_nan(uint16_t h) { return (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0; }
-bool is_bf16_nan(uint16_t b) { return (b & 0x7F80) == 0x7F80 && (b & 0x7F) != 0; }
+bool is_f16_nan(uint16_t h) {
+  return (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
+}
+bool is_bf16_nan(uint16_t b) {
+  return (b & 0x7F80) == 0x7F80 && (b & 0x7F) != 0;
+}
 
 // x rounded to a float format with `mantissa_bits` stored bits and smallest normal exponent
 // `min_exponent`, computed independently in double: nearbyint rounds ties to even.
@@ -36,8 +35,8 @@ double round_to_format(float x, int mantissa_bits, int min_exponent, double over
   int exponent;
   std::frexp(x, &exponent);  // |x| in [2^(exponent-1), 2^exponent)
   const int ulp_exponent = std::max(exponent - 1, min_exponent) - mantissa_bits;
-  const double rounded = std::ldexp(std::nearbyint(std::ldexp(double{x}, -ulp_exponent)),
-                                    ulp_exponent);
+  const double rounded =
+      std::ldexp(std::nearbyint(std::ldexp(double{x}, -ulp_exponent)), ulp_exponent);
   if (std::fabs(rounded) >= overflow) return std::copysign(INFINITY, x);
   return rounded == 0.0 ? std::copysign(0.0, x) : rounded;
 }
@@ -203,8 +202,8 @@ TEST(Layout, QuantizedTypesAreNotSafetensorsTypes) {
 
 // Hand-derived bytes. W8, scale 127/127 = 1: the ties -62.5 and 0.5 go to the even -62 and 0.
 TEST(Quantize, W8LayoutByHand) {
-  const float w[] = {127.0f, -62.5f, 0.5f, 1.0f,  //
-                     0.0f, 0.0f, -0.0f, 0.0f};
+  const float w[] = {127.0f, -62.5f, 0.5f,  1.0f,  //
+                     0.0f,   0.0f,   -0.0f, 0.0f};
   int8_t q[8];
   float scales[2];
   quantize_w8(w, 2, 4, q, scales);
@@ -218,8 +217,8 @@ TEST(Quantize, W8LayoutByHand) {
 //   [1, -1, 7, -7] → nibbles 1, 0xF, 7, 9 → bytes 0xF1 (col 1 high, col 0 low), 0x97;
 //   [3.5, 2.5, -0.5, 7] → 4, 2, -0 (ties to even), 7 → bytes 0x24, 0x70.
 TEST(Quantize, W4LayoutByHand) {
-  const float w[] = {1.0f, -1.0f, 7.0f, -7.0f,  //
-                     3.5f, 2.5f, -0.5f, 7.0f};
+  const float w[] = {1.0f, -1.0f, 7.0f,  -7.0f,  //
+                     3.5f, 2.5f,  -0.5f, 7.0f};
   uint8_t packed[4];
   uint16_t scales[2];
   quantize_w4(w, 2, 4, 4, packed, scales);
@@ -316,8 +315,8 @@ struct Format {
   int64_t group_size;
   float q_max;
 };
-const Format kFormats[] = {{DType::kW8, 0, 127}, {DType::kW4, 32, 7}, {DType::kW4, 64, 7},
-                           {DType::kW4, 128, 7}};
+const Format kFormats[] = {
+    {DType::kW8, 0, 127}, {DType::kW4, 32, 7}, {DType::kW4, 64, 7}, {DType::kW4, 128, 7}};
 
 // |w − ŵ| ≤ scale / 2 (plus the f32 rounding of w / scale, a few ulps of q), the largest
 // weight of each row or group lands on ±q_max, and W4 scales are f16(max / 7) exactly.

@@ -6,8 +6,8 @@
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "support/fixtures.h"
 #include "support/expect_error.h"
+#include "support/fixtures.h"
 #include "support/raw_safetensors.h"
 #include "util/error.h"
 
@@ -21,7 +21,7 @@ using test::RawSafetensors;
 RawSafetensors sample_file() {
   RawSafetensors raw;
   const float f32[6] = {1, -2, 3.5f, 0, 1e-3f, -7};
-  const uint16_t bf16[2] = {0x3F80, 0xC000};  // 1, -2
+  const uint16_t bf16[2] = {0x3F80, 0xC000};         // 1, -2
   const uint16_t f16[3] = {0x3C00, 0xC000, 0x0001};  // 1, -2, smallest subnormal
   raw.add("a", "F32", {2, 3}, f32, sizeof f32);
   raw.add("b", "BF16", {2}, bf16, sizeof bf16);
@@ -132,8 +132,11 @@ TEST(Checkpoint, ShardedIndexIsFollowed) {
   const Checkpoint ckpt = Checkpoint::open(dir.path());
   EXPECT_EQ(ckpt.files().size(), 2u);
   EXPECT_EQ(reinterpret_cast<const float*>(ckpt.require("y.weight", {3}).data)[2], 5.0f);
-  expect_error([&] { ckpt.require("y.weight", {1, 3}); },
-               {"model-00002-of-00002.safetensors", "'y.weight'", "shape [3], expected [1, 3]"});
+  expect_error(
+      [&] {
+        ckpt.require("y.weight", {1, 3});
+      },
+      {"model-00002-of-00002.safetensors", "'y.weight'", "shape [3], expected [1, 3]"});
   expect_error([&] { ckpt.require("z.weight", {3}); }, {dir.path().string(), "'z.weight'"});
 
   std::ofstream(dir.path() / "model.safetensors.index.json")
@@ -149,7 +152,8 @@ TEST(Checkpoint, ShardedIndexIsFollowed) {
 
 TEST(Checkpoint, EmptyDirectoryIsRejected) {
   test::TempDir dir;
-  expect_error([&] { Checkpoint::open(dir.path()); }, {dir.path().string(), "no model.safetensors"});
+  expect_error([&] { Checkpoint::open(dir.path()); },
+               {dir.path().string(), "no model.safetensors"});
 }
 
 }  // namespace

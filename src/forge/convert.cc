@@ -29,12 +29,18 @@ namespace {
 
 std::string weight_dtype_name(DType d) {
   switch (d) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kW8: return "w8";
-    case DType::kW4: return "w4";
-    default: return std::string(dtype_name(d));
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kW8:
+      return "w8";
+    case DType::kW4:
+      return "w4";
+    default:
+      return std::string(dtype_name(d));
   }
 }
 
@@ -79,7 +85,9 @@ TensorToWrite encode_tensor(const TensorView& source, const std::string& name, D
   t.dtype = dtype;
   t.shape = source.shape;
   switch (dtype) {
-    case DType::kF32: t.data = as_bytes(w); break;
+    case DType::kF32:
+      t.data = as_bytes(w);
+      break;
     case DType::kBF16:
     case DType::kF16: {
       std::vector<uint16_t> h(w.size());
@@ -106,7 +114,8 @@ TensorToWrite encode_tensor(const TensorView& source, const std::string& name, D
       t.scales = as_bytes(scales);
       break;
     }
-    default: fail(name, "unsupported target dtype");
+    default:
+      fail(name, "unsupported target dtype");
   }
   return t;
 }
@@ -242,8 +251,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   }
   if (embed.empty()) fail(hf_dir.string(), "no " + prefix + "embed_tokens.weight");
   if (static_cast<int64_t>(by_layer.size()) != config.num_layers) {
-    fail(hf_dir.string(), "tensors for " + std::to_string(by_layer.size()) + " layers, config.json says " +
-                              std::to_string(config.num_layers));
+    fail(hf_dir.string(), "tensors for " + std::to_string(by_layer.size()) +
+                              " layers, config.json says " + std::to_string(config.num_layers));
   }
 
   // Decoder shards: consecutive layer ranges, balanced by bytes (or bounded by max bytes).
@@ -255,8 +264,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   uint64_t in_shard = 0, done = 0;
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     const uint64_t bytes = layer_bytes[layer];
-    const bool over_max = options.max_shard_bytes > 0 && in_shard > 0 &&
-                          in_shard + bytes > options.max_shard_bytes;
+    const bool over_max =
+        options.max_shard_bytes > 0 && in_shard > 0 && in_shard + bytes > options.max_shard_bytes;
     const bool over_share = options.max_shard_bytes == 0 &&
                             static_cast<int64_t>(ranges.size()) + 1 < wanted && in_shard > 0 &&
                             done >= total * (ranges.size() + 1) / wanted;
@@ -312,29 +321,38 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   for (const auto& s : shards_json) listed.push_back(s["file"]);
   listed.insert(listed.end(), tokenizer_files.begin(), tokenizer_files.end());
   for (const auto& f : listed) {
-    files.push_back({{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
+    files.push_back(
+        {{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
   }
-  const DType head = tied && !options.lm_head ? options.embed.value_or(default_table_dtype(options.weights))
-                                              : options.lm_head.value_or(default_table_dtype(options.weights));
+  const DType head = tied && !options.lm_head
+                         ? options.embed.value_or(default_table_dtype(options.weights))
+                         : options.lm_head.value_or(default_table_dtype(options.weights));
   Json manifest = {
       {"format", "qhx-bundle"},
       {"format_version", kBundleFormatVersion},
       {"created_by", "qhx forge convert"},
       {"created_at", utc_now()},
-      {"source", {{"path", fs::absolute(hf_dir).lexically_normal().string()},
-                  {"config_sha256", sha256_file(hf_dir / "config.json")},
-                  {"skipped_tensors", skipped}}},
+      {"source",
+       {{"path", fs::absolute(hf_dir).lexically_normal().string()},
+        {"config_sha256", sha256_file(hf_dir / "config.json")},
+        {"skipped_tensors", skipped}}},
       {"family", family},
       {"model_config", config_json},
       {"target", options.target},
       {"tokenizer", {{"files", tokenizer_files}}},
       {"plan",
-       {{"embed", {{"file", "embed.qhxt"}, {"dtype", weight_dtype_name(options.embed.value_or(default_table_dtype(options.weights)))}}},
+       {{"embed",
+         {{"file", "embed.qhxt"},
+          {"dtype",
+           weight_dtype_name(options.embed.value_or(default_table_dtype(options.weights)))}}},
         {"decoder_shards", shards_json},
-        {"output", {{"file", "output.qhxt"},
-                    {"lm_head", checkpoint.contains("lm_head.weight") || head != options.embed.value_or(default_table_dtype(options.weights))
-                                    ? "lm_head.weight" : "tied"},
-                    {"dtype", weight_dtype_name(head)}}},
+        {"output",
+         {{"file", "output.qhxt"},
+          {"lm_head", checkpoint.contains("lm_head.weight") ||
+                              head != options.embed.value_or(default_table_dtype(options.weights))
+                          ? "lm_head.weight"
+                          : "tied"},
+          {"dtype", weight_dtype_name(head)}}},
         {"generate",
          {{"op", family + "_generate"},
           {"max_context", max_context},
@@ -360,9 +378,9 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
 
   ConvertResult result;
   if (options.gate) {
-    const GateReport report = forge_gate(temp, hf_dir, options.thresholds.value_or(
-                                                           default_gate_thresholds(options.weights)),
-                                         options.gate_prompts, options.gate_greedy_tokens);
+    const GateReport report = forge_gate(
+        temp, hf_dir, options.thresholds.value_or(default_gate_thresholds(options.weights)),
+        options.gate_prompts, options.gate_greedy_tokens);
     Json certificate = report.to_json();
     certificate["reference"] = fs::absolute(hf_dir).lexically_normal().string();
     certificate["date"] = utc_now();
@@ -390,8 +408,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
 GateReport forge_gate(const fs::path& bundle, const fs::path& reference,
                       const std::optional<GateThresholds>& thresholds, int64_t n_prompts,
                       int64_t n_greedy) {
-  const BundleManifest manifest = open_bundle_manifest(bundle, {.verify_sha256 = false,
-                                                                .check_target = false});
+  const BundleManifest manifest =
+      open_bundle_manifest(bundle, {.verify_sha256 = false, .check_target = false});
   const auto candidate = load_model(bundle, {.verify_sha256 = false, .check_target = false});
   const auto ref = load_model(reference);
   if (ref->config().vocab_size != candidate->config().vocab_size) {

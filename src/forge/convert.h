@@ -14,14 +14,14 @@
 namespace qhx {
 
 struct ConvertOptions {
-  DType weights = DType::kF32;           // decoder matrices
-  std::optional<DType> lm_head;          // default: weights, but bf16 for w8/w4
-  std::optional<DType> embed;            // default: weights, but bf16 for w8/w4
-  int64_t group_size = 64;               // W4 group width
-  int64_t shards = 1;                    // decoder shards by layer range...
-  uint64_t max_shard_bytes = 0;          // ...or as many as needed to stay under this size
+  DType weights = DType::kF32;   // decoder matrices
+  std::optional<DType> lm_head;  // default: weights, but bf16 for w8/w4
+  std::optional<DType> embed;    // default: weights, but bf16 for w8/w4
+  int64_t group_size = 64;       // W4 group width
+  int64_t shards = 1;            // decoder shards by layer range...
+  uint64_t max_shard_bytes = 0;  // ...or as many as needed to stay under this size
   std::string target = "generic";
-  int64_t max_context = 0;               // 0: the checkpoint's max_position_embeddings
+  int64_t max_context = 0;  // 0: the checkpoint's max_position_embeddings
   bool gate = true;
   std::optional<GateThresholds> thresholds;  // default: default_gate_thresholds(weights)
   int64_t gate_prompts = 8;

@@ -85,12 +85,17 @@ double kl_divergence(const float* p_logits, const float* q_logits, int64_t n) {
 
 GateThresholds default_gate_thresholds(DType weights) {
   switch (weights) {
-    case DType::kF32: return {1.0, 1.0, 0.999999, 1e-6, 1.0};
+    case DType::kF32:
+      return {1.0, 1.0, 0.999999, 1e-6, 1.0};
     case DType::kBF16:
-    case DType::kF16: return {0.97, 0.95, 0.999, 2e-3, 0.0};
-    case DType::kW8: return {0.95, 0.9, 0.995, 1e-2, 0.0};
-    case DType::kW4: return {0.75, 0.7, 0.95, 0.1, 0.0};
-    default: return {};
+    case DType::kF16:
+      return {0.97, 0.95, 0.999, 2e-3, 0.0};
+    case DType::kW8:
+      return {0.95, 0.9, 0.995, 1e-2, 0.0};
+    case DType::kW4:
+      return {0.75, 0.7, 0.95, 0.1, 0.0};
+    default:
+      return {};
   }
 }
 
@@ -196,9 +201,13 @@ GateReport run_gate(const Model& candidate, const Model& reference,
 Json GateReport::to_json() const {
   Json prompts_json = Json::array();
   for (const auto& p : prompts) {
-    prompts_json.push_back({{"name", p.name}, {"positions", p.positions}, {"top1", p.top1},
-                            {"top5", p.top5}, {"pearson_min", p.pearson_min},
-                            {"kl_mean", p.kl_mean}, {"greedy_match", p.greedy_match},
+    prompts_json.push_back({{"name", p.name},
+                            {"positions", p.positions},
+                            {"top1", p.top1},
+                            {"top5", p.top5},
+                            {"pearson_min", p.pearson_min},
+                            {"kl_mean", p.kl_mean},
+                            {"greedy_match", p.greedy_match},
                             {"first_divergence", p.first_divergence}});
   }
   return {{"passed", passed},

@@ -16,11 +16,11 @@
 namespace qhx {
 
 struct GateThresholds {
-  double min_top1 = 1.0;      // fraction of positions whose argmax agrees
-  double min_top5 = 1.0;      // mean overlap of the top-5 sets
-  double min_pearson = 1.0;   // lowest per-position Pearson r of the logits
-  double max_kl = 0.0;        // mean KL(reference ‖ candidate), nats
-  double min_greedy = 0.0;    // fraction of prompts whose greedy continuation is identical
+  double min_top1 = 1.0;     // fraction of positions whose argmax agrees
+  double min_top5 = 1.0;     // mean overlap of the top-5 sets
+  double min_pearson = 1.0;  // lowest per-position Pearson r of the logits
+  double max_kl = 0.0;       // mean KL(reference ‖ candidate), nats
+  double min_greedy = 0.0;   // fraction of prompts whose greedy continuation is identical
 };
 
 // Defaults by the weight dtype of the candidate (docs/gate.md).

@@ -37,8 +37,8 @@ Json model_card_data(const Json& manifest) {
 std::string render_model_card(const Json& card) {
   std::ostringstream md;
   const Json& a = card.at("architecture");
-  md << "# " << card.at("family").get<std::string>() << " bundle (" << card.at("target").get<std::string>()
-     << ")\n\n"
+  md << "# " << card.at("family").get<std::string>() << " bundle ("
+     << card.at("target").get<std::string>() << ")\n\n"
      << "Converted by `qhx forge convert` on " << card.at("created_at").get<std::string>()
      << " from `" << card.at("source").at("path").get<std::string>() << "`.\n\n"
      << "## Model\n\n| | |\n|---|---|\n"
@@ -50,7 +50,8 @@ std::string render_model_card(const Json& card) {
      << "| vocabulary | " << a.at("vocab_size") << " |\n\n"
      << "## Quantization\n\n| tensor class | stored as |\n|---|---|\n";
   for (const auto& [k, v] : card.at("quantization").items()) {
-    if (!v.is_null()) md << "| " << k << " | " << (v.is_string() ? v.get<std::string>() : v.dump()) << " |\n";
+    if (!v.is_null())
+      md << "| " << k << " | " << (v.is_string() ? v.get<std::string>() : v.dump()) << " |\n";
   }
   md << "\n## Files\n\n| file | bytes | sha256 |\n|---|---:|---|\n";
   for (const Json& f : card.at("files")) {
@@ -71,7 +72,9 @@ std::string render_model_card(const Json& card) {
                   gate.at("top5").get<double>(), gate.at("pearson_min").get<double>(),
                   gate.at("kl_mean").get<double>(), gate.at("greedy_matched").get<long long>(),
                   gate.at("prompts").get<long long>());
-    md << line << "| prompt | positions | top-1 | top-5 | Pearson (min) | KL | greedy | first divergence |\n"
+    md << line
+       << "| prompt | positions | top-1 | top-5 | Pearson (min) | KL | greedy | first divergence "
+          "|\n"
        << "|---|---:|---:|---:|---:|---:|---|---:|\n";
     for (const Json& p : gate.at("per_prompt")) {
       std::snprintf(line, sizeof line, "| %s | %lld | %.4f | %.4f | %.6f | %.3g | %s | %lld |\n",

@@ -9,8 +9,8 @@
 namespace qhx {
 namespace {
 
-const char* const kTargets[] = {"generic", "x86_64", "x86_64-avx2", "x86_64-avx512",
-                                "aarch64", "aarch64-dotprod"};
+const char* const kTargets[] = {"generic",       "x86_64",  "x86_64-avx2",
+                                "x86_64-avx512", "aarch64", "aarch64-dotprod"};
 
 std::string field(const std::string& where, std::string_view key) {
   return where + ": " + std::string(key);
@@ -87,7 +87,8 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
     m.shards.push_back(s);
   }
   if (next_layer != m.config.num_layers) {
-    fail(field(pw, "decoder_shards"), "cover " + std::to_string(next_layer) + " layers, the model has " +
+    fail(field(pw, "decoder_shards"), "cover " + std::to_string(next_layer) +
+                                          " layers, the model has " +
                                           std::to_string(m.config.num_layers));
   }
   m.output_file = local_file(object_field(plan, "output", pw), "file", field(pw, "output"));
@@ -113,7 +114,8 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   if (auto it = op.find("sampling"); it != op.end() && it->is_object()) {
     const std::string sw = field(ow, "sampling");
     if (it->contains("do_sample")) m.generation.do_sample = (*it)["do_sample"].get<bool>();
-    if (it->contains("temperature")) m.generation.temperature = require_number(*it, "temperature", sw);
+    if (it->contains("temperature"))
+      m.generation.temperature = require_number(*it, "temperature", sw);
     if (it->contains("top_k")) m.generation.top_k = require_int(*it, "top_k", sw);
     if (it->contains("top_p")) m.generation.top_p = require_number(*it, "top_p", sw);
   }
@@ -147,7 +149,8 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   for (const auto& s : m.shards) referenced.push_back(s.file);
   referenced.insert(referenced.end(), m.tokenizer_files.begin(), m.tokenizer_files.end());
   for (const auto& r : referenced) {
-    if (!listed.contains(r)) fail(field(where, "files"), "'" + r + "' is used by the plan but not listed");
+    if (!listed.contains(r))
+      fail(field(where, "files"), "'" + r + "' is used by the plan but not listed");
   }
   if (auto it = j.find("gate"); it != j.end()) m.gate = *it;
   return m;
@@ -158,9 +161,9 @@ BundleManifest open_bundle_manifest(const std::filesystem::path& dir,
   const auto manifest_path = dir / "manifest.json";
   BundleManifest m = parse_bundle_manifest(read_json_file(manifest_path), manifest_path.string());
   if (options.check_target && !target_runs_here(m.target)) {
-    fail(manifest_path.string() + ": target",
-         "bundle is built for '" + m.target + "' and this machine is '" + host_target() +
-             "': convert for this target or use a pack");
+    fail(manifest_path.string() + ": target", "bundle is built for '" + m.target +
+                                                  "' and this machine is '" + host_target() +
+                                                  "': convert for this target or use a pack");
   }
   for (const BundleFile& f : m.files) {
     const auto path = dir / f.path;
@@ -225,7 +228,8 @@ bool is_known_target(const std::string& target) {
 std::string host_target() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return "x86_64-avx512";
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    return "x86_64-avx512";
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "x86_64-avx2";
   return "x86_64";
 #elif defined(__aarch64__)

@@ -19,7 +19,8 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
     if (!weight_map.is_object()) fail(index_path.string() + ": weight_map", "expected an object");
     std::set<std::string> shard_names;
     for (const auto& [tensor, file] : weight_map.items()) {
-      if (!file.is_string()) fail(index_path.string() + ": weight_map." + tensor, "expected a file");
+      if (!file.is_string())
+        fail(index_path.string() + ": weight_map." + tensor, "expected a file");
       const std::string name = file.get<std::string>();
       if (name.find('/') != std::string::npos || name.starts_with(".")) {
         fail(index_path.string() + ": weight_map." + tensor, "file '" + name + "' is not local");

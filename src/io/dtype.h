@@ -19,14 +19,17 @@ std::string_view dtype_name(DType dtype);
 // matrix shape, see matrix_bytes in kernels/quant.h), so they throw Error.
 size_t dtype_size(DType dtype);
 
-inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+inline float bf16_to_f32(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t{bits} << 16);
+}
 
 inline float f16_to_f32(uint16_t bits) {
   const uint32_t sign = uint32_t{bits & 0x8000u} << 16;
   const uint32_t exponent = (bits >> 10) & 0x1Fu;
   uint32_t mantissa = bits & 0x3FFu;
   if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));
-  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  if (exponent != 0)
+    return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
   if (mantissa == 0) return std::bit_cast<float>(sign);
   // Subnormal half: renormalise into a normal float.
   int shift = 0;

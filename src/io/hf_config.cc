@@ -13,31 +13,48 @@ namespace {
 // training-only settings, or values checked elsewhere such as token ids).
 const std::set<std::string_view> kInformationalKeys = {
     "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "pad_token_id",
-    "chunk_size_feed_forward", "dtype", "torch_dtype", "id2label", "label2id",
-    "initializer_range", "is_encoder_decoder", "output_attentions", "output_hidden_states",
-    "problem_type", "return_dict", "transformers_version", "use_cache", "max_window_layers",
-    "model_type", "tie_word_embeddings", "max_position_embeddings", "eos_token_id",
-    "tokenizer_class", "use_return_dict", "torchscript", "pruned_heads", "tf_legacy_loss",
-    "use_bfloat16", "finetuning_task", "prefix", "sep_token_id", "decoder_start_token_id",
-    "task_specific_params", "add_cross_attention", "cross_attention_hidden_size", "is_decoder",
-    "tie_encoder_decoder", "num_labels",
+    "chunk_size_feed_forward", "dtype", "torch_dtype", "id2label", "label2id", "initializer_range",
+    "is_encoder_decoder", "output_attentions", "output_hidden_states", "problem_type",
+    "return_dict", "transformers_version", "use_cache", "max_window_layers", "model_type",
+    "tie_word_embeddings", "max_position_embeddings", "eos_token_id", "tokenizer_class",
+    "use_return_dict", "torchscript", "pruned_heads", "tf_legacy_loss", "use_bfloat16",
+    "finetuning_task", "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params",
+    "add_cross_attention", "cross_attention_hidden_size", "is_decoder", "tie_encoder_decoder",
+    "num_labels",
     // Qwen3.5: the multi-token-prediction head is not used for decoding, and the HF torch path
     // keeps the recurrent state in f32 whatever mamba_ssm_dtype says.
     "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "mamba_ssm_dtype"};
 
 // Keys the forward pass reads.
-const std::set<std::string_view> kModelKeys = {
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
-    "rope_parameters", "rope_scaling", "hidden_act", "attention_bias", "mlp_bias",
-    "use_sliding_window", "sliding_window", "layer_types", "partial_rotary_factor",
-    "attn_output_gate", "full_attention_interval", "linear_num_key_heads",
-    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-    "linear_conv_kernel_dim"};
+const std::set<std::string_view> kModelKeys = {"vocab_size",
+                                               "hidden_size",
+                                               "intermediate_size",
+                                               "num_hidden_layers",
+                                               "num_attention_heads",
+                                               "num_key_value_heads",
+                                               "head_dim",
+                                               "rms_norm_eps",
+                                               "rope_theta",
+                                               "rope_parameters",
+                                               "rope_scaling",
+                                               "hidden_act",
+                                               "attention_bias",
+                                               "mlp_bias",
+                                               "use_sliding_window",
+                                               "sliding_window",
+                                               "layer_types",
+                                               "partial_rotary_factor",
+                                               "attn_output_gate",
+                                               "full_attention_interval",
+                                               "linear_num_key_heads",
+                                               "linear_num_value_heads",
+                                               "linear_key_head_dim",
+                                               "linear_value_head_dim",
+                                               "linear_conv_kernel_dim"};
 
 // Keys a multimodal wrapper carries around its text_config.
-const std::set<std::string_view> kWrapperKeys = {"text_config", "vision_config",
-                                                 "image_token_id", "video_token_id",
+const std::set<std::string_view> kWrapperKeys = {"text_config",           "vision_config",
+                                                 "image_token_id",        "video_token_id",
                                                  "vision_start_token_id", "vision_end_token_id"};
 
 std::string field(const std::string& where, std::string_view key) {
@@ -95,8 +112,7 @@ double rope_theta_of(const Json& cfg, const std::string& where) {
         continue;
       } else if (k == "rope_theta") {
         theta = require_number(*it, "rope_theta", w);
-      } else if (k == "partial_rotary_factor" || k == "mrope_section" ||
-                 k == "mrope_interleaved") {
+      } else if (k == "partial_rotary_factor" || k == "mrope_section" || k == "mrope_interleaved") {
         continue;  // read by rotary_dim_of; M-RoPE is the identity on text (spec §3.5)
       } else {
         fail(w + "." + k, "unknown RoPE parameter");
@@ -114,8 +130,8 @@ int64_t rotary_dim_of(const Json& cfg, int64_t head_dim, double default_factor,
   double factor = default_factor;
   std::string key = "partial_rotary_factor";
   if (cfg.contains(key) && !cfg[key].is_null()) factor = require_number(cfg, key, where);
-  if (auto it = cfg.find("rope_parameters"); it != cfg.end() && it->is_object() &&
-                                             it->contains(key)) {
+  if (auto it = cfg.find("rope_parameters");
+      it != cfg.end() && it->is_object() && it->contains(key)) {
     factor = require_number(*it, key, where + ": rope_parameters");
     key = "rope_parameters." + key;
   }
@@ -133,7 +149,8 @@ std::vector<LayerKind> layer_types_of(const Json& cfg, const ModelConfig& c,
   std::vector<LayerKind> kinds;
   auto it = cfg.find("layer_types");
   if (it == cfg.end() || it->is_null()) {
-    if (c.family == Family::kQwen3) return std::vector<LayerKind>(c.num_layers, LayerKind::kFullAttention);
+    if (c.family == Family::kQwen3)
+      return std::vector<LayerKind>(c.num_layers, LayerKind::kFullAttention);
     // Qwen3.5 without an explicit list: every full_attention_interval-th layer is full.
     int64_t interval = 4;
     if (cfg.contains("full_attention_interval")) {
@@ -156,8 +173,7 @@ std::vector<LayerKind> layer_types_of(const Json& cfg, const ModelConfig& c,
     } else if (t == "linear_attention" && c.family == Family::kQwen3_5) {
       kinds.push_back(LayerKind::kLinearAttention);
     } else {
-      fail(w, "layer type " + t.dump() + " is not supported for model_type '" + c.model_type +
-                  "'");
+      fail(w, "layer type " + t.dump() + " is not supported for model_type '" + c.model_type + "'");
     }
   }
   return kinds;
@@ -245,9 +261,9 @@ ModelConfig parse_model_config(const Json& root, const std::string& root_where) 
     c.linear_value_head_dim = int_or_default(cfg, "linear_value_head_dim", 128, where);
     c.linear_conv_kernel_dim = int_or_default(cfg, "linear_conv_kernel_dim", 4, where);
     if (c.linear_num_value_heads % c.linear_num_key_heads != 0) {
-      fail(field(where, "linear_num_value_heads"),
-           "must be a multiple of linear_num_key_heads (" +
-               std::to_string(c.linear_num_key_heads) + ")");
+      fail(field(where, "linear_num_value_heads"), "must be a multiple of linear_num_key_heads (" +
+                                                       std::to_string(c.linear_num_key_heads) +
+                                                       ")");
     }
     require_value(cfg, "attn_output_gate", true, where,
                   "Qwen3.5 attention always applies its output gate");

@@ -15,12 +15,14 @@ namespace fs = std::filesystem;
 namespace {
 
 // Most capable first: a machine runs the first of these its CPU supports.
-const char* const kPreference[] = {"x86_64-avx512", "x86_64-avx2", "x86_64", "aarch64-dotprod",
-                                   "aarch64", "generic"};
+const char* const kPreference[] = {"x86_64-avx512",   "x86_64-avx2", "x86_64",
+                                   "aarch64-dotprod", "aarch64",     "generic"};
 
 }  // namespace
 
-bool is_pack(const fs::path& dir) { return fs::exists(dir / "MANIFEST.json"); }
+bool is_pack(const fs::path& dir) {
+  return fs::exists(dir / "MANIFEST.json");
+}
 
 fs::path select_pack_bundle(const fs::path& pack) {
   const fs::path manifest_path = pack / "MANIFEST.json";
@@ -28,8 +30,8 @@ fs::path select_pack_bundle(const fs::path& pack) {
   const Json m = read_json_file(manifest_path);
   if (require_string(m, "format", where) != "qhx-pack") fail(where + ": format", "not a qhx pack");
   if (require_int(m, "format_version", where) > kPackFormatVersion) {
-    fail(where + ": format_version", "newer than this qhx reads (" +
-                                         std::to_string(kPackFormatVersion) + ")");
+    fail(where + ": format_version",
+         "newer than this qhx reads (" + std::to_string(kPackFormatVersion) + ")");
   }
   const Json& bundles = require_field(m, "bundles", where);
   if (!bundles.is_array()) fail(where + ": bundles", "expected an array");
@@ -45,21 +47,25 @@ fs::path select_pack_bundle(const fs::path& pack) {
         std::error_code ec;
         const auto size = fs::file_size(file, ec);
         if (ec) fail(file.string(), "missing (listed in MANIFEST.json)");
-        if (size != f.at("size").get<uint64_t>()) fail(file.string(), "size differs from MANIFEST.json");
+        if (size != f.at("size").get<uint64_t>())
+          fail(file.string(), "size differs from MANIFEST.json");
         if (sha256_file(file) != require_string(f, "sha256", bw)) {
-          fail(file.string(), "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
+          fail(file.string(),
+               "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
         }
       }
       return folder;
     }
   }
-  for (const Json& b : bundles) available += (available.empty() ? "" : ", ") + b.value("target", "?");
+  for (const Json& b : bundles)
+    available += (available.empty() ? "" : ", ") + b.value("target", "?");
   fail(where, "no bundle for this machine ('" + host_target() + "'); the pack has: " + available);
 }
 
 void write_pack(const fs::path& out, const std::vector<fs::path>& bundles, bool overwrite) {
   if (bundles.empty()) fail("pack", "no bundles given");
-  if (fs::exists(out) && !overwrite) fail(out.string(), "already exists (pass --force to replace it)");
+  if (fs::exists(out) && !overwrite)
+    fail(out.string(), "already exists (pass --force to replace it)");
   std::string name(".");
   name.append(out.filename().string()).append(".partial-").append(std::to_string(::getpid()));
   const fs::path temp = fs::absolute(out).parent_path() / name;
@@ -69,7 +75,8 @@ void write_pack(const fs::path& out, const std::vector<fs::path>& bundles, bool 
     Json entries = Json::array();
     std::set<std::string> targets;
     for (const fs::path& b : bundles) {
-      const BundleManifest m = open_bundle_manifest(b, {.verify_sha256 = true, .check_target = false});
+      const BundleManifest m =
+          open_bundle_manifest(b, {.verify_sha256 = true, .check_target = false});
       if (!targets.insert(m.target).second) {
         fail(b.string(), "a second bundle for target '" + m.target + "'");
       }
@@ -81,11 +88,11 @@ void write_pack(const fs::path& out, const std::vector<fs::path>& bundles, bool 
                          {"size", fs::file_size(e.path())},
                          {"sha256", sha256_file(e.path())}});
       }
-      entries.push_back({{"target", m.target}, {"folder", m.target}, {"family", m.family},
-                         {"files", files}});
+      entries.push_back(
+          {{"target", m.target}, {"folder", m.target}, {"family", m.family}, {"files", files}});
     }
-    const Json manifest = {{"format", "qhx-pack"}, {"format_version", kPackFormatVersion},
-                           {"bundles", entries}};
+    const Json manifest = {
+        {"format", "qhx-pack"}, {"format_version", kPackFormatVersion}, {"bundles", entries}};
     std::ofstream(temp / "MANIFEST.json") << manifest.dump(2) << "\n";
     if (fs::exists(out)) fs::remove_all(out);
     fs::rename(temp, out);

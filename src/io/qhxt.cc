@@ -25,7 +25,9 @@ void write_le(std::ostream& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.put(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
 
-uint64_t align_up(uint64_t x) { return (x + kQhxtAlignment - 1) / kQhxtAlignment * kQhxtAlignment; }
+uint64_t align_up(uint64_t x) {
+  return (x + kQhxtAlignment - 1) / kQhxtAlignment * kQhxtAlignment;
+}
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kW8, DType::kW4}) {
@@ -45,8 +47,8 @@ Range checked_range(const Json& entry, std::string_view key_offset, uint64_t byt
   if (!off.is_number_unsigned()) fail(where + ": " + std::string(key_offset), "expected an offset");
   const uint64_t begin = off.get<uint64_t>();
   if (begin % kQhxtAlignment != 0) {
-    fail(where + ": " + std::string(key_offset), "offset " + std::to_string(begin) +
-                                                     " is not 64-byte aligned");
+    fail(where + ": " + std::string(key_offset),
+         "offset " + std::to_string(begin) + " is not 64-byte aligned");
   }
   if (begin > file_size || bytes > file_size - begin) {
     fail(where + ": " + std::string(key_offset),
@@ -96,9 +98,9 @@ QhxtFile QhxtFile::open(const std::filesystem::path& path) {
   if (table_len > kMaxTableBytes || table_len > bytes.size() - 16) {
     fail(where, "truncated: the tensor table needs " + std::to_string(table_len) + " bytes");
   }
-  const Json table = parse_json(
-      std::string_view(reinterpret_cast<const char*>(bytes.data() + 16), table_len),
-      where + ": tensor table");
+  const Json table =
+      parse_json(std::string_view(reinterpret_cast<const char*>(bytes.data() + 16), table_len),
+                 where + ": tensor table");
   const Json& tensors = require_field(table, "tensors", where + ": tensor table");
   if (!tensors.is_array()) fail(where + ": tensors", "expected an array");
 
@@ -106,7 +108,8 @@ QhxtFile QhxtFile::open(const std::filesystem::path& path) {
   std::vector<Range> used;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Json& entry = tensors[i];
-    const std::string name = require_string(entry, "name", where + ": tensors[" + std::to_string(i) + "]");
+    const std::string name =
+        require_string(entry, "name", where + ": tensors[" + std::to_string(i) + "]");
     const std::string tw = where + ": tensor '" + name + "'";
     TensorView view;
     view.name = name;
@@ -125,8 +128,8 @@ QhxtFile QhxtFile::open(const std::filesystem::path& path) {
     const TensorBytes sizes = tensor_bytes(view.dtype, view.shape, view.group_size, tw);
     view.nbytes = sizes.data;
     if (require_int(entry, "nbytes", tw) != static_cast<int64_t>(view.nbytes)) {
-      fail(tw + ": nbytes", "does not match the dtype and shape (" +
-                                std::to_string(view.nbytes) + " bytes)");
+      fail(tw + ": nbytes",
+           "does not match the dtype and shape (" + std::to_string(view.nbytes) + " bytes)");
     }
     const Range data = checked_range(entry, "offset", view.nbytes, bytes.size(), tw);
     if (data.begin < data_start) fail(tw + ": offset", "points into the tensor table");
@@ -141,7 +144,8 @@ QhxtFile QhxtFile::open(const std::filesystem::path& path) {
     }
     if (!f.tensors_.emplace(name, std::move(view)).second) fail(tw, "listed twice");
   }
-  std::sort(used.begin(), used.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::sort(used.begin(), used.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < used.size(); ++i) {
     if (used[i].begin < used[i - 1].end) fail(where, "tensor table has overlapping byte ranges");
   }
@@ -158,8 +162,11 @@ void write_qhxt(const std::filesystem::path& path, std::span<const TensorToWrite
     table["tensors"] = Json::array();
     uint64_t offset = data_start;
     for (const TensorToWrite& t : tensors) {
-      Json entry = {{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
-                    {"offset", offset}, {"nbytes", t.data.size()}};
+      Json entry = {{"name", t.name},
+                    {"dtype", dtype_name(t.dtype)},
+                    {"shape", t.shape},
+                    {"offset", offset},
+                    {"nbytes", t.data.size()}};
       offset = align_up(offset + t.data.size());
       if (!t.scales.empty()) {
         entry["scales_offset"] = offset;
@@ -185,7 +192,8 @@ void write_qhxt(const std::filesystem::path& path, std::span<const TensorToWrite
   };
   pad_to(data_start);
   for (const TensorToWrite& t : tensors) {
-    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
+    out.write(reinterpret_cast<const char*>(t.data.data()),
+              static_cast<std::streamsize>(t.data.size()));
     position += t.data.size();
     pad_to(align_up(position));
     if (!t.scales.empty()) {

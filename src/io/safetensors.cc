@@ -24,18 +24,30 @@ std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF64: return "F64";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kI16: return "I16";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
-    case DType::kW8: return "W8";
-    case DType::kW4: return "W4";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF64:
+      return "F64";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kI16:
+      return "I16";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
+    case DType::kW8:
+      return "W8";
+    case DType::kW4:
+      return "W4";
   }
   return "?";
 }
@@ -43,15 +55,19 @@ std::string_view dtype_name(DType dtype) {
 size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::kF64:
-    case DType::kI64: return 8;
+    case DType::kI64:
+      return 8;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kF16:
     case DType::kBF16:
-    case DType::kI16: return 2;
+    case DType::kI16:
+      return 2;
     case DType::kI8:
     case DType::kU8:
-    case DType::kBool: return 1;
+    case DType::kBool:
+      return 1;
     case DType::kW8:
     case DType::kW4:
       fail(dtype_name(dtype), "a quantized type has no element size (see matrix_bytes)");
@@ -139,9 +155,9 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     }
     const uint64_t expected = numel * dtype_size(view.dtype);
     if (end - begin != expected) {
-      fail(tensor_where + ": data_offsets",
-           "byte range holds " + std::to_string(end - begin) + " bytes but shape " +
-               view.shape_string() + " of " + dtype_str + " needs " + std::to_string(expected));
+      fail(tensor_where + ": data_offsets", "byte range holds " + std::to_string(end - begin) +
+                                                " bytes but shape " + view.shape_string() + " of " +
+                                                dtype_str + " needs " + std::to_string(expected));
     }
     view.nbytes = expected;
     view.data = data_start + begin;

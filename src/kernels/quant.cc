@@ -93,18 +93,24 @@ uint16_t f32_to_f16(float x) {
 uint64_t matrix_bytes(DType dtype, int64_t rows, int64_t cols, int64_t group_size) {
   const uint64_t n = checked_elements(dtype, rows, cols, group_size);
   switch (dtype) {
-    case DType::kW8: return n;
-    case DType::kW4: return n / 2;
-    default: return n * dtype_size(dtype);
+    case DType::kW8:
+      return n;
+    case DType::kW4:
+      return n / 2;
+    default:
+      return n * dtype_size(dtype);
   }
 }
 
 uint64_t matrix_scale_bytes(DType dtype, int64_t rows, int64_t cols, int64_t group_size) {
   checked_elements(dtype, rows, cols, group_size);
   switch (dtype) {
-    case DType::kW8: return static_cast<uint64_t>(rows) * sizeof(float);
-    case DType::kW4: return static_cast<uint64_t>(rows * (cols / group_size)) * sizeof(uint16_t);
-    default: return 0;
+    case DType::kW8:
+      return static_cast<uint64_t>(rows) * sizeof(float);
+    case DType::kW4:
+      return static_cast<uint64_t>(rows * (cols / group_size)) * sizeof(uint16_t);
+    default:
+      return 0;
   }
 }
 

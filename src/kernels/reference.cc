@@ -1,8 +1,8 @@
 #include <algorithm>
 #include <cmath>
-#include <vector>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/kernels.h"
 
@@ -153,7 +153,8 @@ void causal_conv1d_silu(const float* u, int64_t n_tokens, int64_t channels, cons
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t c = 0; c < channels; ++c) {
       float acc = 0.0f;
-      for (int64_t j = 0; j < kernel; ++j) acc += weight[c * kernel + j] * input(t - history + j, c);
+      for (int64_t j = 0; j < kernel; ++j)
+        acc += weight[c * kernel + j] * input(t - history + j, c);
       out[t * channels + c] = acc / (1.0f + std::exp(-acc));
     }
   }
@@ -208,8 +209,7 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
                               int64_t chunk, float* state, float* out) {
   const int64_t dk = shape.k_dim, dv = shape.v_dim, group = shape.n_v_heads / shape.n_k_heads;
   const int64_t hk = shape.n_k_heads, hv = shape.n_v_heads;
-  std::vector<double> S(dk * dv), G(chunk), A(chunk * chunk), U(chunk * dv), W(chunk * dk),
-      o(dv);
+  std::vector<double> S(dk * dv), G(chunk), A(chunk * chunk), U(chunk * dv), W(chunk * dk), o(dv);
   const auto dot = [](const float* x, const float* y, int64_t n) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * y[i];
@@ -224,7 +224,9 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
       const auto q_at = [&](int64_t i) { return q + ((start + i) * hk + kh) * dk; };
       const auto k_at = [&](int64_t i) { return k + ((start + i) * hk + kh) * dk; };
       const auto v_at = [&](int64_t i) { return v + ((start + i) * hv + j) * dv; };
-      const auto beta_at = [&](int64_t i) { return static_cast<double>(beta[(start + i) * hv + j]); };
+      const auto beta_at = [&](int64_t i) {
+        return static_cast<double>(beta[(start + i) * hv + j]);
+      };
       // Cumulative log-decay inside the chunk.
       double cumulative = 0.0;
       for (int64_t i = 0; i < n; ++i) G[i] = cumulative += g[(start + i) * hv + j];

@@ -116,8 +116,8 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
   // Steps 5 and 7: the gated delta rule (value head j reads key head j / (Hv/Hk)).
   std::vector<float> core(n_tokens * vd);
   if (n_tokens == 1) {
-    ref::gated_delta_rule_recurrent(q.data(), k.data(), v.data(), beta.data(), g.data(), 1,
-                                    p.heads, state.recurrent.data(), core.data());
+    ref::gated_delta_rule_recurrent(q.data(), k.data(), v.data(), beta.data(), g.data(), 1, p.heads,
+                                    state.recurrent.data(), core.data());
   } else {
     ref::gated_delta_rule_chunked(q.data(), k.data(), v.data(), beta.data(), g.data(), n_tokens,
                                   p.heads, p.chunk, state.recurrent.data(), core.data());

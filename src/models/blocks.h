@@ -20,9 +20,9 @@ struct AttentionWeights {
 
 struct AttentionParams {
   AttentionShape shape;
-  int64_t rotary_dim = 0;        // leading dims of each head that rotate (i ↔ i + rotary_dim/2)
-  std::vector<float> inv_freq;   // rotary_dim / 2 RoPE frequencies
-  bool output_gate = false;      // q_proj rows per head are [query | gate] (spec §3.6)
+  int64_t rotary_dim = 0;       // leading dims of each head that rotate (i ↔ i + rotary_dim/2)
+  std::vector<float> inv_freq;  // rotary_dim / 2 RoPE frequencies
+  bool output_gate = false;     // q_proj rows per head are [query | gate] (spec §3.6)
   float norm_eps = 1e-6f;
 };
 
@@ -34,11 +34,11 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
                        int64_t first_pos, const float* x, LayerState& cache, float* out);
 
 struct GatedDeltaNetWeights {
-  MatrixRef in_proj_qkv;  // [2·Kd + Vd, H]: query, key and value channels
-  MatrixRef in_proj_z;    // [Vd, H]: output gate
-  MatrixRef in_proj_b;    // [Hv, H]: β before the sigmoid
-  MatrixRef in_proj_a;    // [Hv, H]: decay input
-  MatrixRef out_proj;     // [H, Vd]
+  MatrixRef in_proj_qkv;       // [2·Kd + Vd, H]: query, key and value channels
+  MatrixRef in_proj_z;         // [Vd, H]: output gate
+  MatrixRef in_proj_b;         // [Hv, H]: β before the sigmoid
+  MatrixRef in_proj_a;         // [Hv, H]: decay input
+  MatrixRef out_proj;          // [H, Vd]
   std::vector<float> conv;     // [channels, kernel] depthwise conv1d
   std::vector<float> a_log;    // [Hv]
   std::vector<float> dt_bias;  // [Hv]

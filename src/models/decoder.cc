@@ -1,6 +1,7 @@
 #include "models/decoder.h"
 
 #include "models/decoder_state.h"
+#include "models/weights.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -76,8 +77,8 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
     const DecoderLayer& layer = weights_.layers[i];
     norm_rows(layer.input_norm);
     if (layer.kind == LayerKind::kFullAttention) {
-      attention_forward(layer.attention, attention_, n_tokens, first_pos, x.data(),
-                        state.layers[i], y.data());
+      attention_forward(layer.attention, attention_, n_tokens, first_pos, x.data(), state.layers[i],
+                        y.data());
     } else {
       gated_deltanet_forward(layer.deltanet, deltanet_, n_tokens, x.data(), state.layers[i],
                              y.data());
@@ -100,6 +101,23 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
 }
 
 }  // namespace
+
+MlpWeights read_mlp(const WeightReader& model, const std::string& layer, const ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  return {model.matrix(layer + "mlp.gate_proj.weight", I, H),
+          model.matrix(layer + "mlp.up_proj.weight", I, H),
+          model.matrix(layer + "mlp.down_proj.weight", H, I)};
+}
+
+AttentionParams attention_params(const ModelConfig& c, bool output_gate) {
+  AttentionParams p;
+  p.shape = {c.num_heads, c.num_kv_heads, c.head_dim};
+  p.rotary_dim = c.rotary_dim;
+  p.inv_freq = rope_inv_freq(c.rope_theta, c.rotary_dim);
+  p.output_gate = output_gate;
+  p.norm_eps = static_cast<float>(c.rms_norm_eps);
+  return p;
+}
 
 std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkpoint,
                                     DecoderWeights weights, AttentionParams attention,

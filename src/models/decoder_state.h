@@ -10,8 +10,8 @@ namespace qhx {
 
 struct LayerState {
   std::vector<float> keys, values;  // attention: [n_past, n_kv_heads·head_dim] each
-  std::vector<float> conv;          // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
-  std::vector<float> recurrent;     // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
+  std::vector<float> conv;       // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
+  std::vector<float> recurrent;  // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
 };
 
 class DecoderState final : public ModelState {

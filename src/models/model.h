@@ -53,6 +53,7 @@ struct LoadOptions {
 
 // Opens a Hugging Face checkpoint directory (config.json + safetensors) or a qhx bundle
 // (manifest.json + tensor files) of any supported family. Weights are mapped, not copied.
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options = {});
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir,
+                                  const LoadOptions& options = {});
 
 }  // namespace qhx

@@ -8,7 +8,7 @@
 namespace qhx {
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
   GatedDeltaNetParams deltanet;
   deltanet.heads = {c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
@@ -50,19 +50,12 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint)
       d.dt_bias = model.f32(q + "dt_bias", {hv});
       d.norm = model.f32(q + "norm.weight", {deltanet.heads.v_dim});
     }
-    l.mlp.gate_proj = model.matrix(p + "mlp.gate_proj.weight", I, H);
-    l.mlp.up_proj = model.matrix(p + "mlp.up_proj.weight", I, H);
-    l.mlp.down_proj = model.matrix(p + "mlp.down_proj.weight", H, I);
+    l.mlp = read_mlp(model, p, c);
     w.layers.push_back(std::move(l));
   }
 
-  AttentionParams attention;
-  attention.shape = {c.num_heads, c.num_kv_heads, hd};
-  attention.rotary_dim = c.rotary_dim;
-  attention.inv_freq = rope_inv_freq(c.rope_theta, c.rotary_dim);
-  attention.output_gate = true;
-  attention.norm_eps = static_cast<float>(c.rms_norm_eps);
-  return make_decoder(c, std::move(checkpoint), std::move(w), std::move(attention), deltanet);
+  return make_decoder(c, std::move(checkpoint), std::move(w),
+                      attention_params(c, /*output_gate=*/true), deltanet);
 }
 
 }  // namespace qhx

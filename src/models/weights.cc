@@ -5,7 +5,9 @@
 namespace qhx {
 namespace {
 
-bool is_float(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+bool is_float(DType d) {
+  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16;
+}
 
 void require_float(const TensorView& t, bool quantized_ok) {
   if (!is_float(t.dtype) && !(quantized_ok && (t.dtype == DType::kW8 || t.dtype == DType::kW4))) {
@@ -49,8 +51,8 @@ std::string text_decoder_prefix(const Checkpoint& checkpoint) {
 MatrixRef lm_head_or_tied(const Checkpoint& checkpoint, const ModelConfig& config,
                           const MatrixRef& embed_tokens) {
   if (checkpoint.contains("lm_head.weight")) {
-    return WeightReader(checkpoint, "").matrix("lm_head.weight", config.vocab_size,
-                                               config.hidden_size);
+    return WeightReader(checkpoint, "")
+        .matrix("lm_head.weight", config.vocab_size, config.hidden_size);
   }
   if (!config.tie_word_embeddings) {
     fail(checkpoint.dir().string(),

@@ -11,8 +11,8 @@ namespace qhx {
 struct SamplingParams {
   bool greedy = true;
   float temperature = 1.0f;
-  int64_t top_k = 0;    // 0: no limit
-  float top_p = 1.0f;   // 1: no limit
+  int64_t top_k = 0;   // 0: no limit
+  float top_p = 1.0f;  // 1: no limit
   uint64_t seed = 0;
 };
 

@@ -19,8 +19,7 @@ Json parse_json(std::string_view text, std::string_view where) {
   try {
     return Json::parse(text);
   } catch (const Json::parse_error& e) {
-    fail(where, std::string("invalid JSON at byte ") + std::to_string(e.byte) + ": " +
-                    e.what());
+    fail(where, std::string("invalid JSON at byte ") + std::to_string(e.byte) + ": " + e.what());
   }
 }
 

@@ -20,7 +20,8 @@ std::string sha256_file(const std::filesystem::path& path) {
   std::vector<char> buffer(1 << 20);
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(in.gcount()));
+    if (in.gcount() > 0)
+      EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(in.gcount()));
   }
   if (in.bad()) fail(path.string(), "read error");
   unsigned char digest[EVP_MAX_MD_SIZE];

@@ -17,11 +17,16 @@ size_t sequence_length(uint8_t lead) {
 // Whether the second byte is allowed after `lead` (rules out overlongs, surrogates, > U+10FFFF).
 bool valid_second_byte(uint8_t lead, uint8_t second) {
   switch (lead) {
-    case 0xE0: return second >= 0xA0 && second <= 0xBF;
-    case 0xED: return second >= 0x80 && second <= 0x9F;
-    case 0xF0: return second >= 0x90 && second <= 0xBF;
-    case 0xF4: return second >= 0x80 && second <= 0x8F;
-    default: return (second & 0xC0) == 0x80;
+    case 0xE0:
+      return second >= 0xA0 && second <= 0xBF;
+    case 0xED:
+      return second >= 0x80 && second <= 0x9F;
+    case 0xF0:
+      return second >= 0x90 && second <= 0xBF;
+    case 0xF4:
+      return second >= 0x80 && second <= 0x8F;
+    default:
+      return (second & 0xC0) == 0x80;
   }
 }
 

@@ -13,7 +13,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("qhx-fuzz-tok-" + std::to_string(::getpid()));
+    auto d =
+        std::filesystem::temp_directory_path() / ("qhx-fuzz-tok-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     return d;
   }();

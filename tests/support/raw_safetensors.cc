@@ -38,8 +38,9 @@ void RawSafetensors::write(const std::filesystem::path& path, size_t align) cons
 
 void copy_dir(const std::filesystem::path& from, const std::filesystem::path& to) {
   std::filesystem::create_directories(to);
-  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive |
-                                      std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy(
+      from, to,
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
   for (const auto& e : std::filesystem::recursive_directory_iterator(to)) {
     std::filesystem::permissions(e.path(), std::filesystem::perms::owner_write,
                                  std::filesystem::perm_options::add);

@@ -97,9 +97,9 @@ int run_generate(const GenerateArgs& args) {
   if (!tokenizer && needs_tokenizer) {
     qhx::fail(dir.string(), "no tokenizer.json: use --prompt-ids and --print-ids");
   }
-  const std::vector<int32_t> prompt =
-      args.prompt_ids.empty() ? tokenizer->encode(args.prompt, "--prompt")
-                              : parse_id_list(args.prompt_ids);
+  const std::vector<int32_t> prompt = args.prompt_ids.empty()
+                                          ? tokenizer->encode(args.prompt, "--prompt")
+                                          : parse_id_list(args.prompt_ids);
 
   qhx::GenerationDefaults defaults;
   if (qhx::is_bundle(dir)) {
@@ -131,13 +131,12 @@ int run_generate(const GenerateArgs& args) {
   std::optional<qhx::StreamingDecoder> text_out;
   if (!args.print_ids) text_out.emplace(*tokenizer);
   const auto state = model->new_state();
-  const qhx::GenerateStats stats =
-      qhx::generate(*model, *state, prompt, options, [&](int32_t id) {
-        generated.push_back(id);
-        if (text_out) {
-          std::cout << text_out->push(id) << std::flush;
-        }
-      });
+  const qhx::GenerateStats stats = qhx::generate(*model, *state, prompt, options, [&](int32_t id) {
+    generated.push_back(id);
+    if (text_out) {
+      std::cout << text_out->push(id) << std::flush;
+    }
+  });
   if (args.print_ids) {
     for (size_t i = 0; i < generated.size(); ++i) std::cout << (i ? "," : "") << generated[i];
     std::cout << "\n";
@@ -155,8 +154,7 @@ int run_generate(const GenerateArgs& args) {
                static_cast<long long>(stats.n_prompt), prefill_tps,
                static_cast<long long>(stats.n_generated), decode_tps, stats.ttft_seconds * 1e3,
                peak_rss_mb(),
-               s.greedy ? "greedy"
-                        : ("sampled, seed " + std::to_string(s.seed)).c_str());
+               s.greedy ? "greedy" : ("sampled, seed " + std::to_string(s.seed)).c_str());
   return 0;
 }
 
@@ -188,10 +186,11 @@ void print_gate(const qhx::GateReport& r) {
   std::fprintf(stderr, "%s\n", r.summary().c_str());
   for (const auto& p : r.prompts) {
     std::fprintf(stderr, "  %-10s %4lld positions  top-1 %.4f  top-5 %.4f  r %.6f  KL %.3g  %s\n",
-                 p.name.c_str(), static_cast<long long>(p.positions), p.top1, p.top5,
-                 p.pearson_min, p.kl_mean,
-                 p.greedy_match ? "greedy identical"
-                                : ("greedy differs at " + std::to_string(p.first_divergence)).c_str());
+                 p.name.c_str(), static_cast<long long>(p.positions), p.top1, p.top5, p.pearson_min,
+                 p.kl_mean,
+                 p.greedy_match
+                     ? "greedy identical"
+                     : ("greedy differs at " + std::to_string(p.first_divergence)).c_str());
   }
   for (const auto& f : r.failures) std::fprintf(stderr, "  below threshold: %s\n", f.c_str());
 }
@@ -226,16 +225,16 @@ int run_convert(const ForgeArgs& a) {
 int run_gate(const ForgeArgs& a) {
   const auto manifest = qhx::open_bundle_manifest(a.source, {.check_target = false});
   const auto weights = qhx::parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
-  const qhx::GateReport r = qhx::forge_gate(a.source, a.reference,
-                                            a.thresholds(weights.value_or(qhx::DType::kF32)),
-                                            a.gate_prompts, a.gate_greedy);
+  const qhx::GateReport r =
+      qhx::forge_gate(a.source, a.reference, a.thresholds(weights.value_or(qhx::DType::kF32)),
+                      a.gate_prompts, a.gate_greedy);
   print_gate(r);
   return r.passed ? 0 : kGateFailed;
 }
 
 int run_verify(const std::string& bundle) {
-  const auto manifest = qhx::open_bundle_manifest(bundle, {.verify_sha256 = true,
-                                                           .check_target = false});
+  const auto manifest =
+      qhx::open_bundle_manifest(bundle, {.verify_sha256 = true, .check_target = false});
   qhx::open_bundle_tensors(bundle, manifest);  // every tensor table parses and fits its file
   std::printf("%s: %zu files verified (sizes, sha256, tensor tables)\n", bundle.c_str(),
               manifest.files.size());
@@ -254,7 +253,8 @@ int run_pack(const std::string& out, const std::vector<std::string>& bundles, bo
 
 int run_tokenize(const std::string& model_dir) {
   const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(model_dir);
-  const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  const std::string text((std::istreambuf_iterator<char>(std::cin)),
+                         std::istreambuf_iterator<char>());
   const std::vector<int32_t> ids = tokenizer.encode(text, "stdin");
   std::cout << "[";
   for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? "," : "") << ids[i];
@@ -272,8 +272,8 @@ int main(int argc, char** argv) {
   CLI::App* generate = app.add_subcommand("generate", "Generate a continuation of a prompt");
   generate->add_option("--model,-m", gen.model, "Hugging Face checkpoint directory")->required();
   auto* prompt_opt = generate->add_option("--prompt,-p", gen.prompt, "Prompt text (UTF-8)");
-  auto* ids_opt = generate->add_option("--prompt-ids", gen.prompt_ids,
-                                       "Prompt as comma-separated token ids");
+  auto* ids_opt =
+      generate->add_option("--prompt-ids", gen.prompt_ids, "Prompt as comma-separated token ids");
   prompt_opt->excludes(ids_opt);
   generate->add_option("-n,--n-predict", gen.n, "Tokens to generate")
       ->check(CLI::NonNegativeNumber);
@@ -305,8 +305,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   auto* shards_opt = convert->add_option("--shards", forge_args.shards, "Decoder shards")
                          ->check(CLI::PositiveNumber);
-  convert->add_option("--max-shard-bytes", forge_args.max_shard_bytes,
-                      "Split decoder layers into shards of at most this size")
+  convert
+      ->add_option("--max-shard-bytes", forge_args.max_shard_bytes,
+                   "Split decoder layers into shards of at most this size")
       ->excludes(shards_opt);
   convert->add_option("--target", forge_args.target,
                       "generic, x86_64, x86_64-avx2, x86_64-avx512, aarch64, aarch64-dotprod");
@@ -315,8 +316,8 @@ int main(int argc, char** argv) {
   convert->add_flag("--force", forge_args.force, "Replace an existing bundle");
   CLI::App* gate = forge->add_subcommand("gate", "Compare a bundle with its reference");
   gate->add_option("bundle", forge_args.source, "Bundle directory")->required();
-  gate->add_option("--reference", forge_args.reference,
-                   "Hugging Face checkpoint or f32 bundle")->required();
+  gate->add_option("--reference", forge_args.reference, "Hugging Face checkpoint or f32 bundle")
+      ->required();
   for (CLI::App* sub : {convert, gate}) {
     sub->add_option("--gate-prompts", forge_args.gate_prompts, "Prompts in the gate suite")
         ->check(CLI::PositiveNumber);
