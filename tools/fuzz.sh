@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and fuzzes each for N seconds
-# (default 30), starting from the saved corpus. New crashers are left in build-fuzz/crashes/.
+# (default 30), starting from the saved corpus (tests/fuzz/corpus/<target>/, replayed by every
+# build's tests). A failing input is left in build-fuzz/crashes/ and fails the run: fix the bug,
+# then add the input to tests/fuzz/corpus/<target>/ so it stays a regression test.
 # Usage: tools/fuzz.sh [seconds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
