@@ -1,5 +1,6 @@
 #include "io/bundle.h"
 
+#include <climits>
 #include <set>
 
 #include "io/qhxt.h"
@@ -107,13 +108,20 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   if (auto it = op.find("sliding_window"); it != op.end() && !it->is_null()) {
     fail(field(ow, "sliding_window"), "sliding-window attention is not supported");
   }
-  for (const Json& id : require_field(op, "stop_ids", ow)) {
-    if (!id.is_number_integer()) fail(field(ow, "stop_ids"), "expected integers");
+  const Json& stop_ids = require_field(op, "stop_ids", ow);
+  if (!stop_ids.is_array()) fail(field(ow, "stop_ids"), "expected an array");
+  for (const Json& id : stop_ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+      fail(field(ow, "stop_ids"), "expected token ids");
+    }
     m.generation.eos_token_ids.push_back(id.get<int32_t>());
   }
   if (auto it = op.find("sampling"); it != op.end() && it->is_object()) {
     const std::string sw = field(ow, "sampling");
-    if (it->contains("do_sample")) m.generation.do_sample = (*it)["do_sample"].get<bool>();
+    if (auto d = it->find("do_sample"); d != it->end()) {
+      if (!d->is_boolean()) fail(field(sw, "do_sample"), "expected true or false");
+      m.generation.do_sample = d->get<bool>();
+    }
     if (it->contains("temperature"))
       m.generation.temperature = require_number(*it, "temperature", sw);
     if (it->contains("top_k")) m.generation.top_k = require_int(*it, "top_k", sw);
@@ -121,7 +129,9 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   }
 
   const Json& tok = object_field(j, "tokenizer", where);
-  for (const Json& f : require_field(tok, "files", field(where, "tokenizer"))) {
+  const Json& tok_files = require_field(tok, "files", field(where, "tokenizer"));
+  if (!tok_files.is_array()) fail(field(where, "tokenizer.files"), "expected an array");
+  for (const Json& f : tok_files) {
     if (!f.is_string()) fail(field(where, "tokenizer.files"), "expected file names");
     m.tokenizer_files.push_back(f.get<std::string>());
   }

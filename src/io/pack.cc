@@ -47,8 +47,9 @@ fs::path select_pack_bundle(const fs::path& pack) {
         std::error_code ec;
         const auto size = fs::file_size(file, ec);
         if (ec) fail(file.string(), "missing (listed in MANIFEST.json)");
-        if (size != f.at("size").get<uint64_t>())
+        if (static_cast<int64_t>(size) != require_int(f, "size", bw)) {
           fail(file.string(), "size differs from MANIFEST.json");
+        }
         if (sha256_file(file) != require_string(f, "sha256", bw)) {
           fail(file.string(),
                "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
@@ -57,8 +58,11 @@ fs::path select_pack_bundle(const fs::path& pack) {
       return folder;
     }
   }
-  for (const Json& b : bundles)
-    available += (available.empty() ? "" : ", ") + b.value("target", "?");
+  for (const Json& b : bundles) {
+    const auto t = b.find("target");
+    available += (available.empty() ? "" : ", ") +
+                 (t != b.end() && t->is_string() ? t->get<std::string>() : "?");
+  }
   fail(where, "no bundle for this machine ('" + host_target() + "'); the pack has: " + available);
 }
 

@@ -20,6 +20,8 @@ Json parse_json(std::string_view text, std::string_view where) {
     return Json::parse(text);
   } catch (const Json::parse_error& e) {
     fail(where, std::string("invalid JSON at byte ") + std::to_string(e.byte) + ": " + e.what());
+  } catch (const Json::exception& e) {  // e.g. a number too large for a double
+    fail(where, std::string("invalid JSON: ") + e.what());
   }
 }
 

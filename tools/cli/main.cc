@@ -360,5 +360,9 @@ int main(int argc, char** argv) {
     std::cout.flush();
     std::fprintf(stderr, "qhx: error: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {  // file system and allocation failures
+    std::cout.flush();
+    std::fprintf(stderr, "qhx: error: %s\n", e.what());
+    return 1;
   }
 }
