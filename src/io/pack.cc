@@ -41,7 +41,11 @@ fs::path select_pack_bundle(const fs::path& pack) {
     for (size_t i = 0; i < bundles.size(); ++i) {
       const std::string bw = where + ": bundles[" + std::to_string(i) + "]";
       if (require_string(bundles[i], "target", bw) != preferred) continue;
-      const fs::path folder = pack / require_string(bundles[i], "folder", bw);
+      const std::string name = require_string(bundles[i], "folder", bw);
+      if (name.empty() || name.find('/') != std::string::npos || name.starts_with(".")) {
+        fail(bw + ": folder", "'" + name + "' is not a folder inside the pack");
+      }
+      const fs::path folder = pack / name;
       for (const Json& f : require_field(bundles[i], "files", bw)) {
         const fs::path file = folder / require_string(f, "path", bw);
         std::error_code ec;
