@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -61,6 +62,20 @@ TEST_F(BundleTest, F32BundleGivesTheCheckpointsLogitsBitwise) {
     const fs::path b = convert(source, "f32-" + source.filename().string(), f32_options());
     EXPECT_EQ(logits_of(b, kPrompt), logits_of(source, kPrompt)) << source;
   }
+}
+
+TEST_F(BundleTest, ThePlansPrefillChunkIsUsed) {
+  const fs::path b = convert(kQwen3_5, "chunk", f32_options());
+  const auto reference = logits_of(b, kPrompt);
+  Json m = manifest(b);
+  m["plan"]["generate"]["prefill_chunk"] = 4;  // the prompt now spans four chunks
+  write_manifest(b, m);
+  const auto chunked = logits_of(b, kPrompt);
+  EXPECT_NE(chunked, reference) << "a different chunking must round differently";
+  float worst = 0.0f;
+  for (size_t i = 0; i < chunked.size(); ++i)
+    worst = std::max(worst, std::fabs(chunked[i] - reference[i]));
+  EXPECT_LT(worst, 1e-4f);
 }
 
 TEST_F(BundleTest, OneTwoOrThreeShardsGiveIdenticalLogits) {

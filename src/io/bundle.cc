@@ -103,8 +103,10 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   const int64_t max_ctx = require_int(op, "max_context", ow);
   if (max_ctx <= 0) fail(field(ow, "max_context"), "must be positive");
   m.config.max_position_embeddings = std::min(m.config.max_position_embeddings, max_ctx);
-  m.prefill_chunk = require_int(op, "prefill_chunk", ow);
-  if (m.prefill_chunk <= 0) fail(field(ow, "prefill_chunk"), "must be positive");
+  m.config.deltanet_chunk = require_int(op, "prefill_chunk", ow);
+  if (m.config.deltanet_chunk <= 0 || m.config.deltanet_chunk > 4096) {
+    fail(field(ow, "prefill_chunk"), "must be in [1, 4096]");
+  }
   if (auto it = op.find("sliding_window"); it != op.end() && !it->is_null()) {
     fail(field(ow, "sliding_window"), "sliding-window attention is not supported");
   }

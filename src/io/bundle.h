@@ -33,14 +33,13 @@ struct BundleShard {
 struct BundleManifest {
   std::string family;
   Json model_config;   // the checkpoint's config.json, verbatim
-  ModelConfig config;  // parsed, with max_position_embeddings lowered to the plan's max context
+  ModelConfig config;  // parsed, with the plan's max context and prefill chunk applied
   std::string target;
   std::string embed_file;
   std::vector<BundleShard> shards;
   std::string output_file;  // final norm and (unless tied) lm_head
   std::vector<std::string> tokenizer_files;
   GenerationDefaults generation;  // the generate host-op's stop ids and sampling defaults
-  int64_t prefill_chunk = 64;
   Json precision_policy;
   std::vector<BundleFile> files;
   Json gate;  // the oracle gate certificate, null when the bundle was not gated

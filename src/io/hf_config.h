@@ -38,6 +38,9 @@ struct ModelConfig {
   int64_t linear_key_head_dim = 0;
   int64_t linear_value_head_dim = 0;
   int64_t linear_conv_kernel_dim = 0;
+  // Run-plan setting, not a checkpoint key: tokens per chunk of the chunked delta rule in
+  // prefill (a bundle's plan.generate.prefill_chunk; transformers uses 64).
+  int64_t deltanet_chunk = 64;
   bool tie_word_embeddings = false;  // a hint only: tying is decided by the weights present
   int64_t max_position_embeddings = 32768;
   std::optional<int32_t> bos_token_id;

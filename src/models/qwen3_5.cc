@@ -15,6 +15,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint)
                     c.linear_value_head_dim};
   deltanet.conv_kernel = c.linear_conv_kernel_dim;
   deltanet.norm_eps = static_cast<float>(c.rms_norm_eps);
+  deltanet.chunk = c.deltanet_chunk;
   const int64_t hv = deltanet.heads.n_v_heads, vd = deltanet.value_width();
   const int64_t channels = deltanet.conv_channels(), kernel = deltanet.conv_kernel;
   const WeightReader model(checkpoint, text_decoder_prefix(checkpoint));
