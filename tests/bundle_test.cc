@@ -91,6 +91,13 @@ TEST_F(BundleTest, OneTwoOrThreeShardsGiveIdenticalLogits) {
       const auto logits = logits_of(b, kPrompt);
       if (first.empty()) first = logits;
       EXPECT_EQ(logits, first) << source << " with " << shards << " shards";
+      if (shards == 2) {  // a plan whose layer ranges do not match its files is refused
+        Json m = manifest(b);
+        m["plan"]["decoder_shards"][0]["layers"][1] = 1;
+        m["plan"]["decoder_shards"][1]["layers"][0] = 1;
+        write_manifest(b, m);
+        expect_error([&] { load_model(b); }, {"decoder-", "outside the shard's layers"});
+      }
     }
   }
 }
@@ -160,6 +167,13 @@ TEST_F(BundleTest, IntegrityFailuresAreNamed) {
     m["format_version"] = kBundleFormatVersion + 1;
     write_manifest(b, m);
     expect_error([&] { load_model(b); }, {"manifest.json: format_version", "newer"});
+  }
+  {  // two stages of the plan on one file
+    const fs::path b = fresh("shared-file");
+    Json m = manifest(b);
+    m["plan"]["output"]["file"] = m["plan"]["decoder_shards"][0]["file"];
+    write_manifest(b, m);
+    expect_error([&] { load_model(b); }, {"manifest.json: plan", "distinct files"});
   }
   {  // a bundle for another machine
     const fs::path b = fresh("other-target");

@@ -144,11 +144,6 @@ DType dtype_for(const std::string& name, const TensorView& t, const ConvertOptio
   return o.weights;
 }
 
-int64_t layer_of(const std::string& name) {
-  const auto at = name.find("layers.");
-  return at == std::string::npos ? -1 : std::atoll(name.c_str() + at + 7);
-}
-
 // Removes the directory on scope exit unless released: a failed convert leaves nothing.
 class TempDirGuard {
  public:
@@ -241,7 +236,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
           output.push_back(encode(view, "lm_head.weight", head, options.group_size));
         }
         embed.push_back(std::move(t));
-      } else if (const int64_t layer = layer_of(name); layer >= 0) {
+      } else if (const int64_t layer = layer_of_tensor(name); layer >= 0) {
         layer_bytes[layer] += t.data.size() + t.scales.size();
         by_layer[layer].push_back(std::move(t));
       } else {

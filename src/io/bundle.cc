@@ -159,6 +159,10 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   }
   std::vector<std::string> referenced = {m.embed_file, m.output_file};
   for (const auto& s : m.shards) referenced.push_back(s.file);
+  // Each stage of the plan has its own tensor file.
+  if (std::set<std::string>(referenced.begin(), referenced.end()).size() != referenced.size()) {
+    fail(field(where, "plan"), "embed, decoder shards and output must use distinct files");
+  }
   referenced.insert(referenced.end(), m.tokenizer_files.begin(), m.tokenizer_files.end());
   for (const auto& r : referenced) {
     if (!listed.contains(r))
@@ -201,32 +205,28 @@ void verify_bundle_files(const std::filesystem::path& dir, const BundleManifest&
   }
 }
 
+int64_t layer_of_tensor(const std::string& name) {
+  const auto at = name.find("layers.");
+  return at == std::string::npos ? -1 : std::atoll(name.c_str() + at + 7);
+}
+
 Checkpoint open_bundle_tensors(const std::filesystem::path& dir, const BundleManifest& m) {
-  std::vector<std::string> names = {m.embed_file};
-  for (const auto& s : m.shards) names.push_back(s.file);
-  names.push_back(m.output_file);
   std::vector<std::unique_ptr<TensorFile>> files;
-  std::set<std::string> opened;
-  for (const auto& name : names) {
-    if (!opened.insert(name).second) continue;
-    files.push_back(std::make_unique<QhxtFile>(QhxtFile::open(dir / name)));
-  }
-  // Each shard holds exactly its own layers' tensors.
-  for (size_t i = 0; i < m.shards.size(); ++i) {
-    const BundleShard& s = m.shards[i];
-    const TensorFile& f = *files[1 + i];
-    if (f.path().filename() != s.file) continue;  // a file shared by several stages
-    for (const auto& [name, view] : f.tensors()) {
-      const auto at = name.find("layers.");
-      if (at == std::string::npos) continue;
-      const int64_t layer = std::atoll(name.c_str() + at + 7);
+  files.push_back(std::make_unique<QhxtFile>(QhxtFile::open(dir / m.embed_file)));
+  for (const BundleShard& s : m.shards) {
+    auto shard = std::make_unique<QhxtFile>(QhxtFile::open(dir / s.file));
+    // A shard holds its own layers' tensors and nothing else.
+    for (const auto& [name, view] : shard->tensors()) {
+      const int64_t layer = layer_of_tensor(name);
       if (layer < s.first_layer || layer >= s.end_layer) {
-        fail(f.path().string(), "tensor '" + name + "' is outside the shard's layers [" +
-                                    std::to_string(s.first_layer) + ", " +
-                                    std::to_string(s.end_layer) + ")");
+        fail(shard->path().string(), "tensor '" + name + "' is outside the shard's layers [" +
+                                         std::to_string(s.first_layer) + ", " +
+                                         std::to_string(s.end_layer) + ")");
       }
     }
+    files.push_back(std::move(shard));
   }
+  files.push_back(std::make_unique<QhxtFile>(QhxtFile::open(dir / m.output_file)));
   return Checkpoint::from_files(dir, std::move(files));
 }
 

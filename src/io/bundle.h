@@ -60,6 +60,8 @@ BundleManifest open_bundle_manifest(const std::filesystem::path& dir,
                                     const BundleOpenOptions& options);
 // Checks every listed file's sha256; throws Error naming the first file that differs.
 void verify_bundle_files(const std::filesystem::path& dir, const BundleManifest& manifest);
+// Index of the decoder layer a tensor belongs to ("model.layers.7.mlp..." → 7), or -1.
+int64_t layer_of_tensor(const std::string& name);
 // Maps the bundle's tensor files as one Checkpoint.
 Checkpoint open_bundle_tensors(const std::filesystem::path& dir, const BundleManifest& manifest);
 

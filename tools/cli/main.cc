@@ -270,7 +270,9 @@ int main(int argc, char** argv) {
 
   GenerateArgs gen;
   CLI::App* generate = app.add_subcommand("generate", "Generate a continuation of a prompt");
-  generate->add_option("--model,-m", gen.model, "Hugging Face checkpoint directory")->required();
+  generate
+      ->add_option("--model,-m", gen.model, "Bundle, pack, or Hugging Face checkpoint directory")
+      ->required();
   auto* prompt_opt = generate->add_option("--prompt,-p", gen.prompt, "Prompt text (UTF-8)");
   auto* ids_opt =
       generate->add_option("--prompt-ids", gen.prompt_ids, "Prompt as comma-separated token ids");
