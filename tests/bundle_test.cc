@@ -78,6 +78,24 @@ TEST_F(BundleTest, ThePlansPrefillChunkIsUsed) {
   EXPECT_LT(worst, 1e-4f);
 }
 
+TEST_F(BundleTest, ATiedHeadFollowsTheTableUnlessToldOtherwise) {
+  ConvertOptions o = f32_options();
+  o.gate = false;
+  o.embed = DType::kW8;
+  const fs::path tied = convert(kQwen3, "tied", o);
+  EXPECT_EQ(manifest(tied)["plan"]["output"]["lm_head"], "tied");
+  EXPECT_EQ(manifest(tied)["plan"]["output"]["dtype"], "w8");
+  EXPECT_EQ(QhxtFile::open(tied / "output.qhxt").find("lm_head.weight"), nullptr);
+
+  o.lm_head = DType::kBF16;
+  const fs::path split = convert(kQwen3, "split", o);
+  EXPECT_EQ(manifest(split)["plan"]["output"]["lm_head"], "lm_head.weight");
+  EXPECT_EQ(manifest(split)["plan"]["output"]["dtype"], "bf16");
+  const TensorView* head = QhxtFile::open(split / "output.qhxt").find("lm_head.weight");
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->dtype, DType::kBF16);
+}
+
 TEST_F(BundleTest, OneTwoOrThreeShardsGiveIdenticalLogits) {
   for (const fs::path& source : {kQwen3, kQwen3_5}) {
     std::vector<float> first;

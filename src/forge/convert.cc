@@ -133,15 +133,31 @@ TensorToWrite encode(const TensorView& source, const std::string& name, DType dt
 // Which stored dtype a tensor gets (docs/bundle.md, precision policy): matrices take the
 // requested dtype; vectors (norms, A_log, dt_bias), conv kernels and the Gated DeltaNet gate
 // projections (β, decay: tiny, and their error is exponentiated) stay f32.
-DType dtype_for(const std::string& name, const TensorView& t, const ConvertOptions& o) {
-  if (name == "model.embed_tokens.weight") return o.embed.value_or(default_table_dtype(o.weights));
-  if (name == "lm_head.weight") return o.lm_head.value_or(default_table_dtype(o.weights));
+// The stored dtypes of the embedding table and lm_head. A tied head follows the table unless
+// asked otherwise; a head in another dtype than the table is stored as its own tensor.
+struct TableDtypes {
+  DType embed, head;
+  bool separate_head;
+};
+
+TableDtypes table_dtypes(const ConvertOptions& o, bool tied) {
+  TableDtypes d;
+  d.embed = o.embed.value_or(default_table_dtype(o.weights));
+  d.head = o.lm_head.value_or(tied ? d.embed : default_table_dtype(o.weights));
+  d.separate_head = !tied || d.head != d.embed;
+  return d;
+}
+
+DType dtype_for(const std::string& name, const TensorView& t, DType weights,
+                const TableDtypes& tables) {
+  if (name == "model.embed_tokens.weight") return tables.embed;
+  if (name == "lm_head.weight") return tables.head;
   if (t.shape.size() != 2) return DType::kF32;
   if (name.ends_with("linear_attn.in_proj_a.weight") ||
       name.ends_with("linear_attn.in_proj_b.weight")) {
     return DType::kF32;
   }
-  return o.weights;
+  return weights;
 }
 
 // Removes the directory on scope exit unless released: a failed convert leaves nothing.
@@ -217,6 +233,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   std::map<int64_t, uint64_t> layer_bytes;
   int64_t skipped = 0;
   const bool tied = !checkpoint.contains("lm_head.weight");
+  const TableDtypes tables = table_dtypes(options, tied);
   for (const auto& file : checkpoint.files()) {
     for (const auto& [source_name, view] : file->tensors()) {
       std::string name;
@@ -228,12 +245,11 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         ++skipped;
         continue;
       }
-      TensorToWrite t = encode(view, name, dtype_for(name, view, options), options.group_size);
+      TensorToWrite t =
+          encode(view, name, dtype_for(name, view, options.weights, tables), options.group_size);
       if (name == "model.embed_tokens.weight") {
-        const DType head = options.lm_head.value_or(default_table_dtype(options.weights));
-        if (tied && head != t.dtype) {
-          // A tied head stored in another dtype than the table becomes its own tensor.
-          output.push_back(encode(view, "lm_head.weight", head, options.group_size));
+        if (tied && tables.separate_head) {
+          output.push_back(encode(view, "lm_head.weight", tables.head, options.group_size));
         }
         embed.push_back(std::move(t));
       } else if (const int64_t layer = layer_of_tensor(name); layer >= 0) {
@@ -319,9 +335,6 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
     files.push_back(
         {{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
   }
-  const DType head = tied && !options.lm_head
-                         ? options.embed.value_or(default_table_dtype(options.weights))
-                         : options.lm_head.value_or(default_table_dtype(options.weights));
   Json manifest = {
       {"format", "qhx-bundle"},
       {"format_version", kBundleFormatVersion},
@@ -336,18 +349,12 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       {"target", options.target},
       {"tokenizer", {{"files", tokenizer_files}}},
       {"plan",
-       {{"embed",
-         {{"file", "embed.qhxt"},
-          {"dtype",
-           weight_dtype_name(options.embed.value_or(default_table_dtype(options.weights)))}}},
+       {{"embed", {{"file", "embed.qhxt"}, {"dtype", weight_dtype_name(tables.embed)}}},
         {"decoder_shards", shards_json},
         {"output",
          {{"file", "output.qhxt"},
-          {"lm_head", checkpoint.contains("lm_head.weight") ||
-                              head != options.embed.value_or(default_table_dtype(options.weights))
-                          ? "lm_head.weight"
-                          : "tied"},
-          {"dtype", weight_dtype_name(head)}}},
+          {"lm_head", tables.separate_head ? "lm_head.weight" : "tied"},
+          {"dtype", weight_dtype_name(tables.head)}}},
         {"generate",
          {{"op", family + "_generate"},
           {"max_context", max_context},
@@ -359,8 +366,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       {"precision_policy",
        {{"matrices", weight_dtype_name(options.weights)},
         {"w4_group_size", options.weights == DType::kW4 ? Json(options.group_size) : Json(nullptr)},
-        {"embed", weight_dtype_name(options.embed.value_or(default_table_dtype(options.weights)))},
-        {"lm_head", weight_dtype_name(head)},
+        {"embed", weight_dtype_name(tables.embed)},
+        {"lm_head", weight_dtype_name(tables.head)},
         {"norms", "f32"},
         {"gdn_A_log_dt_bias_conv", "f32"},
         {"gdn_gate_projections", "f32"},
