@@ -17,19 +17,12 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from check_qwen3_fixtures import read_safetensors_f64
+from check_qwen3_fixtures import load_weights
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = ["gva2_tied", "hk_eq_hv_untied_f32", "multimodal_layout"]
 MAX_REL_LOGIT_ERR = 1e-5     # vs max|logit|; observed ≤ 1.3e-6 (the golden's own f32 rounding)
 MAX_REL_STATE_ERR = 1e-5     # vs max|state| of the layer; observed ≤ 1.0e-6
-
-
-def load_weights(ckpt: Path):
-    w = {}
-    for f in sorted(ckpt.glob("model*.safetensors")):
-        w.update(read_safetensors_f64(f))
-    return w
 
 
 def silu(x):
