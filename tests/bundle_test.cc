@@ -91,7 +91,8 @@ TEST_F(BundleTest, ATiedHeadFollowsTheTableUnlessToldOtherwise) {
   const fs::path split = convert(kQwen3, "split", o);
   EXPECT_EQ(manifest(split)["plan"]["output"]["lm_head"], "lm_head.weight");
   EXPECT_EQ(manifest(split)["plan"]["output"]["dtype"], "bf16");
-  const TensorView* head = QhxtFile::open(split / "output.qhxt").find("lm_head.weight");
+  const QhxtFile output = QhxtFile::open(split / "output.qhxt");
+  const TensorView* head = output.find("lm_head.weight");
   ASSERT_NE(head, nullptr);
   EXPECT_EQ(head->dtype, DType::kBF16);
 }
