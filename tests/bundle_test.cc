@@ -37,8 +37,8 @@ const std::vector<int32_t> kPrompt = {3, 141, 59, 26, 53, 58, 97, 93, 23, 84, 62
 
 ConvertOptions f32_options() {
   ConvertOptions o;
-  o.gate_prompts = 3;
-  o.gate_greedy_tokens = 8;
+  o.gate_suite.prompts = 3;
+  o.gate_suite.greedy_tokens = 8;
   return o;
 }
 

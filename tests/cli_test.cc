@@ -235,6 +235,60 @@ TEST(CliForge, ConvertVerifyGateAndRun) {
                     {"--weights", "q3"});
 }
 
+TEST(CliForge, GateOnAPromptFileReportsJson) {
+  test::TempDir dir;
+  const std::string b = (dir.path() / "b").string();
+  ASSERT_EQ(
+      qhx("forge convert " + kDefaultModel.string() + " -o " + b + " --weights bf16 --no-gate")
+          .exit_code,
+      0);
+  std::ofstream(dir.path() / "prompts.txt") << "In the beginning\n\n  \nAnd it came to pass\n";
+  const CliRun r =
+      qhx("forge gate " + b + " --reference " + kDefaultModel.string() + " --gate-prompt-file " +
+          (dir.path() / "prompts.txt").string() +
+          " --gate-tokens 3 --min-top1 0 --min-top5 0 --min-pearson 0 --max-kl 1e9 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("line1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("line4"), std::string::npos) << "blank lines are skipped: " << r.err;
+  EXPECT_NE(r.out.find("\"prompts\":2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"per_prompt\""), std::string::npos) << r.out;
+
+  std::ofstream(dir.path() / "empty.txt") << "\n \n";
+  expect_user_error(qhx("forge gate " + b + " --reference " + kDefaultModel.string() +
+                        " --gate-prompt-file " + (dir.path() / "empty.txt").string()),
+                    {"empty.txt", "no prompts"});
+  std::ofstream(dir.path() / "bad.txt", std::ios::binary) << "fine\nnot \xff fine\n";
+  expect_user_error(qhx("forge gate " + b + " --reference " + kDefaultModel.string() +
+                        " --gate-prompt-file " + (dir.path() / "bad.txt").string()),
+                    {"bad.txt:2", "UTF-8"});
+}
+
+TEST(Cli, PerplexityOfATextFile) {
+  test::TempDir dir;
+  const fs::path text = dir.path() / "text.txt";
+  std::ofstream(text) << "In the beginning God created the heaven and the earth. And the earth was "
+                         "without form, and void; and darkness was upon the face of the deep.";
+  CliRun r = qhx("perplexity -m " + kDefaultModel.string() + " -f " + text.string() +
+                 " --window 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"perplexity\":"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"window\":8"), std::string::npos) << r.out;
+  r = qhx("perplexity -m " + kDefaultModel.string() + " -f " + text.string() + " --max-tokens 5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("over 4 tokens (1 windows of 512"), std::string::npos) << r.out;
+
+  expect_user_error(qhx("perplexity -m " + kDefaultModel.string() + " -f " +
+                        (dir.path() / "missing.txt").string()),
+                    {"missing.txt", "cannot open"});
+  std::ofstream(dir.path() / "one.txt") << "Hello";
+  expect_user_error(
+      qhx("perplexity -m " + kDefaultModel.string() + " -f " + (dir.path() / "one.txt").string()),
+      {"perplexity", "fewer than two tokens"});
+  expect_user_error(
+      qhx("perplexity -m " + kDefaultModel.string() + " -f " + text.string() + " --window 100000"),
+      {"window 100000", "context"});
+}
+
 TEST(Cli, PromptWithInvalidUtf8) {
   const CliRun r = qhx("generate --model " + kDefaultModel.string() +
                        " --prompt \"$(printf 'ok \\377 no')\" -n 4");

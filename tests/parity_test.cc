@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "models/model.h"
 #include "runtime/generate.h"
+#include "runtime/perplexity.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
@@ -300,6 +301,40 @@ TEST_P(Parity, DeltaNetStatesMatchReference) {
                  LayerKind::kLinearAttention) > 0;
   if (!has_deltanet) GTEST_SKIP() << "no Gated DeltaNet layers";
   EXPECT_GT(checked, 0) << "golden has no DeltaNet states";
+}
+
+// Perplexity scores every token of a window from the model's own logits: with the full golden
+// logits the expected negative log-likelihoods follow from Hugging Face's numbers directly.
+TEST_P(Parity, PerplexityMatchesReferenceLogits) {
+  const int64_t vocab = model_->config().vocab_size;
+  if (static_cast<int64_t>(golden_.rows.size()) != vocab) GTEST_SKIP() << "golden logits sampled";
+  for (const GoldenPrompt& p : golden_.prompts) {
+    const int64_t n = static_cast<int64_t>(p.ids.size());
+    if (n < 2) continue;
+    double expected = 0;
+    for (int64_t t = 0; t + 1 < n; ++t) {
+      expected += negative_log_likelihood(
+          std::span<const float>(p.logits).subspan(t * vocab, vocab), p.ids[t + 1]);
+    }
+    const PerplexityResult one = perplexity(*model_, p.ids, n - 1);
+    EXPECT_EQ(one.scored, n - 1);
+    EXPECT_EQ(one.windows, 1);
+    EXPECT_NEAR(one.nll_sum, expected, 1e-4 * std::max(1.0, std::fabs(expected))) << p.name;
+
+    // Windows restart from an empty state: the first window is a prefix of the prompt (causal,
+    // so its golden logits apply); the windows together score every token once.
+    const int64_t window = std::max<int64_t>(1, (n - 1) / 3);
+    double first = 0;
+    for (int64_t t = 0; t < window; ++t) {
+      first += negative_log_likelihood(std::span<const float>(p.logits).subspan(t * vocab, vocab),
+                                       p.ids[t + 1]);
+    }
+    const PerplexityResult split = perplexity(*model_, std::span(p.ids).first(window + 1), window);
+    EXPECT_NEAR(split.nll_sum, first, 1e-4 * std::max(1.0, std::fabs(first))) << p.name;
+    const PerplexityResult all = perplexity(*model_, p.ids, window);
+    EXPECT_EQ(all.scored, n - 1);
+    EXPECT_EQ(all.windows, (n - 1 + window - 1) / window);
+  }
 }
 
 TEST_P(Parity, TextPromptsTokenizeLikeReference) {

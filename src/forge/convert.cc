@@ -382,7 +382,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   if (options.gate) {
     const GateReport report = forge_gate(
         temp, hf_dir, options.thresholds.value_or(default_gate_thresholds(options.weights)),
-        options.gate_prompts, options.gate_greedy_tokens);
+        options.gate_suite);
     Json certificate = report.to_json();
     certificate["reference"] = fs::absolute(hf_dir).lexically_normal().string();
     certificate["date"] = utc_now();
@@ -408,8 +408,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
 }
 
 GateReport forge_gate(const fs::path& bundle, const fs::path& reference,
-                      const std::optional<GateThresholds>& thresholds, int64_t n_prompts,
-                      int64_t n_greedy) {
+                      const std::optional<GateThresholds>& thresholds,
+                      const GateSuiteOptions& suite_options) {
   const BundleManifest manifest =
       open_bundle_manifest(bundle, {.verify_sha256 = false, .check_target = false});
   const auto candidate = load_model(bundle, {.verify_sha256 = false, .check_target = false});
@@ -419,10 +419,17 @@ GateReport forge_gate(const fs::path& bundle, const fs::path& reference,
   }
   std::optional<Tokenizer> tokenizer;
   if (fs::exists(reference / "tokenizer.json")) tokenizer = Tokenizer::load(reference);
-  const auto suite = gate_prompt_suite(tokenizer ? &*tokenizer : nullptr,
-                                       candidate->config().vocab_size, n_prompts);
+  std::vector<GatePrompt> suite;
+  if (!suite_options.prompt_file.empty()) {
+    if (!tokenizer)
+      fail(reference.string(), "a gate prompt file needs the reference's tokenizer.json");
+    suite = gate_prompt_suite_from_file(*tokenizer, suite_options.prompt_file);
+  } else {
+    suite = gate_prompt_suite(tokenizer ? &*tokenizer : nullptr, candidate->config().vocab_size,
+                              suite_options.prompts);
+  }
   const auto matrices = parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
-  return run_gate(*candidate, *ref, suite, n_greedy,
+  return run_gate(*candidate, *ref, suite, suite_options.greedy_tokens,
                   thresholds.value_or(default_gate_thresholds(matrices.value_or(DType::kF32))));
 }
 

@@ -24,8 +24,7 @@ struct ConvertOptions {
   int64_t max_context = 0;  // 0: the checkpoint's max_position_embeddings
   bool gate = true;
   std::optional<GateThresholds> thresholds;  // default: default_gate_thresholds(weights)
-  int64_t gate_prompts = 8;
-  int64_t gate_greedy_tokens = 32;
+  GateSuiteOptions gate_suite;
   bool overwrite = false;
 };
 
@@ -46,8 +45,8 @@ ConvertResult forge_convert(const std::filesystem::path& hf_dir, const std::file
 
 // Runs the gate on an existing bundle against a reference (HF directory or bundle).
 GateReport forge_gate(const std::filesystem::path& bundle, const std::filesystem::path& reference,
-                      const std::optional<GateThresholds>& thresholds, int64_t n_prompts,
-                      int64_t n_greedy);
+                      const std::optional<GateThresholds>& thresholds,
+                      const GateSuiteOptions& suite);
 
 std::optional<DType> parse_weight_dtype(std::string_view name);  // "f32", "bf16", "w8", ...
 

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <numeric>
 #include <random>
 
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
+#include "util/error.h"
 
 namespace qhx {
 namespace {
@@ -117,6 +119,21 @@ std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vo
     for (int64_t t = 0; t < length; ++t) p.ids.push_back(id(rng));
     suite.push_back(std::move(p));
   }
+  return suite;
+}
+
+std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
+                                                    const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) fail(file.string(), "cannot open the prompt file");
+  std::vector<GatePrompt> suite;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = file.string() + ":" + std::to_string(number);
+    suite.push_back({"line" + std::to_string(number), tokenizer.encode(line, where)});
+  }
+  if (suite.empty()) fail(file.string(), "no prompts (one per non-empty line)");
   return suite;
 }
 

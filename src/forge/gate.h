@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,10 +32,22 @@ struct GatePrompt {
   std::vector<int32_t> ids;
 };
 
-// The suite: text prompts through the tokenizer when there is one, else deterministic random
-// ids (the small test checkpoints have no tokenizer).
+// Which prompts the gate runs and how far it follows each.
+struct GateSuiteOptions {
+  int64_t prompts = 8;                // built-in suite size (ignored with a prompt file)
+  int64_t greedy_tokens = 32;         // greedy continuation compared per prompt
+  std::filesystem::path prompt_file;  // optional: one UTF-8 prompt per non-empty line
+};
+
+// The built-in suite: text prompts through the tokenizer when there is one, else deterministic
+// random ids (the small test checkpoints have no tokenizer).
 std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vocab_size,
                                           int64_t n_prompts);
+
+// A suite read from a file: one prompt per non-empty line (a domain-specific suite, e.g. text in
+// the style the model was trained on). Errors name the file and line.
+std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
+                                                    const std::filesystem::path& file);
 
 struct GatePromptResult {
   std::string name;

@@ -1,8 +1,10 @@
-// qhx command line: generate text from a checkpoint, tokenize text.
+// qhx command line: generate, tokenize, score (perplexity), forge/verify/pack bundles.
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <optional>
@@ -17,8 +19,10 @@
 #include "io/pack.h"
 #include "models/model.h"
 #include "runtime/generate.h"
+#include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/json_file.h"
 
 namespace {
 
@@ -160,10 +164,11 @@ int run_generate(const GenerateArgs& args) {
 
 struct ForgeArgs {
   std::string source, out, weights = "f32", lm_head, embed, target = "generic", reference;
-  int64_t group_size = 64, shards = 1, max_context = 0, gate_prompts = 8, gate_greedy = 32;
+  int64_t group_size = 64, shards = 1, max_context = 0;
+  qhx::GateSuiteOptions suite;
   uint64_t max_shard_bytes = 0;
   std::optional<double> min_top1, min_top5, min_pearson, max_kl, min_greedy;
-  bool no_gate = false, force = false;
+  bool no_gate = false, force = false, json = false;
 
   qhx::DType dtype(const std::string& flag, const std::string& value) const {
     const auto d = qhx::parse_weight_dtype(value);
@@ -209,8 +214,7 @@ int run_convert(const ForgeArgs& a) {
   o.max_context = a.max_context;
   o.gate = !a.no_gate;
   o.thresholds = a.thresholds(o.weights);
-  o.gate_prompts = a.gate_prompts;
-  o.gate_greedy_tokens = a.gate_greedy;
+  o.gate_suite = a.suite;
   o.overwrite = a.force;
   const qhx::ConvertResult r = qhx::forge_convert(a.source, a.out, o);
   if (r.gate) print_gate(*r.gate);
@@ -225,10 +229,10 @@ int run_convert(const ForgeArgs& a) {
 int run_gate(const ForgeArgs& a) {
   const auto manifest = qhx::open_bundle_manifest(a.source, {.check_target = false});
   const auto weights = qhx::parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
-  const qhx::GateReport r =
-      qhx::forge_gate(a.source, a.reference, a.thresholds(weights.value_or(qhx::DType::kF32)),
-                      a.gate_prompts, a.gate_greedy);
+  const qhx::GateReport r = qhx::forge_gate(
+      a.source, a.reference, a.thresholds(weights.value_or(qhx::DType::kF32)), a.suite);
   print_gate(r);
+  if (a.json) std::cout << r.to_json().dump() << "\n";
   return r.passed ? 0 : kGateFailed;
 }
 
@@ -248,6 +252,52 @@ int run_verify(const std::string& bundle) {
 int run_pack(const std::string& out, const std::vector<std::string>& bundles, bool force) {
   qhx::write_pack(out, std::vector<fs::path>(bundles.begin(), bundles.end()), force);
   std::fprintf(stderr, "wrote %s (%zu bundles)\n", out.c_str(), bundles.size());
+  return 0;
+}
+
+struct PerplexityArgs {
+  std::string model, file;
+  int64_t window = 512;
+  int64_t max_tokens = 0;
+  bool json = false;
+};
+
+// Reads a text file, scores it with the model and prints the perplexity (see perplexity.h).
+int run_perplexity(const PerplexityArgs& args) {
+  fs::path dir(args.model);
+  if (qhx::is_pack(dir)) dir = qhx::select_pack_bundle(dir);
+  const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(dir);
+  std::ifstream in(args.file, std::ios::binary);
+  if (!in) qhx::fail(args.file, "cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<int32_t> ids = tokenizer.encode(text, args.file);
+  if (args.max_tokens > 0 && static_cast<int64_t>(ids.size()) > args.max_tokens) {
+    ids.resize(args.max_tokens);
+  }
+  if (qhx::is_bundle(dir)) {
+    std::fprintf(stderr, "%s\n", describe_bundle(qhx::open_bundle_manifest(dir, {})).c_str());
+  }
+  const auto model = qhx::load_model(dir);
+  const auto start = std::chrono::steady_clock::now();
+  const qhx::PerplexityResult r =
+      qhx::perplexity(*model, ids, args.window, [](int64_t done, int64_t total) {
+        std::fprintf(stderr, "\rwindow %lld/%lld", static_cast<long long>(done),
+                     static_cast<long long>(total));
+      });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "\n");
+  if (args.json) {
+    const qhx::Json out = {{"model", args.model},          {"file", args.file},
+                           {"perplexity", r.perplexity()}, {"nll_mean", r.nll_sum / r.scored},
+                           {"tokens", r.scored},           {"windows", r.windows},
+                           {"window", args.window},        {"seconds", seconds}};
+    std::cout << out.dump() << "\n";
+  } else {
+    std::printf("perplexity %.4f over %lld tokens (%lld windows of %lld, %.1f s)\n", r.perplexity(),
+                static_cast<long long>(r.scored), static_cast<long long>(r.windows),
+                static_cast<long long>(args.window), seconds);
+  }
   return 0;
 }
 
@@ -320,10 +370,13 @@ int main(int argc, char** argv) {
   gate->add_option("bundle", forge_args.source, "Bundle directory")->required();
   gate->add_option("--reference", forge_args.reference, "Hugging Face checkpoint or f32 bundle")
       ->required();
+  gate->add_flag("--json", forge_args.json, "Also print the report as one JSON object on stdout");
   for (CLI::App* sub : {convert, gate}) {
-    sub->add_option("--gate-prompts", forge_args.gate_prompts, "Prompts in the gate suite")
+    sub->add_option("--gate-prompts", forge_args.suite.prompts, "Prompts in the built-in suite")
         ->check(CLI::PositiveNumber);
-    sub->add_option("--gate-tokens", forge_args.gate_greedy, "Greedy tokens per prompt")
+    sub->add_option("--gate-prompt-file", forge_args.suite.prompt_file,
+                    "Gate on these prompts instead: one per non-empty line (needs a tokenizer)");
+    sub->add_option("--gate-tokens", forge_args.suite.greedy_tokens, "Greedy tokens per prompt")
         ->check(CLI::PositiveNumber);
     sub->add_option("--min-top1", forge_args.min_top1, "Gate threshold: top-1 agreement");
     sub->add_option("--min-top5", forge_args.min_top5, "Gate threshold: top-5 overlap");
@@ -332,6 +385,18 @@ int main(int argc, char** argv) {
     sub->add_option("--min-greedy", forge_args.min_greedy,
                     "Gate threshold: fraction of identical greedy continuations");
   }
+
+  PerplexityArgs ppl;
+  CLI::App* perplexity_cmd =
+      app.add_subcommand("perplexity", "Score a UTF-8 text file: perplexity over windows");
+  perplexity_cmd->add_option("--model,-m", ppl.model, "Bundle, pack, or checkpoint directory")
+      ->required();
+  perplexity_cmd->add_option("--file,-f", ppl.file, "Text file")->required();
+  perplexity_cmd->add_option("--window", ppl.window, "Tokens scored per window (context resets)")
+      ->check(CLI::PositiveNumber);
+  perplexity_cmd->add_option("--max-tokens", ppl.max_tokens, "Score only the first N tokens")
+      ->check(CLI::NonNegativeNumber);
+  perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
 
   std::string verify_bundle;
   CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");
@@ -356,6 +421,7 @@ int main(int argc, char** argv) {
     if (convert->parsed()) return run_convert(forge_args);
     if (gate->parsed()) return run_gate(forge_args);
     if (verify->parsed()) return run_verify(verify_bundle);
+    if (perplexity_cmd->parsed()) return run_perplexity(ppl);
     if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {
