@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <cstring>
+#include <fstream>
 #include <limits>
 
 #include "util/error.h"
@@ -171,6 +172,46 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     st.tensors_.emplace(name, std::move(view));
   }
   return st;
+}
+
+void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
+                       const std::function<void(size_t, std::span<std::byte>)>& fill) {
+  constexpr uint64_t kAlign = 64;
+  Json header = Json::object();
+  std::vector<uint64_t> begins, sizes;
+  uint64_t offset = 0;
+  for (const SafetensorsEntry& t : tensors) {
+    uint64_t numel = 1;
+    for (const int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t size = numel * dtype_size(t.dtype);
+    begins.push_back(offset);
+    sizes.push_back(size);
+    header[t.name] = {{"dtype", dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + size}}};
+    offset = (offset + size + kAlign - 1) / kAlign * kAlign;
+  }
+  std::string text = header.dump();
+  // Pad the header with spaces so that the data (8 + header bytes in) starts 64-byte aligned.
+  text.append((kAlign - (8 + text.size()) % kAlign) % kAlign, ' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) fail(path.string(), "cannot create");
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+  out.write(reinterpret_cast<const char*>(length), 8);
+  out << text;
+  std::vector<std::byte> buffer;
+  uint64_t written = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string padding(begins[i] - written, '\0');
+    out.write(padding.data(), static_cast<std::streamsize>(padding.size()));
+    buffer.assign(sizes[i], std::byte{0});
+    fill(i, buffer);
+    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(sizes[i]));
+    written = begins[i] + sizes[i];
+  }
+  out.flush();
+  if (!out) fail(path.string(), "write failed (disk full?)");
 }
 
 }  // namespace qhx

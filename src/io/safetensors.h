@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,5 +30,18 @@ class SafetensorsFile final : public TensorFile {
 
   SafetensorsFile(const std::filesystem::path& path, MappedFile file);
 };
+
+// A tensor of a safetensors file to be written: its bytes are produced by write_safetensors's
+// `fill` callback, one tensor at a time, so files larger than memory can be streamed out.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+// Writes `path`: the header (tensors in the order given, each at an offset aligned to 64 bytes),
+// then fill(i, bytes) for each tensor i into a buffer of exactly its size.
+void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
+                       const std::function<void(size_t, std::span<std::byte>)>& fill);
 
 }  // namespace qhx

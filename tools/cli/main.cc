@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -14,10 +15,13 @@
 #include <string>
 
 #include "forge/convert.h"
+#include "forge/synth.h"
 #include "io/bundle.h"
 #include "io/hf_config.h"
 #include "io/pack.h"
 #include "models/model.h"
+#include "qhx_version.h"
+#include "runtime/bench.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
@@ -34,7 +38,7 @@ double peak_rss_mb() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-std::vector<int32_t> parse_id_list(const std::string& text) {
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag) {
   std::vector<int32_t> ids;
   std::stringstream in(text);
   std::string item;
@@ -47,11 +51,11 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
       used = 0;
     }
     if (used == 0 || used != item.size() || value < 0 || value > INT32_MAX) {
-      qhx::fail("--prompt-ids", "'" + item + "' is not a token id");
+      qhx::fail(flag, "'" + item + "' is not a non-negative integer");
     }
     ids.push_back(static_cast<int32_t>(value));
   }
-  if (ids.empty()) qhx::fail("--prompt-ids", "no ids given");
+  if (ids.empty()) qhx::fail(flag, "no values given");
   return ids;
 }
 
@@ -103,7 +107,7 @@ int run_generate(const GenerateArgs& args) {
   }
   const std::vector<int32_t> prompt = args.prompt_ids.empty()
                                           ? tokenizer->encode(args.prompt, "--prompt")
-                                          : parse_id_list(args.prompt_ids);
+                                          : parse_id_list(args.prompt_ids, "--prompt-ids");
 
   qhx::GenerationDefaults defaults;
   if (qhx::is_bundle(dir)) {
@@ -226,6 +230,43 @@ int run_convert(const ForgeArgs& a) {
   return 0;
 }
 
+struct SynthArgs {
+  std::string preset, out, weights;
+  uint64_t seed = 1;
+};
+
+// A random-weight checkpoint with a real model's shapes; with --weights, a bundle converted from
+// it (ungated: there is no reference worth comparing random weights with).
+int run_synth(const SynthArgs& a) {
+  if (a.weights.empty()) {
+    qhx::write_synthetic_checkpoint(qhx::synth_preset(a.preset), a.out, a.seed);
+    std::fprintf(stderr, "wrote checkpoint %s\n", a.out.c_str());
+    return 0;
+  }
+  qhx::ConvertOptions o;
+  const auto weights = qhx::parse_weight_dtype(a.weights);
+  if (!weights) qhx::fail("--weights", "'" + a.weights + "' is not one of f32, bf16, f16, w8, w4");
+  o.weights = *weights;
+  o.gate = false;
+  o.target = qhx::host_target();
+  const qhx::SynthShape& shape = qhx::synth_preset(a.preset);
+  const fs::path out(a.out);
+  if (fs::exists(out)) qhx::fail(a.out, "already exists");
+  const fs::path source = out.parent_path() / ("." + out.filename().string() + ".synth-source");
+  fs::remove_all(source);
+  qhx::write_synthetic_checkpoint(shape, source, a.seed);
+  try {
+    qhx::forge_convert(source, out, o);
+  } catch (...) {
+    fs::remove_all(source);
+    throw;
+  }
+  fs::remove_all(source);
+  std::fprintf(stderr, "wrote bundle %s (%s, weights %s)\n", a.out.c_str(), a.preset.c_str(),
+               a.weights.c_str());
+  return 0;
+}
+
 int run_gate(const ForgeArgs& a) {
   const auto manifest = qhx::open_bundle_manifest(a.source, {.check_target = false});
   const auto weights = qhx::parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
@@ -252,6 +293,130 @@ int run_verify(const std::string& bundle) {
 int run_pack(const std::string& out, const std::vector<std::string>& bundles, bool force) {
   qhx::write_pack(out, std::vector<fs::path>(bundles.begin(), bundles.end()), force);
   std::fprintf(stderr, "wrote %s (%zu bundles)\n", out.c_str(), bundles.size());
+  return 0;
+}
+
+struct BenchArgs {
+  std::string model;
+  std::string prompts = "512", depths = "0";
+  int64_t n_gen = 128;
+  int64_t repetitions = 5;
+  bool json = false;
+};
+
+std::vector<int64_t> parse_count_list(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> out;
+  for (const int32_t v : parse_id_list(text, flag)) out.push_back(v);
+  return out;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("model name")) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+// What the model's weights are: a bundle's matrix dtype, or a checkpoint's stored dtype.
+std::string weights_label(const fs::path& dir, qhx::Json& gate) {
+  if (qhx::is_bundle(dir)) {
+    const auto manifest = qhx::open_bundle_manifest(dir, {});
+    gate = manifest.gate;
+    return manifest.precision_policy.value("matrices", std::string("?"));
+  }
+  const qhx::Json config = qhx::read_json_file(dir / "config.json");
+  const qhx::Json& text = config.contains("text_config") ? config["text_config"] : config;
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (text.contains(key) && text[key].is_string())
+      return "checkpoint " + text[key].get<std::string>();
+    if (config.contains(key) && config[key].is_string()) {
+      return "checkpoint " + config[key].get<std::string>();
+    }
+  }
+  return "checkpoint";
+}
+
+// llama-bench-like: one record per (prompt length, depth) configuration.
+int run_bench(const BenchArgs& args) {
+  fs::path dir(args.model);
+  if (qhx::is_pack(dir)) dir = qhx::select_pack_bundle(dir);
+  const std::vector<int64_t> prompt_lengths = parse_count_list("-p", args.prompts);
+  const std::vector<int64_t> depths = parse_count_list("--depth", args.depths);
+  qhx::Json gate;
+  const std::string weights = weights_label(dir, gate);
+  const auto load_start = std::chrono::steady_clock::now();
+  const auto model = qhx::load_model(dir);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const std::string cpu = cpu_model_name();
+  if (!args.json) {
+    std::printf("model %s | weights %s | threads 1 | load %.2f s | CPU %s | commit %s\n",
+                args.model.c_str(), weights.c_str(), load_s, cpu.c_str(), QHX_GIT_COMMIT);
+    std::printf("%8s %8s %6s %22s %22s %18s %10s\n", "n_prompt", "depth", "n_gen", "prefill tok/s",
+                "decode tok/s", "TTFT ms", "RSS MB");
+  }
+  for (const int64_t n_prompt : prompt_lengths) {
+    for (const int64_t depth : depths) {
+      qhx::BenchConfig config;
+      config.n_prompt = n_prompt;
+      config.n_gen = args.n_gen;
+      config.depth = depth;
+      config.repetitions = args.repetitions;
+      const qhx::BenchResult r = qhx::run_bench(*model, config);
+      if (args.json) {
+        const auto spread = [](const qhx::Spread& s) {
+          return qhx::Json{{"mean", s.mean}, {"stddev", s.stddev}, {"min", s.min}, {"max", s.max}};
+        };
+        const qhx::Json record = {
+            {"model", args.model},
+            {"weights", weights},
+            {"threads", 1},
+            {"n_prompt", n_prompt},
+            {"n_gen", args.n_gen},
+            {"depth", depth},
+            {"repetitions", args.repetitions},
+            {"prefill_tok_s", r.prefill_tok_s.mean},
+            {"decode_tok_s", r.decode_tok_s.mean},
+            {"ttft_ms", r.ttft_ms.mean},
+            {"peak_rss_mb", peak_rss_mb()},
+            {"load_s", load_s},
+            {"spread",
+             {{"prefill_tok_s", spread(r.prefill_tok_s)},
+              {"decode_tok_s", spread(r.decode_tok_s)},
+              {"ttft_ms", spread(r.ttft_ms)}}},
+            {"family", model->config().family == qhx::Family::kQwen3_5 ? "qwen3_5" : "qwen3"},
+            {"cpu", cpu},
+            {"kernel_path", "scalar reference"},
+            {"commit", QHX_GIT_COMMIT},
+            {"date", utc_date()},
+            {"gate", gate}};
+        std::cout << record.dump() << std::endl;
+      } else {
+        const auto cell = [](const qhx::Spread& s) {
+          char buf[48];
+          std::snprintf(buf, sizeof buf, "%.2f ± %.2f", s.mean, s.stddev);
+          return std::string(buf);
+        };
+        std::printf("%8lld %8lld %6lld %22s %22s %18s %10.1f\n", static_cast<long long>(n_prompt),
+                    static_cast<long long>(depth), static_cast<long long>(args.n_gen),
+                    cell(r.prefill_tok_s).c_str(), cell(r.decode_tok_s).c_str(),
+                    cell(r.ttft_ms).c_str(), peak_rss_mb());
+        std::fflush(stdout);
+      }
+    }
+  }
   return 0;
 }
 
@@ -386,6 +551,18 @@ int main(int argc, char** argv) {
                     "Gate threshold: fraction of identical greedy continuations");
   }
 
+  BenchArgs bench_args;
+  CLI::App* bench = app.add_subcommand("bench", "Prefill and decode speed, TTFT, memory");
+  bench->add_option("model", bench_args.model, "Bundle, pack, or checkpoint directory")->required();
+  bench->add_option("-p,--n-prompt", bench_args.prompts, "Prompt lengths, comma-separated");
+  bench->add_option("-n,--n-gen", bench_args.n_gen, "Decoded tokens")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("-d,--depth", bench_args.depths,
+                    "Context tokens before the decode is timed, comma-separated");
+  bench->add_option("-r,--repetitions", bench_args.repetitions, "Repetitions")
+      ->check(CLI::PositiveNumber);
+  bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
+
   PerplexityArgs ppl;
   CLI::App* perplexity_cmd =
       app.add_subcommand("perplexity", "Score a UTF-8 text file: perplexity over windows");
@@ -397,6 +574,19 @@ int main(int argc, char** argv) {
   perplexity_cmd->add_option("--max-tokens", ppl.max_tokens, "Score only the first N tokens")
       ->check(CLI::NonNegativeNumber);
   perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
+
+  SynthArgs synth_args;
+  CLI::App* synth = forge->add_subcommand(
+      "synth", "Random-weight checkpoint or bundle with a real model's shapes (benchmarks)");
+  std::string presets;
+  for (const auto& name : qhx::synth_preset_names())
+    presets += (presets.empty() ? "" : ", ") + name;
+  synth->add_option("--preset", synth_args.preset, presets)->required();
+  synth->add_option("-o,--output", synth_args.out, "Directory to create")->required();
+  synth->add_option("--weights", synth_args.weights,
+                    "Write a bundle with these weights (f32, bf16, f16, w8, w4) for this machine's "
+                    "target; default: a bf16 Hugging Face-layout checkpoint");
+  synth->add_option("--seed", synth_args.seed, "Random seed");
 
   std::string verify_bundle;
   CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");
@@ -420,8 +610,10 @@ int main(int argc, char** argv) {
     }
     if (convert->parsed()) return run_convert(forge_args);
     if (gate->parsed()) return run_gate(forge_args);
+    if (synth->parsed()) return run_synth(synth_args);
     if (verify->parsed()) return run_verify(verify_bundle);
     if (perplexity_cmd->parsed()) return run_perplexity(ppl);
+    if (bench->parsed()) return run_bench(bench_args);
     if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {

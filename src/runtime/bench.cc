@@ -1,0 +1,96 @@
+#include "runtime/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "runtime/sampler.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> ids(n);
+  for (int32_t& x : ids) x = id(rng);
+  return ids;
+}
+
+}  // namespace
+
+Spread Spread::of(const std::vector<double>& samples) {
+  Spread s;
+  if (samples.empty()) return s;
+  const double n = static_cast<double>(samples.size());
+  s.mean = std::accumulate(samples.begin(), samples.end(), 0.0) / n;
+  double var = 0;
+  for (const double x : samples) var += (x - s.mean) * (x - s.mean);
+  s.stddev = samples.size() > 1 ? std::sqrt(var / (n - 1)) : 0.0;
+  s.min = *std::min_element(samples.begin(), samples.end());
+  s.max = *std::max_element(samples.begin(), samples.end());
+  return s;
+}
+
+BenchResult run_bench(const Model& model, const BenchConfig& config) {
+  const int64_t vocab = model.config().vocab_size;
+  const int64_t context = model.config().max_position_embeddings;
+  if (config.repetitions < 1) fail("bench", "at least one repetition is needed");
+  if (config.n_prompt < 0 || config.n_gen < 0 || config.depth < 0) {
+    fail("bench", "token counts must not be negative");
+  }
+  if (std::max(config.n_prompt, config.depth + config.n_gen) > context) {
+    fail("bench", "the configuration needs more than the model's context of " +
+                      std::to_string(context) + " tokens");
+  }
+  std::mt19937_64 rng(config.seed);
+  BenchResult result;
+  result.config = config;
+  std::vector<double> prefill, ttft, decode;
+  std::vector<float> logits;
+  const auto state = model.new_state();
+  // Warm-up, untimed: two tokens touch every weight page and size the scratch buffers.
+  for (const int32_t id : random_ids(2, vocab, rng)) {
+    model.forward(std::span<const int32_t>(&id, 1), *state, LogitsFor::kLastToken, logits);
+  }
+  for (int64_t r = 0; r < config.repetitions; ++r) {
+    if (config.n_prompt > 0) {
+      const std::vector<int32_t> prompt = random_ids(config.n_prompt, vocab, rng);
+      state->reset();
+      const auto start = Clock::now();
+      model.forward(prompt, *state, LogitsFor::kLastToken, logits);
+      const double prefill_s = seconds_since(start);
+      argmax(logits);
+      ttft.push_back(seconds_since(start) * 1e3);
+      prefill.push_back(static_cast<double>(config.n_prompt) / prefill_s);
+    }
+    if (config.n_gen > 0) {
+      state->reset();
+      if (config.depth > 0) {
+        model.forward(random_ids(config.depth, vocab, rng), *state, LogitsFor::kLastToken, logits);
+      }
+      int32_t token = random_ids(1, vocab, rng)[0];
+      const auto start = Clock::now();
+      for (int64_t i = 0; i < config.n_gen; ++i) {  // greedy: each step feeds the last pick
+        model.forward(std::span<const int32_t>(&token, 1), *state, LogitsFor::kLastToken, logits);
+        token = argmax(logits);
+      }
+      decode.push_back(static_cast<double>(config.n_gen) / seconds_since(start));
+    }
+  }
+  result.prefill_tok_s = Spread::of(prefill);
+  result.ttft_ms = Spread::of(ttft);
+  result.decode_tok_s = Spread::of(decode);
+  return result;
+}
+
+}  // namespace qhx
