@@ -44,7 +44,7 @@ CliRun qhx(const std::string& args, const std::string& input = "") {
 }
 
 const fs::path kSmallModel = test::source_dir() / "tests/fixtures/qwen3/gqa2_tied_bf16";
-const fs::path kDefaultModel = test::source_dir() / "models/qwen3-tiny-random";
+const fs::path kDefaultModel = test::source_dir() / "models/qwen3.5-kjv";  // README's default
 
 // A user error: exit 1, stdout empty, one stderr line holding every part.
 void expect_user_error(const CliRun& r, std::initializer_list<std::string> parts) {

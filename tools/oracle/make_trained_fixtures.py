@@ -4,13 +4,16 @@
 For each trained checkpoint, loads it from disk with transformers in float32 / eager attention on
 the CPU, runs text prompts through the real tokenizer and writes tests/fixtures/<family>/kjv_trained/
 golden.{json,safetensors} in the format of the other fixtures (tools/oracle/README.md): prompt ids,
-logits at every prompt position (for a subset of vocabulary rows: every 13th id plus every id that
+logits at every prompt position (for a subset of vocabulary rows: every 101st id plus every id that
 is among the top 32 at some position), 64-step greedy continuations, and for Qwen3.5 the Gated
 DeltaNet states after prefill.  Greedy ids are cross-checked through HF's cache and generate().
 
-Candidate prompts are taken in order; one is kept only if its greedy continuation clears the same
-margin rule as the random fixtures (oracle_common.acceptable), so that float rounding cannot flip a
-greedy step; rejected candidates are listed in golden.json.
+Candidate prompts are taken in order; one is kept only if, at every greedy step, the top-1 logit
+leads the runner-up by at least MIN_REL_MARGIN x max|logit|.  The parity tests accept logits within
+1e-4 x max|logit| of these, so a margin of twice that guarantees that an engine passing the logit
+test cannot pick a different greedy token.  (The random fixtures use a stricter 2e-3 and a
+minimum of distinct greedy ids; a trained model's continuations have genuinely close calls, and
+its greedy loops are its real behaviour.)  Rejected candidates are listed in golden.json.
 
     /work/oracle-venv/bin/python tools/oracle/make_trained_fixtures.py
 """
@@ -27,7 +30,6 @@ from transformers import AutoModelForCausalLM
 
 from oracle_common import (
     N_GREEDY,
-    acceptable,
     evaluate,
     greedy_cached,
     greedy_generate,
@@ -40,9 +42,10 @@ from make_qwen3_5_fixtures import cache_states, prefill_with_cache
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT_REL = "tools/oracle/make_trained_fixtures.py"
-SAMPLE_STRIDE = 13
+SAMPLE_STRIDE = 101  # the top rows matter; a sparse sample of the rest keeps the files small
 TOP_ROWS = 32
 N_PROMPTS = 5
+MIN_REL_MARGIN = 2e-4  # 2 x the parity tests' logit tolerance (1e-4 x max|logit|)
 
 MODELS = {
     "qwen3": dict(checkpoint="models/qwen3-kjv", golden="tests/fixtures/qwen3/kjv_trained"),
@@ -62,6 +65,18 @@ CANDIDATES = [
     "The quick brown fox jumps over the lazy dog.",
     "And he answered and said unto them,",
     "O give thanks unto the LORD; for he is good:",
+    "And God said, Let there be light:",
+    "Hear, O Israel:",
+    "And the king said unto",
+    "Thus saith the LORD of hosts;",
+    "And Jesus answered and said unto him,",
+    "My son, hear the instruction of thy father,",
+    "And the children of Israel",
+    "Praise ye the LORD.",
+    "Now the serpent was more subtil than any beast of the field",
+    "Once upon a time there was a little girl who",
+    "Paul, an apostle of Jesus Christ",
+    "And David said to Saul,",
 ]
 
 
@@ -97,7 +112,7 @@ def make_fixture(family):
         elif len(kept) >= N_PROMPTS - 1:
             continue  # the long passage always gets the last slot
         r = evaluate(model, [(f"p{len(kept)}", text, ids)], N_GREEDY)[0]
-        if acceptable(r):
+        if rel_margin(r) >= MIN_REL_MARGIN:
             kept.append(r)
         else:
             rejected.append(dict(text=text, rel_margin=rel_margin(r), distinct=len(set(r["greedy"]))))
@@ -140,6 +155,7 @@ def make_fixture(family):
         "logit_rows_rule": f"every {SAMPLE_STRIDE}th id plus the top {TOP_ROWS} ids at every position",
         "n_greedy": N_GREEDY,
         "prompts": prompt_meta,
+        "min_rel_margin_rule": MIN_REL_MARGIN,
         "rejected_prompts": rejected,
     }
     if gold.exists():
