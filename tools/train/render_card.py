@@ -75,9 +75,10 @@ def card(m: Path):
         + ("; GDN `A_log` and `linear_attn.norm` in f32 as in the released checkpoints" if "5" in arch else "")
         + ").",
         f"- Training: {t['tokens_seen']:,} tokens ({t['tokens_seen'] / c['train_tokens']:.1f} epochs), "
-        f"{t['train_seconds'] / 60:.0f} min on {t['machine']['threads']} CPU thread(s), "
-        f"torch {t['versions']['torch']}, transformers {t['versions']['transformers']}.",
-        f"- Command: `{t['command']}` (seed {t['args']['seed']}; AdamW, lr {t['args']['lr']} with "
+        f"{t['train_seconds'] / 60:.0f} min on {t['machine']['threads']} CPU thread (the two KJV models "
+        f"trained side by side on a 2-core machine), torch {t['versions']['torch']}, transformers "
+        f"{t['versions']['transformers']}. Both loss curves were still falling: more steps would help.",
+        f"- Command: `{t['command']}`, output copied here (seed {t['args']['seed']}; AdamW, lr {t['args']['lr']} with "
         f"{t['args']['warmup']} warm-up steps and cosine decay to 10%, batch {t['args']['batch']} x "
         f"{t['args']['seq_len']} tokens, bf16 mixed precision with f32 master weights).",
         "",
@@ -107,7 +108,10 @@ def card(m: Path):
             f"Each format against the checkpoint computed in f32, on {q['prompt_suite']['prompts']} held-out "
             f"verse openings (`{q['prompt_suite']['file']}`) x {q['prompt_suite']['greedy_tokens']} greedy "
             f"tokens, and perplexity on the {q['held_out']['tokens']:,} held-out tokens "
-            f"(`tools/train/evaluate_quant.py`; f32 perplexity {f32:.3f}). Gate thresholds: docs/gate.md.",
+            f"(`tools/train/evaluate_quant.py`; f32 perplexity {f32:.4f}). Gate thresholds: docs/gate.md. "
+            "The embedding table (also the tied lm_head) is most of the file at this size and stays "
+            "bf16 in quantized bundles, so the sizes shrink little; the decoder matrices are what W8/W4 "
+            "quantize.",
             "",
             "| weights | size | perplexity | Δ ppl | top-1 | top-5 | min Pearson r | mean KL | greedy match | gate |",
             "|---|---|---|---|---|---|---|---|---|---|",
@@ -117,8 +121,8 @@ def card(m: Path):
                 continue
             lines.append(
                 f"| {fmt} (embed/head {e['precision_policy']['embed']}) | {mb(e['weight_bytes'])} | "
-                f"{e['perplexity']:.3f} | {100 * (e['perplexity'] / f32 - 1):+.2f}% | {e['top1']:.4f} | "
-                f"{e['top5']:.4f} | {e['pearson_min']:.5f} | {e['kl_mean']:.2e} | "
+                f"{e['perplexity']:.4f} | {100 * (e['perplexity'] / f32 - 1):+.3f}% | {e['top1']:.4f} | "
+                f"{e['top5']:.4f} | {e['pearson_min']:.6f} | {e['kl_mean']:.2e} | "
                 f"{e['greedy_matched']}/{e['prompts']} | {'pass' if e['passed'] else 'FAIL'} |")
         lines.append("")
     lines += [
