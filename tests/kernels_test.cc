@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
 #include "runtime/sampler.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
@@ -74,6 +76,59 @@ TEST(Kernels, MatmulMatchesDoubleForEveryWeightType) {
       }
     }
   }
+}
+
+// The fast matmul against the reference, for every weight dtype, on shapes that exercise the
+// 32-, 8- and 1-column paths and W4 groups with and without a 16-column tail.
+TEST(Kernels, FastMatmulMatchesTheReference) {
+  struct Shape {
+    int64_t rows, cols, group;
+  } shapes[] = {{7, 37, 0}, {5, 64, 32}, {9, 256, 64}, {3, 36, 6}, {4, 200, 40}, {2, 8, 8}};
+  const int64_t tokens = 4;
+  for (const Shape& s : shapes) {
+    const std::vector<float> x = random_vector(tokens * s.cols, 11);
+    const std::vector<float> w = random_vector(s.rows * s.cols, 12, 0.05f);
+    std::vector<uint16_t> bf16(w.size()), f16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      bf16[i] = f32_to_bf16(w[i]);
+      f16[i] = f32_to_f16(w[i]);
+    }
+    std::vector<int8_t> q8(w.size());
+    std::vector<float> scales8(s.rows);
+    quantize_w8(w.data(), s.rows, s.cols, q8.data(), scales8.data());
+    std::vector<MatrixRef> cases = {{DType::kF32, w.data(), s.rows, s.cols},
+                                    {DType::kBF16, bf16.data(), s.rows, s.cols},
+                                    {DType::kF16, f16.data(), s.rows, s.cols},
+                                    {DType::kW8, q8.data(), s.rows, s.cols, scales8.data()}};
+    std::vector<uint8_t> q4(w.size() / 2);
+    std::vector<uint16_t> scales4(s.group ? s.rows * (s.cols / s.group) : 0);
+    if (s.group) {
+      quantize_w4(w.data(), s.rows, s.cols, s.group, q4.data(), scales4.data());
+      cases.push_back({DType::kW4, q4.data(), s.rows, s.cols, scales4.data(), s.group});
+    }
+    for (const MatrixRef& m : cases) {
+      std::vector<float> expected(tokens * s.rows), fast(tokens * s.rows), single(s.rows);
+      ref::matmul(x.data(), tokens, m, expected.data());
+      matmul(x.data(), tokens, m, fast.data());
+      std::vector<float> row(s.cols);
+      for (int64_t r = 0; r < s.rows; ++r) {
+        ref::read_row(m, r, row.data());
+        for (int64_t t = 0; t < tokens; ++t) {
+          double magnitude = 0;  // Σ|x·w|: the scale of a float32 summation's rounding
+          for (int64_t c = 0; c < s.cols; ++c) magnitude += std::fabs(x[t * s.cols + c] * row[c]);
+          EXPECT_NEAR(fast[t * s.rows + r], expected[t * s.rows + r], 1e-5 * magnitude + 1e-30)
+              << dtype_name(m.dtype) << " " << s.rows << "x" << s.cols << " row " << r;
+        }
+      }
+      for (int64_t t = 0; t < tokens; ++t) {
+        matmul(x.data() + t * s.cols, 1, m, single.data());
+        for (int64_t r = 0; r < s.rows; ++r) {
+          EXPECT_EQ(fast[t * s.rows + r], single[r]) << "a row must not depend on the batch";
+        }
+      }
+    }
+  }
+  std::printf("matmul kernel path: %s\n", matmul_kernel_path());
 }
 
 TEST(Kernels, RmsNorm) {

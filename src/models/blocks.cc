@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/matmul.h"
+
 namespace qhx {
 
 std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim) {
@@ -22,7 +24,7 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
   if (p.output_gate) {
     // q_proj yields [q_0 | g_0 | q_1 | g_1 | ...] per head; split it.
     std::vector<float> both(n_tokens * 2 * q_width);
-    ref::matmul(x, n_tokens, w.q_proj, both.data());
+    matmul(x, n_tokens, w.q_proj, both.data());
     gate.resize(n_tokens * q_width);
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t h = 0; h < n_heads; ++h) {
@@ -32,10 +34,10 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
       }
     }
   } else {
-    ref::matmul(x, n_tokens, w.q_proj, q.data());
+    matmul(x, n_tokens, w.q_proj, q.data());
   }
-  ref::matmul(x, n_tokens, w.k_proj, k.data());
-  ref::matmul(x, n_tokens, w.v_proj, v.data());
+  matmul(x, n_tokens, w.k_proj, k.data());
+  matmul(x, n_tokens, w.v_proj, v.data());
 
   // Per-head q/k RMSNorm, then RoPE at each token's absolute position.
   std::vector<float> cos(p.rotary_dim / 2), sin(p.rotary_dim / 2);
@@ -64,7 +66,7 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
   ref::causal_attention(q.data(), n_tokens, first_pos, cache.keys.data(), cache.values.data(),
                         p.shape, scale, attn.data(), scores.data());
   if (p.output_gate) ref::sigmoid_gate(gate.data(), n_tokens * q_width, attn.data());
-  ref::matmul(attn.data(), n_tokens, w.o_proj, out);
+  matmul(attn.data(), n_tokens, w.o_proj, out);
 }
 
 void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
@@ -75,10 +77,10 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
   // Step 1: projections.
   std::vector<float> mixed(n_tokens * channels), z(n_tokens * vd), b(n_tokens * hv),
       a(n_tokens * hv);
-  ref::matmul(x, n_tokens, w.in_proj_qkv, mixed.data());
-  ref::matmul(x, n_tokens, w.in_proj_z, z.data());
-  ref::matmul(x, n_tokens, w.in_proj_b, b.data());
-  ref::matmul(x, n_tokens, w.in_proj_a, a.data());
+  matmul(x, n_tokens, w.in_proj_qkv, mixed.data());
+  matmul(x, n_tokens, w.in_proj_z, z.data());
+  matmul(x, n_tokens, w.in_proj_b, b.data());
+  matmul(x, n_tokens, w.in_proj_a, a.data());
 
   // Step 2: causal depthwise conv + SiLU on the q|k|v channels, continuing the conv state.
   std::vector<float> conv_out(n_tokens * channels);
@@ -129,16 +131,16 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
     ref::rms_norm(o, w.norm.data(), dv, p.norm_eps, o);
     ref::silu_mul(z.data() + i * dv, o, dv, o);
   }
-  ref::matmul(core.data(), n_tokens, w.out_proj, out);
+  matmul(core.data(), n_tokens, w.out_proj, out);
 }
 
 void mlp_forward(const MlpWeights& w, int64_t n_tokens, const float* x, float* out) {
   const int64_t inner = w.gate_proj.rows;
   std::vector<float> gate(n_tokens * inner), up(n_tokens * inner);
-  ref::matmul(x, n_tokens, w.gate_proj, gate.data());
-  ref::matmul(x, n_tokens, w.up_proj, up.data());
+  matmul(x, n_tokens, w.gate_proj, gate.data());
+  matmul(x, n_tokens, w.up_proj, up.data());
   ref::silu_mul(gate.data(), up.data(), n_tokens * inner, gate.data());
-  ref::matmul(gate.data(), n_tokens, w.down_proj, out);
+  matmul(gate.data(), n_tokens, w.down_proj, out);
 }
 
 }  // namespace qhx

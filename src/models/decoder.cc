@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include "kernels/matmul.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
 #include "util/error.h"
@@ -97,7 +98,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
                   x.data() + t * H);
   }
   logits.resize(n_out * vocab);
-  ref::matmul(x.data(), n_out, weights_.lm_head, logits.data());
+  matmul(x.data(), n_out, weights_.lm_head, logits.data());
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "io/bundle.h"
 #include "io/hf_config.h"
 #include "io/pack.h"
+#include "kernels/matmul.h"
 #include "models/model.h"
 #include "qhx_version.h"
 #include "runtime/bench.h"
@@ -362,8 +363,10 @@ int run_bench(const BenchArgs& args) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const std::string cpu = cpu_model_name();
   if (!args.json) {
-    std::printf("model %s | weights %s | threads 1 | load %.2f s | CPU %s | commit %s\n",
-                args.model.c_str(), weights.c_str(), load_s, cpu.c_str(), QHX_GIT_COMMIT);
+    std::printf(
+        "model %s | weights %s | threads 1 | kernels %s | load %.2f s | CPU %s | commit %s\n",
+        args.model.c_str(), weights.c_str(), qhx::matmul_kernel_path(), load_s, cpu.c_str(),
+        QHX_GIT_COMMIT);
     std::printf("%8s %8s %6s %22s %22s %18s %10s\n", "n_prompt", "depth", "n_gen", "prefill tok/s",
                 "decode tok/s", "TTFT ms", "RSS MB");
   }
@@ -398,7 +401,7 @@ int run_bench(const BenchArgs& args) {
               {"ttft_ms", spread(r.ttft_ms)}}},
             {"family", model->config().family == qhx::Family::kQwen3_5 ? "qwen3_5" : "qwen3"},
             {"cpu", cpu},
-            {"kernel_path", "scalar reference"},
+            {"kernel_path", qhx::matmul_kernel_path()},
             {"commit", QHX_GIT_COMMIT},
             {"date", utc_date()},
             {"gate", gate}};

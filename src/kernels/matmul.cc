@@ -1,0 +1,175 @@
+#include "kernels/matmul.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <cstdlib>
+#include <string_view>
+
+namespace qhx {
+namespace {
+
+// QHX_KERNELS=reference runs the scalar reference kernels (to compare speed or rule out a kernel).
+[[maybe_unused]] bool reference_requested() {
+  const char* choice = std::getenv("QHX_KERNELS");
+  return choice != nullptr && std::string_view(choice) == "reference";
+}
+
+}  // namespace
+
+#if defined(__x86_64__)
+namespace {
+
+#define QHX_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+QHX_AVX2 inline float horizontal_sum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 d = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+// Eight weights of each dtype widened to f32 (W8/W4 as their integer values, scaled later).
+QHX_AVX2 inline __m256 load8_f32(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+QHX_AVX2 inline __m256 load8_bf16(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+QHX_AVX2 inline __m256 load8_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+QHX_AVX2 inline __m256 load8_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Σ x[c]·load(w, c) over n columns: four 8-wide accumulators, then 8 at a time, then scalar.
+template <typename T, typename Load, typename Scalar>
+QHX_AVX2 inline float dot(const T* w, const float* x, int64_t n, Load load, Scalar scalar) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) {
+    acc0 = _mm256_fmadd_ps(load(w + c), _mm256_loadu_ps(x + c), acc0);
+    acc1 = _mm256_fmadd_ps(load(w + c + 8), _mm256_loadu_ps(x + c + 8), acc1);
+    acc2 = _mm256_fmadd_ps(load(w + c + 16), _mm256_loadu_ps(x + c + 16), acc2);
+    acc3 = _mm256_fmadd_ps(load(w + c + 24), _mm256_loadu_ps(x + c + 24), acc3);
+  }
+  for (; c + 8 <= n; c += 8) acc0 = _mm256_fmadd_ps(load(w + c), _mm256_loadu_ps(x + c), acc0);
+  float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; c < n; ++c) sum += scalar(w[c]) * x[c];
+  return sum;
+}
+
+// Sixteen int4 weights (8 packed bytes, low nibble first) as two vectors of 8 f32 values.
+QHX_AVX2 inline void load16_i4(const uint8_t* p, __m256& first, __m256& second) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i low = _mm_and_si128(bytes, mask);
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  __m128i q = _mm_unpacklo_epi8(low, high);  // column order
+  const __m128i eight = _mm_set1_epi8(8);
+  q = _mm_sub_epi8(_mm_xor_si128(q, eight), eight);  // sign-extend the nibbles
+  first = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+  second = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+}
+
+// One W4 row: per group, Σ x·q in f32, then times the group's scale.
+QHX_AVX2 float dot_w4(const uint8_t* packed, const uint16_t* scales, int64_t group_size,
+                      const float* x, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t g = 0; g < n / group_size; ++g) {
+    const int64_t begin = g * group_size;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t c = begin;
+    for (; c + 16 <= begin + group_size; c += 16) {
+      __m256 first, second;
+      load16_i4(packed + c / 2, first, second);
+      acc0 = _mm256_fmadd_ps(first, _mm256_loadu_ps(x + c), acc0);
+      acc1 = _mm256_fmadd_ps(second, _mm256_loadu_ps(x + c + 8), acc1);
+    }
+    float group = horizontal_sum(_mm256_add_ps(acc0, acc1));
+    for (; c < begin + group_size; ++c) {
+      const int nibble = (packed[c / 2] >> (c % 2 * 4)) & 0xF;
+      group += static_cast<float>((nibble ^ 8) - 8) * x[c];
+    }
+    sum += f16_to_f32(scales[g]) * group;
+  }
+  return sum;
+}
+
+QHX_AVX2 float dot_row(const MatrixRef& w, int64_t r, const float* x) {
+  const int64_t n = w.cols;
+  switch (w.dtype) {
+    case DType::kF32:
+      return dot(static_cast<const float*>(w.data) + r * n, x, n, load8_f32,
+                 [](float v) { return v; });
+    case DType::kBF16:
+      return dot(static_cast<const uint16_t*>(w.data) + r * n, x, n, load8_bf16, bf16_to_f32);
+    case DType::kF16:
+      return dot(static_cast<const uint16_t*>(w.data) + r * n, x, n, load8_f16, f16_to_f32);
+    case DType::kW8:
+      return static_cast<const float*>(w.scales)[r] *
+             dot(static_cast<const int8_t*>(w.data) + r * n, x, n, load8_i8,
+                 [](int8_t v) { return static_cast<float>(v); });
+    case DType::kW4:
+      return dot_w4(static_cast<const uint8_t*>(w.data) + r * n / 2,
+                    static_cast<const uint16_t*>(w.scales) + r * (n / w.group_size), w.group_size,
+                    x, n);
+    default:
+      std::abort();  // callers only build MatrixRefs of weight types
+  }
+}
+
+}  // namespace
+
+namespace simd {
+
+bool has_avx2() {
+  static const bool yes = !reference_requested() && __builtin_cpu_supports("avx2") &&
+                          __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+// Row-major over the weights: each row is read once from memory and used for every token while
+// it is in cache (decode reads each weight exactly once).
+QHX_AVX2 void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t t = 0; t < n_tokens; ++t) y[t * w.rows + r] = dot_row(w, r, x + t * w.cols);
+  }
+}
+
+}  // namespace simd
+
+void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (simd::has_avx2()) return simd::matmul_avx2(x, n_tokens, w, y);
+  ref::matmul(x, n_tokens, w, y);
+}
+
+const char* matmul_kernel_path() {
+  return simd::has_avx2() ? "avx2+fma" : "scalar reference";
+}
+
+#else  // not x86-64: the reference until the NEON kernels land
+
+void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  ref::matmul(x, n_tokens, w, y);
+}
+
+const char* matmul_kernel_path() {
+  return "scalar reference";
+}
+
+namespace simd {
+bool has_avx2() {
+  return false;
+}
+void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  ref::matmul(x, n_tokens, w, y);
+}
+}  // namespace simd
+
+#endif
+
+}  // namespace qhx

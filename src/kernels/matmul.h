@@ -1,0 +1,27 @@
+// The fast matmul: y = x · wᵀ for every weight dtype, picked at run time for the CPU it runs on
+// (kernels/kernels.h defines MatrixRef and the scalar reference, ref::matmul, that it is tested
+// against). Each output is one dot product computed the same way whatever n_tokens is, so a token
+// decoded alone gets exactly the logits it gets inside a batched prefill.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace qhx {
+
+// y[t, r] = Σ_c x[t, c] · w[r, c] for t < n_tokens (x: [n_tokens, w.cols], y: [n_tokens, w.rows]).
+void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+
+// The implementation matmul uses here: "avx2+fma" or "scalar reference" (also forced by the
+// environment variable QHX_KERNELS=reference).
+const char* matmul_kernel_path();
+
+namespace simd {
+// True when this CPU runs the AVX2 + FMA + F16C kernels (exposed for the tests).
+bool has_avx2();
+// The AVX2 kernel itself; call only when has_avx2().
+void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+}  // namespace simd
+
+}  // namespace qhx
