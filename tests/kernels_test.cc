@@ -11,6 +11,7 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/thread_pool.h"
 #include "runtime/sampler.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
@@ -129,6 +130,40 @@ TEST(Kernels, FastMatmulMatchesTheReference) {
     }
   }
   std::printf("matmul kernel path: %s\n", matmul_kernel_path());
+}
+
+TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
+  for (const int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (const int64_t n : {0, 1, 2, 7, 64, 1000}) {
+      for (int repeat = 0; repeat < 20; ++repeat) {  // back-to-back jobs reuse the workers
+        std::vector<std::atomic<int>> hits(n);
+        pool.run(n, [&](int64_t i) { hits[i].fetch_add(1); });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
+      }
+    }
+  }
+}
+
+// Threads split the output rows; every row is computed the same way, so any thread count gives
+// bitwise the same result.
+TEST(ThreadPool, MatmulIsTheSameOnAnyNumberOfThreads) {
+  const int64_t rows = 301, cols = 256, tokens = 3;
+  const std::vector<float> x = random_vector(tokens * cols, 21);
+  const std::vector<float> w = random_vector(rows * cols, 22, 0.05f);
+  const MatrixRef m{DType::kF32, w.data(), rows, cols};
+  std::vector<float> one(tokens * rows), many(tokens * rows);
+  set_kernel_threads(1);
+  matmul(x.data(), tokens, m, one.data());
+  for (const int threads : {2, 3, 4}) {
+    set_kernel_threads(threads);
+    matmul(x.data(), tokens, m, many.data());
+    EXPECT_EQ(one, many) << threads << " threads";
+  }
+  set_kernel_threads(1);
+  EXPECT_THROW(set_kernel_threads(0), Error);
+  EXPECT_THROW(set_kernel_threads(1000), Error);
 }
 
 TEST(Kernels, RmsNorm) {

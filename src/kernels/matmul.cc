@@ -1,9 +1,12 @@
 #include "kernels/matmul.h"
 
+#include "kernels/thread_pool.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -134,8 +137,9 @@ bool has_avx2() {
 
 // Row-major over the weights: each row is read once from memory and used for every token while
 // it is in cache (decode reads each weight exactly once).
-QHX_AVX2 void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  for (int64_t r = 0; r < w.rows; ++r) {
+QHX_AVX2 void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y,
+                          int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t t = 0; t < n_tokens; ++t) y[t * w.rows + r] = dot_row(w, r, x + t * w.cols);
   }
 }
@@ -143,8 +147,19 @@ QHX_AVX2 void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, 
 }  // namespace simd
 
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  if (simd::has_avx2()) return simd::matmul_avx2(x, n_tokens, w, y);
-  ref::matmul(x, n_tokens, w, y);
+  if (!simd::has_avx2()) return ref::matmul(x, n_tokens, w, y);
+  // Below this many multiply-adds, waking the other threads costs more than it saves.
+  constexpr int64_t kMinParallelWork = 1 << 16;
+  ThreadPool& pool = kernel_pool();
+  if (pool.size() == 1 || w.rows * w.cols * n_tokens < kMinParallelWork || w.rows < 2) {
+    return simd::matmul_avx2(x, n_tokens, w, y, 0, w.rows);
+  }
+  // A few row blocks per thread even out the threads' speeds; blocks are whole rows, so the
+  // result is the same for any number of threads.
+  const int64_t blocks = std::min<int64_t>(w.rows, 4 * pool.size());
+  pool.run(blocks, [&](int64_t b) {
+    simd::matmul_avx2(x, n_tokens, w, y, w.rows * b / blocks, w.rows * (b + 1) / blocks);
+  });
 }
 
 const char* matmul_kernel_path() {
@@ -165,7 +180,7 @@ namespace simd {
 bool has_avx2() {
   return false;
 }
-void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, int64_t, int64_t) {
   ref::matmul(x, n_tokens, w, y);
 }
 }  // namespace simd

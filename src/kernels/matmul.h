@@ -10,7 +10,8 @@
 
 namespace qhx {
 
-// y[t, r] = Σ_c x[t, c] · w[r, c] for t < n_tokens (x: [n_tokens, w.cols], y: [n_tokens, w.rows]).
+// y[t, r] = Σ_c x[t, c] · w[r, c] for t < n_tokens (x: [n_tokens, w.cols], y: [n_tokens, w.rows]),
+// on kernel_threads() threads (kernels/thread_pool.h).
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
 // The implementation matmul uses here: "avx2+fma" or "scalar reference" (also forced by the
@@ -20,8 +21,9 @@ const char* matmul_kernel_path();
 namespace simd {
 // True when this CPU runs the AVX2 + FMA + F16C kernels (exposed for the tests).
 bool has_avx2();
-// The AVX2 kernel itself; call only when has_avx2().
-void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+// The AVX2 kernel itself for output rows [row_begin, row_end); call only when has_avx2().
+void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, int64_t row_begin,
+                 int64_t row_end);
 }  // namespace simd
 
 }  // namespace qhx

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "forge/convert.h"
 #include "forge/synth.h"
@@ -20,6 +21,7 @@
 #include "io/hf_config.h"
 #include "io/pack.h"
 #include "kernels/matmul.h"
+#include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "qhx_version.h"
 #include "runtime/bench.h"
@@ -60,12 +62,23 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& f
   return ids;
 }
 
+// -t / --threads for the commands that run a model: default, every hardware thread.
+int default_threads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void add_threads_option(CLI::App* command, int& threads) {
+  command->add_option("-t,--threads", threads, "Compute threads (default: all hardware threads)")
+      ->check(CLI::Range(1, 256));
+}
+
 std::optional<qhx::Tokenizer> load_tokenizer_if_present(const fs::path& dir) {
   if (!fs::exists(dir / "tokenizer.json")) return std::nullopt;
   return qhx::Tokenizer::load(dir);
 }
 
 struct GenerateArgs {
+  int threads = default_threads();
   std::string model;
   std::string prompt;
   std::string prompt_ids;
@@ -298,6 +311,7 @@ int run_pack(const std::string& out, const std::vector<std::string>& bundles, bo
 }
 
 struct BenchArgs {
+  int threads = default_threads();
   std::string model;
   std::string prompts = "512", depths = "0";
   int64_t n_gen = 128;
@@ -364,9 +378,9 @@ int run_bench(const BenchArgs& args) {
   const std::string cpu = cpu_model_name();
   if (!args.json) {
     std::printf(
-        "model %s | weights %s | threads 1 | kernels %s | load %.2f s | CPU %s | commit %s\n",
-        args.model.c_str(), weights.c_str(), qhx::matmul_kernel_path(), load_s, cpu.c_str(),
-        QHX_GIT_COMMIT);
+        "model %s | weights %s | threads %d | kernels %s | load %.2f s | CPU %s | commit %s\n",
+        args.model.c_str(), weights.c_str(), qhx::kernel_threads(), qhx::matmul_kernel_path(),
+        load_s, cpu.c_str(), QHX_GIT_COMMIT);
     std::printf("%8s %8s %6s %22s %22s %18s %10s\n", "n_prompt", "depth", "n_gen", "prefill tok/s",
                 "decode tok/s", "TTFT ms", "RSS MB");
   }
@@ -385,7 +399,7 @@ int run_bench(const BenchArgs& args) {
         const qhx::Json record = {
             {"model", args.model},
             {"weights", weights},
-            {"threads", 1},
+            {"threads", qhx::kernel_threads()},
             {"n_prompt", n_prompt},
             {"n_gen", args.n_gen},
             {"depth", depth},
@@ -424,6 +438,7 @@ int run_bench(const BenchArgs& args) {
 }
 
 struct PerplexityArgs {
+  int threads = default_threads();
   std::string model, file;
   int64_t window = 512;
   int64_t max_tokens = 0;
@@ -506,6 +521,7 @@ int main(int argc, char** argv) {
                      "Print the generated ids, comma-separated, on one line instead of text");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
   generate->add_flag("--verify", gen.verify, "Bundles: check every file's sha256 before loading");
+  add_threads_option(generate, gen.threads);
 
   std::string tokenize_model;
   CLI::App* tokenize =
@@ -565,6 +581,7 @@ int main(int argc, char** argv) {
   bench->add_option("-r,--repetitions", bench_args.repetitions, "Repetitions")
       ->check(CLI::PositiveNumber);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
+  add_threads_option(bench, bench_args.threads);
 
   PerplexityArgs ppl;
   CLI::App* perplexity_cmd =
@@ -577,6 +594,7 @@ int main(int argc, char** argv) {
   perplexity_cmd->add_option("--max-tokens", ppl.max_tokens, "Score only the first N tokens")
       ->check(CLI::NonNegativeNumber);
   perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
+  add_threads_option(perplexity_cmd, ppl.threads);
 
   SynthArgs synth_args;
   CLI::App* synth = forge->add_subcommand(
@@ -609,14 +627,21 @@ int main(int argc, char** argv) {
       if (gen.prompt.empty() && gen.prompt_ids.empty()) {
         qhx::fail("generate", "give --prompt or --prompt-ids");
       }
+      qhx::set_kernel_threads(gen.threads);
       return run_generate(gen);
     }
     if (convert->parsed()) return run_convert(forge_args);
     if (gate->parsed()) return run_gate(forge_args);
     if (synth->parsed()) return run_synth(synth_args);
     if (verify->parsed()) return run_verify(verify_bundle);
-    if (perplexity_cmd->parsed()) return run_perplexity(ppl);
-    if (bench->parsed()) return run_bench(bench_args);
+    if (perplexity_cmd->parsed()) {
+      qhx::set_kernel_threads(ppl.threads);
+      return run_perplexity(ppl);
+    }
+    if (bench->parsed()) {
+      qhx::set_kernel_threads(bench_args.threads);
+      return run_bench(bench_args);
+    }
     if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {

@@ -1,0 +1,108 @@
+#include "kernels/thread_pool.h"
+
+#include <memory>
+#include <string>
+
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+constexpr int kSpinsBeforeSleep = 20000;
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) {
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::work_on_current_job() {
+  for (int64_t i = next_task_.fetch_add(1, std::memory_order_relaxed); i < n_tasks_;
+       i = next_task_.fetch_add(1, std::memory_order_relaxed)) {
+    (*task_)(i);
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  while (true) {
+    int spins = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && spins < kSpinsBeforeSleep) {
+      ++spins;
+    }
+    if (generation_.load(std::memory_order_acquire) == seen) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+    }
+    work_on_current_job();
+    busy_workers_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t)>& task) {
+  if (workers_.empty() || n_tasks <= 1) {
+    for (int64_t i = 0; i < n_tasks; ++i) task(i);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    task_ = &task;
+    n_tasks_ = n_tasks;
+    next_task_.store(0, std::memory_order_relaxed);
+    busy_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  work_on_current_job();
+  while (busy_workers_.load(std::memory_order_acquire) != 0) {
+  }
+}
+
+namespace {
+
+int& configured_threads() {
+  static int n = 1;
+  return n;
+}
+
+std::unique_ptr<ThreadPool>& pool_slot() {
+  static std::unique_ptr<ThreadPool> pool;
+  return pool;
+}
+
+}  // namespace
+
+void set_kernel_threads(int n_threads) {
+  if (n_threads < 1 || n_threads > 256) {
+    fail("threads", std::to_string(n_threads) + " is not between 1 and 256");
+  }
+  if (n_threads == configured_threads() && pool_slot()) return;
+  configured_threads() = n_threads;
+  pool_slot().reset();
+}
+
+int kernel_threads() {
+  return configured_threads();
+}
+
+ThreadPool& kernel_pool() {
+  if (!pool_slot()) pool_slot() = std::make_unique<ThreadPool>(configured_threads());
+  return *pool_slot();
+}
+
+}  // namespace qhx

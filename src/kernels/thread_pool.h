@@ -1,0 +1,49 @@
+// A persistent pool of worker threads for the kernels. Decode steps are short (a matmul of a
+// small model takes tens of microseconds), so workers spin briefly for the next job before they
+// sleep, and the calling thread works too. Which thread computes which task never changes a
+// result: tasks write disjoint outputs, each computed the same way.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace qhx {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);  // n_threads ≥ 1 counts the caller
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // Calls task(i) once for every i in [0, n_tasks), on all threads; returns when all are done.
+  // One run at a time: callers do not share a pool across threads.
+  void run(int64_t n_tasks, const std::function<void(int64_t)>& task);
+
+ private:
+  void worker_loop();
+  void work_on_current_job();
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};  // bumped for every job
+  std::atomic<int64_t> next_task_{0};
+  std::atomic<int> busy_workers_{0};
+  int64_t n_tasks_ = 0;
+  const std::function<void(int64_t)>* task_ = nullptr;
+  bool stopping_ = false;
+};
+
+// The pool the kernels use (created on first use with kernel_threads() threads).
+void set_kernel_threads(int n_threads);  // throws Error unless 1 ≤ n ≤ 256
+int kernel_threads();
+ThreadPool& kernel_pool();
+
+}  // namespace qhx
