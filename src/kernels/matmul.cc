@@ -3,6 +3,7 @@
 #include "kernels/thread_pool.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -130,8 +131,13 @@ QHX_AVX2 float dot_row(const MatrixRef& w, int64_t r, const float* x) {
 namespace simd {
 
 bool has_avx2() {
-  static const bool yes = !reference_requested() && __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool yes = [] {
+    // F16C via CPUID leaf 1, ECX bit 29: not every compiler's __builtin_cpu_supports knows it.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+    return !reference_requested() && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma") && f16c;
+  }();
   return yes;
 }
 
