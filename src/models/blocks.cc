@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 
 namespace qhx {
@@ -61,10 +62,10 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
   cache.keys.insert(cache.keys.end(), k.begin(), k.end());
   cache.values.insert(cache.values.end(), v.begin(), v.end());
 
-  std::vector<float> attn(n_tokens * q_width), scores(first_pos + n_tokens);
+  std::vector<float> attn(n_tokens * q_width);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  ref::causal_attention(q.data(), n_tokens, first_pos, cache.keys.data(), cache.values.data(),
-                        p.shape, scale, attn.data(), scores.data());
+  causal_attention(q.data(), n_tokens, first_pos, cache.keys.data(), cache.values.data(), p.shape,
+                   scale, attn.data());
   if (p.output_gate) ref::sigmoid_gate(gate.data(), n_tokens * q_width, attn.data());
   matmul(attn.data(), n_tokens, w.o_proj, out);
 }

@@ -1,0 +1,18 @@
+// Fast causal grouped-query attention (the scalar reference is ref::causal_attention in
+// kernels/kernels.h, same arguments). Query rows and heads are spread over the kernel threads;
+// each (query, head) pair is computed the same way whatever the batch, so a token decoded alone
+// gets exactly what it gets inside a batched prefill.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace qhx {
+
+// q: [n_queries, n_heads·head_dim]; keys/values: [first_pos + n_queries, n_kv_heads·head_dim].
+// Query t sees keys 0..first_pos+t. out: [n_queries, n_heads·head_dim].
+void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
+                      const float* values, const AttentionShape& shape, float scale, float* out);
+
+}  // namespace qhx
