@@ -125,7 +125,9 @@ TEST(Kernels, FastMatmulMatchesTheReference) {
       for (int64_t t = 0; t < tokens; ++t) {
         matmul(x.data() + t * s.cols, 1, m, single.data());
         for (int64_t r = 0; r < s.rows; ++r) {
-          EXPECT_EQ(fast[t * s.rows + r], single[r]) << "a row must not depend on the batch";
+          EXPECT_EQ(fast[t * s.rows + r], single[r])
+              << dtype_name(m.dtype) << " " << s.rows << "x" << s.cols
+              << ": a row must not depend on the batch";
         }
       }
     }

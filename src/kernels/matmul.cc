@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -49,21 +50,39 @@ QHX_AVX2 inline __m256 load8_i8(const int8_t* p) {
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// Σ x[c]·load(w, c) over n columns: four 8-wide accumulators, then 8 at a time, then scalar.
-template <typename T, typename Load, typename Scalar>
-QHX_AVX2 inline float dot(const T* w, const float* x, int64_t n, Load load, Scalar scalar) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+// For each of NT tokens, out[t] = Σ x[t][c]·load(w, c) over n columns: four 8-wide accumulators,
+// then 8 at a time, then scalar. The tokens share each weight load (prefill); every token's
+// arithmetic is the same for any NT, so a token computed alone gets the same bits.
+template <int NT, typename T, typename Load, typename Scalar>
+QHX_AVX2 inline void dot(const T* w, const float* const* x, int64_t n, Load load, Scalar scalar,
+                         float* out) {
+  __m256 acc[NT][4];
+  for (int t = 0; t < NT; ++t) {
+    for (int k = 0; k < 4; ++k) acc[t][k] = _mm256_setzero_ps();
+  }
   int64_t c = 0;
   for (; c + 32 <= n; c += 32) {
-    acc0 = _mm256_fmadd_ps(load(w + c), _mm256_loadu_ps(x + c), acc0);
-    acc1 = _mm256_fmadd_ps(load(w + c + 8), _mm256_loadu_ps(x + c + 8), acc1);
-    acc2 = _mm256_fmadd_ps(load(w + c + 16), _mm256_loadu_ps(x + c + 16), acc2);
-    acc3 = _mm256_fmadd_ps(load(w + c + 24), _mm256_loadu_ps(x + c + 24), acc3);
+    for (int k = 0; k < 4; ++k) {
+      const __m256 wk = load(w + c + 8 * k);
+      for (int t = 0; t < NT; ++t) {
+        acc[t][k] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x[t] + c + 8 * k), acc[t][k]);
+      }
+    }
   }
-  for (; c + 8 <= n; c += 8) acc0 = _mm256_fmadd_ps(load(w + c), _mm256_loadu_ps(x + c), acc0);
-  float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; c < n; ++c) sum += scalar(w[c]) * x[c];
-  return sum;
+  for (; c + 8 <= n; c += 8) {
+    const __m256 wk = load(w + c);
+    for (int t = 0; t < NT; ++t) {
+      acc[t][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x[t] + c), acc[t][0]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    out[t] = horizontal_sum(
+        _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3])));
+  }
+  for (; c < n; ++c) {
+    // Explicit fma: whether the compiler would contract a*b+c must not depend on NT.
+    for (int t = 0; t < NT; ++t) out[t] = std::fma(scalar(w[c]), x[t][c], out[t]);
+  }
 }
 
 // Sixteen int4 weights (8 packed bytes, low nibble first) as two vectors of 8 f32 values.
@@ -79,48 +98,64 @@ QHX_AVX2 inline void load16_i4(const uint8_t* p, __m256& first, __m256& second) 
   second = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
 }
 
-// One W4 row: per group, Σ x·q in f32, then times the group's scale.
-QHX_AVX2 float dot_w4(const uint8_t* packed, const uint16_t* scales, int64_t group_size,
-                      const float* x, int64_t n) {
-  float sum = 0.0f;
+// One W4 row for NT tokens: per group, Σ x·q in f32, then times the group's scale.
+template <int NT>
+QHX_AVX2 void dot_w4(const uint8_t* packed, const uint16_t* scales, int64_t group_size,
+                     const float* const* x, int64_t n, float* out) {
+  for (int t = 0; t < NT; ++t) out[t] = 0.0f;
   for (int64_t g = 0; g < n / group_size; ++g) {
     const int64_t begin = g * group_size;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     int64_t c = begin;
     for (; c + 16 <= begin + group_size; c += 16) {
       __m256 first, second;
       load16_i4(packed + c / 2, first, second);
-      acc0 = _mm256_fmadd_ps(first, _mm256_loadu_ps(x + c), acc0);
-      acc1 = _mm256_fmadd_ps(second, _mm256_loadu_ps(x + c + 8), acc1);
+      for (int t = 0; t < NT; ++t) {
+        acc[t][0] = _mm256_fmadd_ps(first, _mm256_loadu_ps(x[t] + c), acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(second, _mm256_loadu_ps(x[t] + c + 8), acc[t][1]);
+      }
     }
-    float group = horizontal_sum(_mm256_add_ps(acc0, acc1));
+    float group[NT];
+    for (int t = 0; t < NT; ++t) group[t] = horizontal_sum(_mm256_add_ps(acc[t][0], acc[t][1]));
     for (; c < begin + group_size; ++c) {
       const int nibble = (packed[c / 2] >> (c % 2 * 4)) & 0xF;
-      group += static_cast<float>((nibble ^ 8) - 8) * x[c];
+      for (int t = 0; t < NT; ++t) {
+        group[t] = std::fma(static_cast<float>((nibble ^ 8) - 8), x[t][c], group[t]);
+      }
     }
-    sum += f16_to_f32(scales[g]) * group;
+    const float scale = f16_to_f32(scales[g]);
+    for (int t = 0; t < NT; ++t) out[t] += scale * group[t];
   }
-  return sum;
 }
 
-QHX_AVX2 float dot_row(const MatrixRef& w, int64_t r, const float* x) {
+// Row r of w against NT tokens.
+template <int NT>
+QHX_AVX2 void dot_row(const MatrixRef& w, int64_t r, const float* const* x, float* out) {
   const int64_t n = w.cols;
   switch (w.dtype) {
     case DType::kF32:
-      return dot(static_cast<const float*>(w.data) + r * n, x, n, load8_f32,
-                 [](float v) { return v; });
+      return dot<NT>(
+          static_cast<const float*>(w.data) + r * n, x, n, load8_f32, [](float v) { return v; },
+          out);
     case DType::kBF16:
-      return dot(static_cast<const uint16_t*>(w.data) + r * n, x, n, load8_bf16, bf16_to_f32);
+      return dot<NT>(static_cast<const uint16_t*>(w.data) + r * n, x, n, load8_bf16, bf16_to_f32,
+                     out);
     case DType::kF16:
-      return dot(static_cast<const uint16_t*>(w.data) + r * n, x, n, load8_f16, f16_to_f32);
-    case DType::kW8:
-      return static_cast<const float*>(w.scales)[r] *
-             dot(static_cast<const int8_t*>(w.data) + r * n, x, n, load8_i8,
-                 [](int8_t v) { return static_cast<float>(v); });
+      return dot<NT>(static_cast<const uint16_t*>(w.data) + r * n, x, n, load8_f16, f16_to_f32,
+                     out);
+    case DType::kW8: {
+      dot<NT>(
+          static_cast<const int8_t*>(w.data) + r * n, x, n, load8_i8,
+          [](int8_t v) { return static_cast<float>(v); }, out);
+      const float scale = static_cast<const float*>(w.scales)[r];
+      for (int t = 0; t < NT; ++t) out[t] = scale * out[t];
+      return;
+    }
     case DType::kW4:
-      return dot_w4(static_cast<const uint8_t*>(w.data) + r * n / 2,
-                    static_cast<const uint16_t*>(w.scales) + r * (n / w.group_size), w.group_size,
-                    x, n);
+      return dot_w4<NT>(static_cast<const uint8_t*>(w.data) + r * n / 2,
+                        static_cast<const uint16_t*>(w.scales) + r * (n / w.group_size),
+                        w.group_size, x, n, out);
     default:
       std::abort();  // callers only build MatrixRefs of weight types
   }
@@ -145,8 +180,20 @@ bool has_avx2() {
 // it is in cache (decode reads each weight exactly once).
 QHX_AVX2 void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y,
                           int64_t row_begin, int64_t row_end) {
+  constexpr int kTokenBlock = 2;  // tokens sharing each weight load (8 accumulators each)
   for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t t = 0; t < n_tokens; ++t) y[t * w.rows + r] = dot_row(w, r, x + t * w.cols);
+    int64_t t = 0;
+    for (; t + kTokenBlock <= n_tokens; t += kTokenBlock) {
+      const float* xs[kTokenBlock];
+      float out[kTokenBlock];
+      for (int i = 0; i < kTokenBlock; ++i) xs[i] = x + (t + i) * w.cols;
+      dot_row<kTokenBlock>(w, r, xs, out);
+      for (int i = 0; i < kTokenBlock; ++i) y[(t + i) * w.rows + r] = out[i];
+    }
+    for (; t < n_tokens; ++t) {
+      const float* xs[1] = {x + t * w.cols};
+      dot_row<1>(w, r, xs, &y[t * w.rows + r]);
+    }
   }
 }
 
