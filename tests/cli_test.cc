@@ -10,6 +10,7 @@
 
 #include "support/fixtures.h"
 #include "support/raw_safetensors.h"
+#include "util/json_file.h"
 
 namespace qhx {
 namespace {
@@ -76,17 +77,20 @@ TEST(Cli, GeneratesTextFromTheDefaultModel) {
   EXPECT_EQ(r.out, again.out) << "same seed, same text";
 }
 
-// The shipped model still models its corpus: on held-out KJV text its perplexity is in the 30s
-// (32.4 on these 1,024 tokens when it was trained; a random model scores ~10^5). A broken
-// kernel, loader or tokenizer shows up here as a number far off.
-TEST(Cli, DefaultModelPredictsHeldOutText) {
+// qhx's perplexity of the shipped model on its held-out text equals the one transformers measured
+// when the model was trained (training.json: same text, same 512-token windows): a guard for the
+// kernels, the loader and the tokenizer together on the full vocabulary.
+TEST(Cli, DefaultModelPerplexityMatchesTransformers) {
+  const Json training = read_json_file(kDefaultModel / "training.json");
+  const double reference = training.at("held_out_ppl").at("shipped_bf16").get<double>();
+  ASSERT_EQ(training.at("held_out_ppl").at("window").get<int>(), 512);
   const CliRun r = qhx("perplexity -m " + kDefaultModel.string() + " -f " +
-                       (kDefaultModel / "held_out.txt").string() + " --max-tokens 1025 --json");
+                       (kDefaultModel / "held_out.txt").string() + " --window 512 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto key = r.out.find("\"perplexity\":");
-  ASSERT_NE(key, std::string::npos) << r.out;
-  const double perplexity = std::stod(r.out.substr(key + 13));
-  EXPECT_NEAR(perplexity, 32.45, 0.05) << r.out;
+  const Json out = Json::parse(r.out);
+  EXPECT_EQ(out.at("tokens").get<int64_t>(),
+            training.at("held_out_ppl").at("tokens").get<int64_t>());
+  EXPECT_NEAR(out.at("perplexity").get<double>(), reference, 1e-4 * reference) << r.out;
 }
 
 TEST(Cli, TokenizePrintsAJsonArray) {

@@ -178,8 +178,8 @@ bool has_avx2() {
 
 // Row-major over the weights: each row is read once from memory and used for every token while
 // it is in cache (decode reads each weight exactly once).
-QHX_AVX2 void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y,
-                          int64_t row_begin, int64_t row_end) {
+QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y,
+                                 int64_t row_begin, int64_t row_end) {
   constexpr int kTokenBlock = 2;  // tokens sharing each weight load (8 accumulators each)
   for (int64_t r = row_begin; r < row_end; ++r) {
     int64_t t = 0;
@@ -232,9 +232,6 @@ const char* matmul_kernel_path() {
 namespace simd {
 bool has_avx2() {
   return false;
-}
-void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, int64_t, int64_t) {
-  ref::matmul(x, n_tokens, w, y);
 }
 }  // namespace simd
 

@@ -19,11 +19,8 @@ void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 const char* matmul_kernel_path();
 
 namespace simd {
-// True when this CPU runs the AVX2 + FMA + F16C kernels (exposed for the tests).
+// True when this CPU runs the AVX2 + FMA + F16C kernels (and QHX_KERNELS does not forbid them).
 bool has_avx2();
-// The AVX2 kernel itself for output rows [row_begin, row_end); call only when has_avx2().
-void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, int64_t row_begin,
-                 int64_t row_end);
 }  // namespace simd
 
 }  // namespace qhx

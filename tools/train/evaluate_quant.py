@@ -45,7 +45,7 @@ def main():
     reference = perplexity(args.qhx, args.model, held_out)
     report = {
         "reference": "checkpoint computed in f32 (qhx, bitwise equal to an f32 bundle)",
-        "prompt_suite": {"file": str(PROMPTS.relative_to(REPO)), "prompts": len(PROMPTS.read_text().split("\n")) - 1,
+        "prompt_suite": {"file": str(PROMPTS.relative_to(REPO)), "prompts": sum(1 for line in PROMPTS.read_text().splitlines() if line.strip()),
                          "greedy_tokens": GREEDY_TOKENS},
         "held_out": {"file": "held_out.txt (beside the checkpoint)",
                      "tokens": reference["tokens"], "window": WINDOW},

@@ -72,7 +72,7 @@ def card(m: Path):
         f"{cfg['hidden_size']}, tied embeddings, the real Qwen3 tokenizer (151,936 tokens).",
         f"- Parameters: {t['parameters']:,} ({t['parameters'] - cfg['vocab_size'] * cfg['hidden_size']:,} "
         f"outside the embedding table); weights {mb(weights)} (bf16"
-        + ("; GDN `A_log` and `linear_attn.norm` in f32 as in the released checkpoints" if "5" in arch else "")
+        + ("; GDN `A_log` and `linear_attn.norm` in f32 as in the released checkpoints" if arch == "Qwen3_5ForCausalLM" else "")
         + ").",
         f"- Training: {t['tokens_seen']:,} tokens ({t['tokens_seen'] / c['train_tokens']:.1f} epochs), "
         f"{t['train_seconds'] / 60:.0f} min on {t['machine']['threads']} CPU thread (the two KJV models "
@@ -134,7 +134,7 @@ def card(m: Path):
         "```",
         "",
         "Golden outputs from transformers (float32, eager) for this checkpoint are in "
-        f"`tests/fixtures/{'qwen3_5' if '5' in arch else 'qwen3'}/kjv_trained/` "
+        f"`tests/fixtures/{'qwen3_5' if arch == 'Qwen3_5ForCausalLM' else 'qwen3'}/kjv_trained/` "
         "(`tools/oracle/make_trained_fixtures.py`); qhx's parity tests run on them.",
         "",
     ]
