@@ -372,17 +372,33 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         {"gdn_A_log_dt_bias_conv", "f32"},
         {"gdn_gate_projections", "f32"},
         {"gdn_recurrent_state", "f32"},
-        {"activations", "f32"},
+        {"activations", "f32"},  // set below
         {"kv_cache", "f32"}}},
       {"files", files},
       {"gate", nullptr}};
+  const auto quantized = [](DType d) { return d == DType::kW8 || d == DType::kW4; };
+  const bool any_quantized =
+      quantized(options.weights) || quantized(tables.embed) || quantized(tables.head);
+  if (options.int8_activations.value_or(false) && !any_quantized) {
+    fail("--activations int8", "needs W8 or W4 weights; float weights use f32 activations");
+  }
+  ConvertResult result;
+  result.int8_activations = any_quantized && options.int8_activations.value_or(true);
+  manifest["precision_policy"]["activations"] = result.int8_activations ? "int8" : "f32";
   std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
 
-  ConvertResult result;
   if (options.gate) {
-    const GateReport report = forge_gate(
-        temp, hf_dir, options.thresholds.value_or(default_gate_thresholds(options.weights)),
-        options.gate_suite);
+    const GateThresholds thresholds =
+        options.thresholds.value_or(default_gate_thresholds(options.weights));
+    GateReport report = forge_gate(temp, hf_dir, thresholds, options.gate_suite);
+    if (!report.passed && result.int8_activations && !options.int8_activations) {
+      // Int8 activations cost the gate: keep the quantized weights with f32 activations.
+      result.int8_activation_gate = std::move(report);
+      result.int8_activations = false;
+      manifest["precision_policy"]["activations"] = "f32";
+      std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
+      report = forge_gate(temp, hf_dir, thresholds, options.gate_suite);
+    }
     Json certificate = report.to_json();
     certificate["reference"] = fs::absolute(hf_dir).lexically_normal().string();
     certificate["date"] = utc_now();

@@ -18,6 +18,9 @@ struct ConvertOptions {
   std::optional<DType> lm_head;  // default: weights, but bf16 for w8/w4
   std::optional<DType> embed;    // default: weights, but bf16 for w8/w4
   int64_t group_size = 64;       // W4 group width
+  // How W8/W4 matrices multiply their activations: int8 (quantized on the fly, the fast integer
+  // kernels) or f32. Unset: int8 where the gate accepts it, else f32 (int8 when not gated).
+  std::optional<bool> int8_activations;
   int64_t shards = 1;            // decoder shards by layer range...
   uint64_t max_shard_bytes = 0;  // ...or as many as needed to stay under this size
   std::string target = "generic";
@@ -35,6 +38,10 @@ DType default_table_dtype(DType weights);
 
 struct ConvertResult {
   std::optional<GateReport> gate;
+  // When int8 activations were tried first and failed the gate: that report (`gate` is then the
+  // f32-activation one).
+  std::optional<GateReport> int8_activation_gate;
+  bool int8_activations = false;  // what the published bundle uses
   bool published = false;
 };
 

@@ -137,7 +137,13 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
     if (!f.is_string()) fail(field(where, "tokenizer.files"), "expected file names");
     m.tokenizer_files.push_back(f.get<std::string>());
   }
-  m.precision_policy = require_field(j, "precision_policy", where);
+  m.precision_policy = object_field(j, "precision_policy", where);
+  if (auto it = m.precision_policy.find("activations"); it != m.precision_policy.end()) {
+    if (*it != "f32" && *it != "int8") {
+      fail(field(where, "precision_policy.activations"), "expected \"f32\" or \"int8\"");
+    }
+    m.config.int8_activations = *it == "int8";
+  }
 
   const Json& files = require_field(j, "files", where);
   if (!files.is_array()) fail(field(where, "files"), "expected an array");

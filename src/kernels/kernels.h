@@ -10,6 +10,15 @@
 
 namespace qhx {
 
+// How a matmul multiplies a quantized (W8/W4) matrix: with the float32 activations, or with the
+// activations quantized on the fly to int8 (llama.cpp's Q8_0 layout), so the dot products run in
+// integer arithmetic. Float matrices always use float32 activations.
+enum class Activations : uint8_t { kF32, kInt8 };
+
+// Dynamic int8 activations: each token's row is cut into blocks of kActivationBlock columns, each
+// with its own scale, so one outlier costs precision only in its block.
+inline constexpr int64_t kActivationBlock = 32;
+
 // A row-major [rows, cols] matrix used where it lies (usually in a mapped weight file).
 // Quantized weights are symmetric, w ≈ scale · q, with `data` holding q and `scales` the scales:
 //   W8: q int8 [rows, cols] in [-127, 127]; one f32 scale per row, [rows].
@@ -22,9 +31,15 @@ struct MatrixRef {
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  const void* scales = nullptr;  // W8 and W4 only
-  int64_t group_size = 0;        // W4 only
+  const void* scales = nullptr;                 // W8 and W4 only
+  int64_t group_size = 0;                       // W4 only
+  Activations activations = Activations::kF32;  // W8 and W4 only
 };
+
+// True when a matmul with w quantizes its activations: w asks for it, is W8 with cols a multiple
+// of kActivationBlock, or W4 with group_size a multiple of 2·kActivationBlock (other layouts use
+// float32 activations).
+bool uses_int8_activations(const MatrixRef& w);
 
 // Shape of grouped-query attention: query head h reads key/value head h / (n_heads/n_kv_heads).
 struct AttentionShape {
@@ -48,7 +63,18 @@ void read_row(const MatrixRef& w, int64_t row, float* out);
 
 // y[t, r] = Σ_c x[t, c] · w[r, c] for t < n_tokens (x: [n_tokens, w.cols], y: [n_tokens, w.rows]).
 // Each output is summed in column order, so a row's result never depends on n_tokens.
+// When uses_int8_activations(w), x is first quantized by quantize_activations and
+//   y[t, r] = Σ_b sw(r, b) · sx(t, b) · Σ_{c ∈ block b} qw[r, c] · qx[t, c],
+// the inner sums exact in integers, the outer one in float32 in block order; sw is the row's
+// scale (W8) or the scale of the group holding block b (W4).
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+
+// One token's activations as int8: per block b of kActivationBlock columns, with
+// m = max|x| over the block, scales[b] = m / 127 and q = nearbyint(x · (127 / m)) (round to
+// nearest even; so |q| ≤ 127), all in float32; an all-zero block gets scale 0 and q 0, and a
+// block holding an inf or NaN gets scale NaN and q 0, so the NaN reaches every output it touches.
+// cols is a multiple of kActivationBlock; q: [cols]; scales: [cols / kActivationBlock].
+void quantize_activations(const float* x, int64_t cols, int8_t* q, float* scales);
 
 // y = weight ⊙ (x / sqrt(mean(x²) + eps)) over n elements (y may alias x).
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y);

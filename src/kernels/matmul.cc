@@ -1,5 +1,6 @@
 #include "kernels/matmul.h"
 
+#include "kernels/matmul_int8.h"
 #include "kernels/thread_pool.h"
 
 #if defined(__x86_64__)
@@ -200,6 +201,7 @@ QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixR
 }  // namespace simd
 
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
   if (!simd::has_avx2()) return ref::matmul(x, n_tokens, w, y);
   // Below this many multiply-adds, waking the other threads costs more than it saves.
   constexpr int64_t kMinParallelWork = 1 << 16;
@@ -216,12 +218,14 @@ void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
 }
 
 const char* matmul_kernel_path() {
-  return simd::has_avx2() ? "avx2+fma" : "scalar reference";
+  if (!simd::has_avx2()) return "scalar reference";
+  return simd::has_avx512_vnni() ? "avx2+fma, int8 avx512-vnni" : "avx2+fma, int8 avx2";
 }
 
 #else  // not x86-64: the reference until the NEON kernels land
 
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
   ref::matmul(x, n_tokens, w, y);
 }
 

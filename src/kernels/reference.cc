@@ -2,9 +2,20 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/kernels.h"
+
+namespace qhx {
+
+bool uses_int8_activations(const MatrixRef& w) {
+  if (w.activations != Activations::kInt8) return false;
+  if (w.dtype == DType::kW8) return w.cols % kActivationBlock == 0;
+  return w.dtype == DType::kW4 && w.group_size % (2 * kActivationBlock) == 0;
+}
+
+}  // namespace qhx
 
 namespace qhx::ref {
 
@@ -47,9 +58,80 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
   std::abort();  // callers only build MatrixRefs of weight types
 }
 
+void quantize_activations(const float* x, int64_t cols, int8_t* q, float* scales) {
+  for (int64_t b = 0; b < cols / kActivationBlock; ++b) {
+    const float* xb = x + b * kActivationBlock;
+    int8_t* qb = q + b * kActivationBlock;
+    float max_abs = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < kActivationBlock; ++i) {
+      finite = finite && std::isfinite(xb[i]);
+      max_abs = std::max(max_abs, std::fabs(xb[i]));
+    }
+    if (!finite || max_abs == 0.0f) {
+      scales[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      std::fill(qb, qb + kActivationBlock, int8_t{0});
+      continue;
+    }
+    scales[b] = max_abs / 127.0f;
+    const float inverse = 127.0f / max_abs;
+    for (int64_t i = 0; i < kActivationBlock; ++i) {
+      qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inverse));
+    }
+  }
+}
+
+namespace {
+
+// The integer weights of row r, one int8 per column (W4 sign-extended), and the scale of each
+// activation block (the row's scale, or the scale of the W4 group holding the block).
+void integer_row(const MatrixRef& w, int64_t r, int8_t* q, float* block_scales) {
+  const int64_t n_blocks = w.cols / kActivationBlock;
+  if (w.dtype == DType::kW8) {
+    std::memcpy(q, static_cast<const int8_t*>(w.data) + r * w.cols, w.cols);
+    std::fill(block_scales, block_scales + n_blocks, static_cast<const float*>(w.scales)[r]);
+    return;
+  }
+  const uint8_t* packed = static_cast<const uint8_t*>(w.data) + r * w.cols / 2;
+  for (int64_t c = 0; c < w.cols; ++c) {
+    const int nibble = (packed[c / 2] >> (c % 2 * 4)) & 0xF;
+    q[c] = static_cast<int8_t>((nibble ^ 8) - 8);
+  }
+  const uint16_t* scales = static_cast<const uint16_t*>(w.scales) + r * (w.cols / w.group_size);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    block_scales[b] = f16_to_f32(scales[b * kActivationBlock / w.group_size]);
+  }
+}
+
+void matmul_int8_activations(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  const int64_t n_blocks = w.cols / kActivationBlock;
+  std::vector<int8_t> qx(n_tokens * w.cols), qw(w.cols);
+  std::vector<float> sx(n_tokens * n_blocks), sw(n_blocks);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    quantize_activations(x + t * w.cols, w.cols, &qx[t * w.cols], &sx[t * n_blocks]);
+  }
+  for (int64_t r = 0; r < w.rows; ++r) {
+    integer_row(w, r, qw.data(), sw.data());
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      float sum = 0.0f;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t dot = 0;
+        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) {
+          dot += int32_t{qw[c]} * int32_t{qx[t * w.cols + c]};
+        }
+        sum += sw[b] * sx[t * n_blocks + b] * static_cast<float>(dot);
+      }
+      y[t * w.rows + r] = sum;
+    }
+  }
+}
+
+}  // namespace
+
 // Each weight row is widened or dequantised once by read_row, so every dtype shares the same
 // f32 arithmetic.
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (uses_int8_activations(w)) return matmul_int8_activations(x, n_tokens, w, y);
   std::vector<float> row(w.cols);
   for (int64_t r = 0; r < w.rows; ++r) {
     read_row(w, r, row.data());

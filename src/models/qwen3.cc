@@ -10,7 +10,7 @@ namespace qhx {
 std::unique_ptr<Model> load_qwen3(const ModelConfig& c, Checkpoint checkpoint) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
-  const WeightReader model(checkpoint, text_decoder_prefix(checkpoint));
+  const WeightReader model(checkpoint, text_decoder_prefix(checkpoint), c.int8_activations);
 
   DecoderWeights w;
   w.embed_tokens = model.matrix("embed_tokens.weight", c.vocab_size, H);

@@ -18,7 +18,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint)
   deltanet.chunk = c.deltanet_chunk;
   const int64_t hv = deltanet.heads.n_v_heads, vd = deltanet.value_width();
   const int64_t channels = deltanet.conv_channels(), kernel = deltanet.conv_kernel;
-  const WeightReader model(checkpoint, text_decoder_prefix(checkpoint));
+  const WeightReader model(checkpoint, text_decoder_prefix(checkpoint), c.int8_activations);
 
   DecoderWeights w;
   w.embed_tokens = model.matrix("embed_tokens.weight", c.vocab_size, H);

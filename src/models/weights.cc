@@ -24,6 +24,7 @@ MatrixRef WeightReader::matrix(const std::string& name, int64_t rows, int64_t co
   MatrixRef m{t.dtype, t.data, rows, cols};
   m.scales = t.scales;
   m.group_size = t.group_size;
+  if (int8_activations_) m.activations = Activations::kInt8;  // float matrices ignore it
   return m;
 }
 
@@ -51,7 +52,7 @@ std::string text_decoder_prefix(const Checkpoint& checkpoint) {
 MatrixRef lm_head_or_tied(const Checkpoint& checkpoint, const ModelConfig& config,
                           const MatrixRef& embed_tokens) {
   if (checkpoint.contains("lm_head.weight")) {
-    return WeightReader(checkpoint, "")
+    return WeightReader(checkpoint, "", config.int8_activations)
         .matrix("lm_head.weight", config.vocab_size, config.hidden_size);
   }
   if (!config.tie_word_embeddings) {

@@ -13,8 +13,9 @@ namespace qhx {
 
 class WeightReader {
  public:
-  WeightReader(const Checkpoint& checkpoint, std::string prefix)
-      : checkpoint_(checkpoint), prefix_(std::move(prefix)) {}
+  // int8_activations: W8/W4 matrices are multiplied with int8 activations (ModelConfig).
+  WeightReader(const Checkpoint& checkpoint, std::string prefix, bool int8_activations)
+      : checkpoint_(checkpoint), prefix_(std::move(prefix)), int8_activations_(int8_activations) {}
 
   bool contains(const std::string& name) const { return checkpoint_.contains(prefix_ + name); }
   // A [rows, cols] float matrix used in place.
@@ -29,6 +30,7 @@ class WeightReader {
  private:
   const Checkpoint& checkpoint_;
   std::string prefix_;
+  bool int8_activations_;
 };
 
 // Where the text decoder's tensors live: "model.language_model." in multimodal wrappers (whose

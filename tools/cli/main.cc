@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "forge/convert.h"
 #include "forge/synth.h"
@@ -181,7 +182,8 @@ int run_generate(const GenerateArgs& args) {
 }
 
 struct ForgeArgs {
-  std::string source, out, weights = "f32", lm_head, embed, target = "generic", reference;
+  std::string source, out, weights = "f32", lm_head, embed, target = "generic", reference,
+                           activations = "auto";
   int64_t group_size = 64, shards = 1, max_context = 0;
   qhx::GateSuiteOptions suite;
   uint64_t max_shard_bytes = 0;
@@ -220,6 +222,13 @@ void print_gate(const qhx::GateReport& r) {
 
 constexpr int kGateFailed = 3;
 
+// --activations auto|int8|f32 → ConvertOptions::int8_activations.
+std::optional<bool> int8_activations_choice(const std::string& value) {
+  if (value == "auto") return std::nullopt;
+  if (value == "int8" || value == "f32") return value == "int8";
+  qhx::fail("--activations", "'" + value + "' is not one of auto, int8, f32");
+}
+
 int run_convert(const ForgeArgs& a) {
   qhx::ConvertOptions o;
   o.weights = a.dtype("--weights", a.weights);
@@ -234,18 +243,25 @@ int run_convert(const ForgeArgs& a) {
   o.thresholds = a.thresholds(o.weights);
   o.gate_suite = a.suite;
   o.overwrite = a.force;
+  o.int8_activations = int8_activations_choice(a.activations);
   const qhx::ConvertResult r = qhx::forge_convert(a.source, a.out, o);
+  if (r.int8_activation_gate) {
+    std::fprintf(stderr, "with int8 activations:\n");
+    print_gate(*r.int8_activation_gate);
+    std::fprintf(stderr, "int8 activations failed the gate; trying f32 activations:\n");
+  }
   if (r.gate) print_gate(*r.gate);
   if (!r.published) {
     std::fprintf(stderr, "qhx: the gate failed; nothing was written to %s\n", a.out.c_str());
     return kGateFailed;
   }
-  std::fprintf(stderr, "wrote %s\n", a.out.c_str());
+  std::fprintf(stderr, "wrote %s (%s activations)\n", a.out.c_str(),
+               r.int8_activations ? "int8" : "f32");
   return 0;
 }
 
 struct SynthArgs {
-  std::string preset, out, weights;
+  std::string preset, out, weights, embed, lm_head, activations = "auto";
   uint64_t seed = 1;
 };
 
@@ -261,6 +277,14 @@ int run_synth(const SynthArgs& a) {
   const auto weights = qhx::parse_weight_dtype(a.weights);
   if (!weights) qhx::fail("--weights", "'" + a.weights + "' is not one of f32, bf16, f16, w8, w4");
   o.weights = *weights;
+  for (auto [flag, value, table] : {std::tuple{"--embed", &a.embed, &o.embed},
+                                    std::tuple{"--lm-head", &a.lm_head, &o.lm_head}}) {
+    if (value->empty()) continue;
+    const auto d = qhx::parse_weight_dtype(*value);
+    if (!d) qhx::fail(flag, "'" + *value + "' is not one of f32, bf16, f16, w8, w4");
+    *table = *d;
+  }
+  o.int8_activations = int8_activations_choice(a.activations);
   o.gate = false;
   o.target = qhx::host_target();
   const qhx::SynthShape& shape = qhx::synth_preset(a.preset);
@@ -344,12 +368,14 @@ std::string utc_date() {
   return buf;
 }
 
-// What the model's weights are: a bundle's matrix dtype, or a checkpoint's stored dtype.
+// What the model's weights are: a bundle's matrix dtype (with its activations when int8), or a
+// checkpoint's stored dtype.
 std::string weights_label(const fs::path& dir, qhx::Json& gate) {
   if (qhx::is_bundle(dir)) {
     const auto manifest = qhx::open_bundle_manifest(dir, {});
     gate = manifest.gate;
-    return manifest.precision_policy.value("matrices", std::string("?"));
+    return manifest.precision_policy.value("matrices", std::string("?")) +
+           (manifest.config.int8_activations ? "+a8" : "");
   }
   const qhx::Json config = qhx::read_json_file(dir / "config.json");
   const qhx::Json& text = config.contains("text_config") ? config["text_config"] : config;
@@ -548,6 +574,9 @@ int main(int argc, char** argv) {
   convert->add_option("--target", forge_args.target,
                       "generic, x86_64, x86_64-avx2, x86_64-avx512, aarch64, aarch64-dotprod");
   convert->add_option("--max-ctx", forge_args.max_context, "Context limit of the plan");
+  convert->add_option("--activations", forge_args.activations,
+                      "W8/W4 matrices multiply int8-quantized or f32 activations: auto (int8 if "
+                      "the gate accepts it), int8, f32");
   convert->add_flag("--no-gate", forge_args.no_gate, "Publish without running the oracle gate");
   convert->add_flag("--force", forge_args.force, "Replace an existing bundle");
   CLI::App* gate = forge->add_subcommand("gate", "Compare a bundle with its reference");
@@ -607,6 +636,10 @@ int main(int argc, char** argv) {
   synth->add_option("--weights", synth_args.weights,
                     "Write a bundle with these weights (f32, bf16, f16, w8, w4) for this machine's "
                     "target; default: a bf16 Hugging Face-layout checkpoint");
+  synth->add_option("--embed", synth_args.embed, "With --weights: embedding table dtype");
+  synth->add_option("--lm-head", synth_args.lm_head, "With --weights: lm_head dtype");
+  synth->add_option("--activations", synth_args.activations,
+                    "With --weights w8/w4: auto (= int8, ungated), int8, f32");
   synth->add_option("--seed", synth_args.seed, "Random seed");
 
   std::string verify_bundle;

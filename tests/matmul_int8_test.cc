@@ -1,0 +1,192 @@
+// W8/W4 matmuls with int8 activations: the reference against its definition, and the fast
+// kernels (AVX-512 VNNI, or AVX2 when run with QHX_KERNELS=avx2) against the reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/matmul.h"
+#include "kernels/matmul_int8.h"
+#include "kernels/quant.h"
+#include "kernels/thread_pool.h"
+#include "support/fixtures.h"
+
+namespace qhx {
+namespace {
+
+using test::random_vector;
+
+// A random matrix quantized to W8 or W4, owning its bytes.
+struct QuantizedMatrix {
+  std::vector<int8_t> q8;
+  std::vector<uint8_t> q4;
+  std::vector<float> scales8;
+  std::vector<uint16_t> scales4;
+  MatrixRef ref;
+
+  QuantizedMatrix(DType dtype, int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
+    const std::vector<float> w = random_vector(rows * cols, seed, 0.05f);
+    if (dtype == DType::kW8) {
+      q8.resize(w.size());
+      scales8.resize(rows);
+      quantize_w8(w.data(), rows, cols, q8.data(), scales8.data());
+      ref = {DType::kW8, q8.data(), rows, cols, scales8.data()};
+    } else {
+      q4.resize(w.size() / 2);
+      scales4.resize(rows * (cols / group));
+      quantize_w4(w.data(), rows, cols, group, q4.data(), scales4.data());
+      ref = {DType::kW4, q4.data(), rows, cols, scales4.data(), group};
+    }
+    ref.activations = Activations::kInt8;
+  }
+};
+
+// Activations with a few large outliers, as transformer activations have.
+std::vector<float> activations(int64_t n, uint32_t seed) {
+  std::vector<float> x = random_vector(n, seed, 2.0f);
+  for (int64_t i = 5; i < n; i += 97) x[i] *= 40.0f;
+  return x;
+}
+
+TEST(Int8Activations, WhichMatricesUseThem) {
+  MatrixRef w{DType::kW8, nullptr, 4, 64};
+  EXPECT_FALSE(uses_int8_activations(w)) << "float32 activations unless asked";
+  w.activations = Activations::kInt8;
+  EXPECT_TRUE(uses_int8_activations(w));
+  w.cols = 48;
+  EXPECT_FALSE(uses_int8_activations(w)) << "cols must be whole blocks";
+  w = {DType::kW4, nullptr, 4, 128, nullptr, 64, Activations::kInt8};
+  EXPECT_TRUE(uses_int8_activations(w));
+  w.group_size = 32;
+  EXPECT_FALSE(uses_int8_activations(w)) << "W4 groups must be whole pairs of blocks";
+  w = {DType::kBF16, nullptr, 4, 64, nullptr, 0, Activations::kInt8};
+  EXPECT_FALSE(uses_int8_activations(w)) << "float weights keep float activations";
+}
+
+TEST(Int8Activations, QuantizationFollowsItsDefinition) {
+  std::vector<float> x = random_vector(4 * kActivationBlock, 3, 1.0f);
+  x[7] = -9.0f;  // block 0's largest magnitude
+  std::fill(x.begin() + kActivationBlock, x.begin() + 2 * kActivationBlock, 0.0f);
+  x[2 * kActivationBlock + 3] = std::numeric_limits<float>::infinity();
+  x[3 * kActivationBlock + 1] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int8_t> q(x.size());
+  std::vector<float> scales(4);
+  ref::quantize_activations(x.data(), static_cast<int64_t>(x.size()), q.data(), scales.data());
+  EXPECT_EQ(scales[0], 9.0f / 127.0f);
+  EXPECT_EQ(q[7], -127);
+  for (int64_t i = 0; i < kActivationBlock; ++i) {
+    EXPECT_EQ(q[i], std::nearbyint(x[i] * (127.0f / 9.0f))) << i;
+  }
+  EXPECT_EQ(scales[1], 0.0f);
+  for (int b = 2; b < 4; ++b) EXPECT_TRUE(std::isnan(scales[b])) << "non-finite block " << b;
+  for (int64_t i = kActivationBlock; i < 4 * kActivationBlock; ++i) EXPECT_EQ(q[i], 0);
+}
+
+// The reference int8 matmul is the float32 one up to the activations' rounding: each x moves by
+// at most half its block's step, so |Δy| ≤ Σ_c |w_c| · step / 2 (plus float32 summation error).
+TEST(Int8Activations, ReferenceStaysWithinTheRoundingOfTheActivations) {
+  for (const DType dtype : {DType::kW8, DType::kW4}) {
+    const int64_t rows = 5, cols = 256, tokens = 3;
+    QuantizedMatrix w(dtype, rows, cols, 64, 4);
+    const std::vector<float> x = activations(tokens * cols, 5);
+    MatrixRef f32_activations = w.ref;
+    f32_activations.activations = Activations::kF32;
+    std::vector<float> y8(tokens * rows), y32(tokens * rows), row(cols), sx(cols / 32);
+    std::vector<int8_t> qx(cols);
+    ref::matmul(x.data(), tokens, w.ref, y8.data());
+    ref::matmul(x.data(), tokens, f32_activations, y32.data());
+    double largest_error = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      ref::quantize_activations(x.data() + t * cols, cols, qx.data(), sx.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        ref::read_row(w.ref, r, row.data());
+        double bound = 0, magnitude = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          bound += std::fabs(row[c]) * sx[c / kActivationBlock] / 2;
+          magnitude += std::fabs(row[c] * x[t * cols + c]);
+        }
+        const double error = std::fabs(y8[t * rows + r] - y32[t * rows + r]);
+        EXPECT_LE(error, bound + 1e-5 * magnitude) << dtype_name(dtype) << " row " << r;
+        largest_error = std::max(largest_error, error / bound);
+      }
+    }
+    EXPECT_GT(largest_error, 0.0) << "the int8 path must really quantize";
+  }
+}
+
+// The fast kernels against the reference on shapes that hit the row and token tile tails and,
+// for W8, a row ending half-way through a 64-column vector; and each token computed alone
+// equal bitwise to its row of the batch, on any number of threads.
+TEST(Int8Activations, FastMatmulMatchesTheReference) {
+  struct Shape {
+    DType dtype;
+    int64_t rows, cols, group;
+  } shapes[] = {{DType::kW8, 13, 96, 0},   {DType::kW8, 4, 32, 0},    {DType::kW8, 9, 1024, 0},
+                {DType::kW8, 67, 160, 0},  {DType::kW4, 13, 192, 64}, {DType::kW4, 5, 256, 128},
+                {DType::kW4, 67, 128, 64}, {DType::kW4, 1, 64, 64}};
+  const char* choice = std::getenv("QHX_KERNELS");
+  if (choice != nullptr && std::string_view(choice) == "avx2") {
+    EXPECT_STREQ(matmul_int8_kernel_path(), "avx2");
+  }
+  std::printf("int8 kernel path: %s\n", matmul_int8_kernel_path());
+  for (const Shape& s : shapes) {
+    for (const int64_t tokens : {1, 5, 13}) {
+      SCOPED_TRACE(std::string(dtype_name(s.dtype)) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.cols) + ", " + std::to_string(tokens) + " tokens");
+      QuantizedMatrix w(s.dtype, s.rows, s.cols, s.group, 7);
+      const std::vector<float> x = activations(tokens * s.cols, 8);
+      std::vector<float> expected(tokens * s.rows), fast(tokens * s.rows), single(s.rows);
+      ref::matmul(x.data(), tokens, w.ref, expected.data());
+      set_kernel_threads(1);
+      matmul(x.data(), tokens, w.ref, fast.data());
+      std::vector<float> row(s.cols);
+      for (int64_t r = 0; r < s.rows; ++r) {
+        ref::read_row(w.ref, r, row.data());
+        for (int64_t t = 0; t < tokens; ++t) {
+          // The kernels add the weights' offset (≤ 128) before subtracting it again.
+          double magnitude = 0;
+          for (int64_t c = 0; c < s.cols; ++c) {
+            magnitude +=
+                (std::fabs(row[c]) + 128 * std::fabs(row[c]) / 127) * std::fabs(x[t * s.cols + c]);
+          }
+          EXPECT_NEAR(fast[t * s.rows + r], expected[t * s.rows + r], 2e-6 * magnitude)
+              << "row " << r << " token " << t;
+        }
+      }
+      for (const int threads : {1, 2, 3}) {
+        set_kernel_threads(threads);
+        std::vector<float> again(tokens * s.rows);
+        matmul(x.data(), tokens, w.ref, again.data());
+        EXPECT_EQ(again, fast) << threads << " threads";
+        for (int64_t t = 0; t < tokens; ++t) {
+          matmul(x.data() + t * s.cols, 1, w.ref, single.data());
+          for (int64_t r = 0; r < s.rows; ++r) {
+            ASSERT_EQ(fast[t * s.rows + r], single[r]) << "a row must not depend on the batch";
+          }
+        }
+      }
+      set_kernel_threads(1);
+    }
+  }
+}
+
+TEST(Int8Activations, NonFiniteActivationsReachTheOutput) {
+  for (const DType dtype : {DType::kW8, DType::kW4}) {
+    QuantizedMatrix w(dtype, 8, 128, 64, 9);
+    std::vector<float> x = activations(2 * 128, 10);
+    x[128 + 70] = std::numeric_limits<float>::infinity();
+    std::vector<float> y(2 * 8);
+    matmul(x.data(), 2, w.ref, y.data());
+    for (int r = 0; r < 8; ++r) {
+      EXPECT_TRUE(std::isfinite(y[r])) << dtype_name(dtype);
+      EXPECT_TRUE(std::isnan(y[8 + r])) << dtype_name(dtype) << " row " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qhx
