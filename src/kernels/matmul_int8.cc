@@ -161,30 +161,42 @@ void prepare_activations(const float* x, int64_t n_tokens, int64_t cols, int64_t
 
 // ---- AVX-512 VNNI: 64 columns per vector, 16 lanes of 4 bytes ----
 
-// A tile of MR rows × NR tokens. W8: out = Σ lanes Σ_chunks sx · Σ_4 (q_w + 128) q_x.
+template <bool kFull>
+QHX_AVX512 inline __m512i load64(const int8_t* p, __mmask64 mask) {
+  return kFull ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask, p);
+}
+
+// 64 columns from c of a W8 tile (kFull) or its last, shorter piece (the mask's columns).
+template <int MR, int NR, bool kFull>
+QHX_AVX512 inline void w8_chunk_vnni(const int8_t* const* w, const Int8Activations& a, int64_t t0,
+                                     int64_t c, __mmask64 mask, __m512 (&acc)[MR][NR]) {
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i wv[MR];
+  for (int r = 0; r < MR; ++r) wv[r] = _mm512_xor_si512(load64<kFull>(w[r] + c, mask), offset);
+  for (int t = 0; t < NR; ++t) {
+    const __m512i xv = load64<kFull>(a.q_of(t0 + t) + c, mask);
+    const __m512 sx = _mm512_loadu_ps(a.scales_of(t0 + t) + c / 4);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
+      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sx, acc[r][t]);
+    }
+  }
+}
+
+// A tile of MR rows × NR tokens. W8: out = Σ lanes Σ_chunks sx · Σ_4 (q_w + 128) q_x, less the
+// offset's share, 128 · Σ_b sx_b · Σ q_x.
 template <int MR, int NR>
 QHX_AVX512 void w8_tile_vnni(const int8_t* const* w, const Int8Activations& a, int64_t t0,
                              float (*out)[NR]) {
-  const int64_t cols = a.cols;
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[MR][NR];
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  for (int64_t c = 0; c < cols; c += 64) {
-    const __mmask64 mask = c + 64 <= cols ? ~__mmask64{0} : (__mmask64{1} << (cols - c)) - 1;
-    __m512i wv[MR];
-    for (int r = 0; r < MR; ++r) {
-      wv[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w[r] + c), offset);
-    }
-    for (int t = 0; t < NR; ++t) {
-      const __m512i xv = _mm512_maskz_loadu_epi8(mask, a.q_of(t0 + t) + c);
-      const __m512 sx = _mm512_loadu_ps(a.scales_of(t0 + t) + c / 4);
-      for (int r = 0; r < MR; ++r) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sx, acc[r][t]);
-      }
-    }
+  int64_t c = 0;
+  for (; c + 64 <= a.cols; c += 64) w8_chunk_vnni<MR, NR, true>(w, a, t0, c, 0, acc);
+  // Masked loads only at the end: unmasked ones stream faster.
+  if (c < a.cols) {
+    w8_chunk_vnni<MR, NR, false>(w, a, t0, c, (__mmask64{1} << (a.cols - c)) - 1, acc);
   }
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) {
@@ -359,12 +371,14 @@ void run_tiles(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0
 }
 
 // Rows [row_begin, row_end) for all tokens: tiles of kTileRows rows (single rows at the end),
-// each against every token block while its weights are in L1.
+// each against every token block while its weights are in L1. A single token (decode) goes row
+// by row instead: one contiguous stream of weights is what the hardware prefetcher follows best,
+// and with one token there is nothing for a tile's rows to share.
 void matmul_rows(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                  int64_t row_begin, int64_t row_end) {
   const auto token_counts = std::make_integer_sequence<int, kTileTokens>{};
   int64_t r = row_begin;
-  for (; r + kTileRows <= row_end; r += kTileRows) {
+  for (; n_tokens > 1 && r + kTileRows <= row_end; r += kTileRows) {
     run_tiles<kTileRows>(isa, w, a, r, n_tokens, y, token_counts);
   }
   for (; r < row_end; ++r) run_tiles<1>(isa, w, a, r, n_tokens, y, token_counts);

@@ -1,0 +1,107 @@
+// The matmul kernels on Qwen3-0.6B's MLP shapes: W8 with float32 or int8 activations, W4, bf16,
+// for one token (decode: bandwidth) and 64 tokens (prefill: arithmetic). Each iteration
+// multiplies the next of enough matrices to overflow the last-level cache, so decode reads DRAM
+// as a real model does. Threads: QHX_BENCH_THREADS (default 1).
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+#include "kernels/thread_pool.h"
+
+namespace qhx {
+namespace {
+
+constexpr int64_t kCopies = 24;  // 24 × 3 MB (W8) > a 32 MB L3
+
+struct Weights {
+  std::vector<std::vector<int8_t>> q8;
+  std::vector<std::vector<uint8_t>> q4;
+  std::vector<std::vector<uint16_t>> bf16, scales4;
+  std::vector<std::vector<float>> scales8;
+  std::vector<MatrixRef> refs;
+};
+
+const Weights& weights(DType dtype, Activations activations, int64_t rows, int64_t cols) {
+  static std::vector<std::pair<std::tuple<DType, Activations, int64_t, int64_t>, Weights>> cache;
+  const auto key = std::tuple{dtype, activations, rows, cols};
+  for (const auto& [k, w] : cache) {
+    if (k == key) return w;
+  }
+  Weights w;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> f(rows * cols);
+  for (float& v : f) v = normal(rng);
+  for (int64_t i = 0; i < kCopies; ++i) {
+    MatrixRef m{dtype, nullptr, rows, cols};
+    m.activations = activations;
+    if (dtype == DType::kW8) {
+      w.q8.emplace_back(rows * cols);
+      w.scales8.emplace_back(rows);
+      quantize_w8(f.data(), rows, cols, w.q8.back().data(), w.scales8.back().data());
+      m.data = w.q8.back().data();
+      m.scales = w.scales8.back().data();
+    } else if (dtype == DType::kW4) {
+      w.q4.emplace_back(rows * cols / 2);
+      w.scales4.emplace_back(rows * cols / 64);
+      quantize_w4(f.data(), rows, cols, 64, w.q4.back().data(), w.scales4.back().data());
+      m.data = w.q4.back().data();
+      m.scales = w.scales4.back().data();
+      m.group_size = 64;
+    } else {
+      w.bf16.emplace_back(rows * cols);
+      for (int64_t j = 0; j < rows * cols; ++j) w.bf16.back()[j] = f32_to_bf16(f[j]);
+      m.data = w.bf16.back().data();
+    }
+    w.refs.push_back(m);
+  }
+  cache.emplace_back(key, std::move(w));
+  return cache.back().second;
+}
+
+void BM_Matmul(benchmark::State& state, DType dtype, Activations activations) {
+  const int64_t tokens = state.range(0), rows = state.range(1), cols = state.range(2);
+  const char* threads = std::getenv("QHX_BENCH_THREADS");
+  set_kernel_threads(threads != nullptr ? std::atoi(threads) : 1);
+  const Weights& w = weights(dtype, activations, rows, cols);
+  std::vector<float> x(tokens * cols), y(tokens * rows);
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  int64_t i = 0;
+  for (auto _ : state) {
+    matmul(x.data(), tokens, w.refs[i++ % kCopies], y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double macs = static_cast<double>(tokens * rows * cols);
+  state.counters["GMAC/s"] =
+      benchmark::Counter(macs * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight GB/s"] = benchmark::Counter(
+      static_cast<double>(matrix_bytes(dtype, rows, cols, dtype == DType::kW4 ? 64 : 0)) * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// {tokens, rows, cols}: gate/up (3072 × 1024) and down (1024 × 3072) projections.
+void shapes(benchmark::internal::Benchmark* b) {
+  for (const int64_t tokens : {1, 64}) {
+    b->Args({tokens, 3072, 1024});
+    b->Args({tokens, 1024, 3072});
+  }
+  b->Unit(benchmark::kMicrosecond)->ArgNames({"tokens", "rows", "cols"});
+}
+
+BENCHMARK_CAPTURE(BM_Matmul, w8_f32act, DType::kW8, Activations::kF32)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w8_int8act, DType::kW8, Activations::kInt8)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w4_f32act, DType::kW4, Activations::kF32)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w4_int8act, DType::kW4, Activations::kInt8)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, bf16, DType::kBF16, Activations::kF32)->Apply(shapes);
+
+}  // namespace
+}  // namespace qhx
+
+BENCHMARK_MAIN();
