@@ -14,8 +14,8 @@ namespace qhx {
 // on kernel_threads() threads (kernels/thread_pool.h).
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
-// The implementation matmul uses here: "avx2+fma" or "scalar reference" (also forced by the
-// environment variable QHX_KERNELS=reference).
+// The implementation matmul uses here: "avx2+fma" (x86-64 CPUs that have it), "neon" (aarch64) or
+// "scalar reference" (also forced by the environment variable QHX_KERNELS=reference).
 const char* matmul_kernel_path();
 
 namespace simd {
