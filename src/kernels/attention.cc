@@ -2,6 +2,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include "kernels/neon.h"
 #endif
 
 #include <vector>
@@ -47,13 +49,27 @@ QHX_AVX2 void attend_one(const float* qh, int64_t n_keys, const float* keys, con
 }
 #endif
 
+// One query head against its keys and values, as neon::attend_query in kernels/neon.h.
+using AttendQuery = void (*)(const float* q, int64_t n_keys, const float* keys, const float* values,
+                             int64_t kv_stride, int64_t head_dim, float scale, float* scores,
+                             float* out);
+
+// The SIMD kernel for this CPU and head size, or null for the reference.
+AttendQuery fast_attend_query([[maybe_unused]] int64_t head_dim) {
+#if defined(__x86_64__)
+  if (simd::has_avx2() && head_dim % 8 == 0) return attend_one;
+#elif defined(__aarch64__)
+  if (neon::enabled() && head_dim % 4 == 0) return neon::attend_query;
+#endif
+  return nullptr;
+}
+
 }  // namespace
 
 void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
                       const float* values, const AttentionShape& shape, float scale, float* out) {
   const int64_t hd = shape.head_dim;
-#if defined(__x86_64__)
-  if (simd::has_avx2() && hd % 8 == 0) {
+  if (const AttendQuery attend = fast_attend_query(hd)) {
     const int64_t group = shape.n_heads / shape.n_kv_heads;
     const int64_t q_stride = shape.n_heads * hd;
     const int64_t kv_stride = shape.n_kv_heads * hd;
@@ -63,12 +79,11 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
       thread_local std::vector<float> scores;
       if (static_cast<int64_t>(scores.size()) < n_keys) scores.resize(n_keys);
       const int64_t kv_offset = (h / group) * hd;
-      attend_one(q + t * q_stride + h * hd, n_keys, keys + kv_offset, values + kv_offset, kv_stride,
-                 hd, scale, scores.data(), out + t * q_stride + h * hd);
+      attend(q + t * q_stride + h * hd, n_keys, keys + kv_offset, values + kv_offset, kv_stride, hd,
+             scale, scores.data(), out + t * q_stride + h * hd);
     });
     return;
   }
-#endif
   std::vector<float> scores(first_pos + n_queries);
   ref::causal_attention(q, n_queries, first_pos, keys, values, shape, scale, out, scores.data());
 }

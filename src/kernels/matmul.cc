@@ -6,6 +6,8 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include "kernels/neon.h"
 #endif
 
 #include <algorithm>
@@ -20,6 +22,21 @@ namespace {
 [[maybe_unused]] bool reference_requested() {
   const char* choice = std::getenv("QHX_KERNELS");
   return choice != nullptr && std::string_view(choice) == "reference";
+}
+
+// Calls rows(begin, end) on blocks of whole rows of w spread over the kernel threads. Each row is
+// computed the same way wherever it falls, so the result is the same for any number of threads.
+template <typename Rows>
+void split_rows(int64_t n_tokens, const MatrixRef& w, const Rows& rows) {
+  // Below this many multiply-adds, waking the other threads costs more than it saves.
+  constexpr int64_t kMinParallelWork = 1 << 16;
+  ThreadPool& pool = kernel_pool();
+  if (pool.size() == 1 || w.rows * w.cols * n_tokens < kMinParallelWork || w.rows < 2) {
+    return rows(0, w.rows);
+  }
+  // A few row blocks per thread even out the threads' speeds.
+  const int64_t blocks = std::min<int64_t>(w.rows, 4 * pool.size());
+  pool.run(blocks, [&](int64_t b) { rows(w.rows * b / blocks, w.rows * (b + 1) / blocks); });
 }
 
 }  // namespace
@@ -203,18 +220,8 @@ QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixR
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
   if (!simd::has_avx2()) return ref::matmul(x, n_tokens, w, y);
-  // Below this many multiply-adds, waking the other threads costs more than it saves.
-  constexpr int64_t kMinParallelWork = 1 << 16;
-  ThreadPool& pool = kernel_pool();
-  if (pool.size() == 1 || w.rows * w.cols * n_tokens < kMinParallelWork || w.rows < 2) {
-    return simd::matmul_avx2(x, n_tokens, w, y, 0, w.rows);
-  }
-  // A few row blocks per thread even out the threads' speeds; blocks are whole rows, so the
-  // result is the same for any number of threads.
-  const int64_t blocks = std::min<int64_t>(w.rows, 4 * pool.size());
-  pool.run(blocks, [&](int64_t b) {
-    simd::matmul_avx2(x, n_tokens, w, y, w.rows * b / blocks, w.rows * (b + 1) / blocks);
-  });
+  split_rows(n_tokens, w,
+             [&](int64_t begin, int64_t end) { simd::matmul_avx2(x, n_tokens, w, y, begin, end); });
 }
 
 const char* matmul_kernel_path() {
@@ -222,7 +229,27 @@ const char* matmul_kernel_path() {
   return simd::has_avx512_vnni() ? "avx2+fma, int8 avx512-vnni" : "avx2+fma, int8 avx2";
 }
 
-#else  // not x86-64: the reference until the NEON kernels land
+#elif defined(__aarch64__)
+
+namespace neon {
+bool enabled() {
+  static const bool yes = !reference_requested();
+  return yes;
+}
+}  // namespace neon
+
+void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
+  if (!neon::enabled()) return ref::matmul(x, n_tokens, w, y);
+  split_rows(n_tokens, w,
+             [&](int64_t begin, int64_t end) { neon::matmul_rows(x, n_tokens, w, y, begin, end); });
+}
+
+const char* matmul_kernel_path() {
+  return neon::enabled() ? "neon" : "scalar reference";
+}
+
+#else  // no SIMD kernels for this architecture
 
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
@@ -233,12 +260,14 @@ const char* matmul_kernel_path() {
   return "scalar reference";
 }
 
+#endif
+
+#if !defined(__x86_64__)
 namespace simd {
 bool has_avx2() {
   return false;
 }
 }  // namespace simd
-
 #endif
 
 }  // namespace qhx

@@ -14,9 +14,9 @@ namespace qhx {
 // on kernel_threads() threads (kernels/thread_pool.h).
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
-// The implementations matmul uses here: e.g. "avx2+fma, int8 avx512-vnni" (float activations,
-// then int8 ones), or "scalar reference" (also forced by the environment variable
-// QHX_KERNELS=reference).
+// The implementations matmul uses here: "avx2+fma, int8 avx512-vnni" or "avx2+fma, int8 avx2"
+// (x86-64 CPUs that have them: float activations, then int8 ones), "neon" (aarch64) or "scalar
+// reference" (also forced by the environment variable QHX_KERNELS=reference).
 const char* matmul_kernel_path();
 
 namespace simd {

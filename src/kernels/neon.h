@@ -1,0 +1,25 @@
+// The aarch64 NEON kernels, internal to src/kernels: matmul.cc and attention.cc split the work
+// over the threads and call these for their share. NEON is part of the aarch64 baseline, so there
+// is no run-time CPU check.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace qhx::neon {
+
+// False when QHX_KERNELS=reference asks for the scalar reference kernels (defined in matmul.cc).
+bool enabled();
+
+// Rows [row_begin, row_end) of y = x · wᵀ (shapes as kernels/matmul.h matmul). Each output's
+// arithmetic is the same whatever n_tokens, so a token computed alone gets the same bits.
+void matmul_rows(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, int64_t row_begin,
+                 int64_t row_end);
+
+// One query head q[head_dim] against keys and values rows 0..n_keys-1 (kv_stride floats apart):
+// out = softmax(scale · K q) · V. head_dim is a multiple of 4; scores: scratch of n_keys floats.
+void attend_query(const float* q, int64_t n_keys, const float* keys, const float* values,
+                  int64_t kv_stride, int64_t head_dim, float scale, float* scores, float* out);
+
+}  // namespace qhx::neon
