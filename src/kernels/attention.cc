@@ -6,6 +6,7 @@
 #include "kernels/neon.h"
 #endif
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/matmul.h"
@@ -14,52 +15,125 @@
 namespace qhx {
 namespace {
 
+// Query rows that read the same keys and values (the query heads of one key/value head, at a few
+// consecutive positions), each with its scores scratch; sorted by n_keys, ascending.
+struct AttentionRow {
+  const float* q;
+  float* out;
+  float* scores;
+  int64_t n_keys;
+};
+
+// A kernel for such rows. Every row gets exactly what it would get alone, so a token decoded
+// by itself equals its row inside a batched prefill.
+using AttendRows = void (*)(const AttentionRow* rows, int n_rows, const float* keys,
+                            const float* values, int64_t kv_stride, int64_t head_dim, float scale);
+
 #if defined(__x86_64__)
 #define QHX_AVX2 __attribute__((target("avx2,fma")))
 
-QHX_AVX2 float dot_avx2(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t d = 0; d < n; d += 8) {
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-  }
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+QHX_AVX2 inline float horizontal_sum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-// out[0..n) += p · v[0..n)
-QHX_AVX2 void axpy_avx2(float p, const float* v, float* out, int64_t n) {
-  const __m256 pv = _mm256_set1_ps(p);
-  for (int64_t d = 0; d < n; d += 8) {
-    _mm256_storeu_ps(out + d,
-                     _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+// Rows are taken up to 8 at a time and each key and value vector is loaded once for all of them:
+// a query alone would stream its head's whole K and V from L2, which bounds it at a few
+// multiply-adds per cycle. Each (row, key) score is one accumulator summed over head_dim in
+// order, and each output column sums p_j · v_j over j in order from zero, whichever rows share
+// the batch.
+constexpr int kRowsAtOnce = 8;
+
+// scores[j] = scale · q·k_j for keys [j_begin, j_end) of R rows.
+template <int R>
+QHX_AVX2 void row_scores(const AttentionRow* rows, const float* keys, int64_t kv_stride,
+                         int64_t head_dim, float scale, int64_t j_begin, int64_t j_end) {
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    const float* k = keys + j * kv_stride;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += 8) {
+      const __m256 kd = _mm256_loadu_ps(k + d);
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[r].q + d), kd, acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) rows[r].scores[j] = horizontal_sum(acc[r]) * scale;
   }
 }
 
-// One query row against its n_keys keys and values, head_dim a multiple of 8.
-QHX_AVX2 void attend_one(const float* qh, int64_t n_keys, const float* keys, const float* values,
-                         int64_t kv_stride, int64_t head_dim, float scale, float* scores,
-                         float* oh) {
-  for (int64_t j = 0; j < n_keys; ++j) {
-    scores[j] = dot_avx2(qh, keys + j * kv_stride, head_dim) * scale;
+// Output columns [d, d + 8·NV) of R rows: the keys all rows see are shared, then each row
+// finishes its own.
+template <int R, int NV>
+QHX_AVX2 void row_outputs(const AttentionRow* rows, const float* values, int64_t kv_stride,
+                          int64_t d) {
+  __m256 acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < NV; ++i) acc[r][i] = _mm256_setzero_ps();
   }
-  ref::softmax(scores, n_keys);
-  for (int64_t d = 0; d < head_dim; ++d) oh[d] = 0.0f;
-  for (int64_t j = 0; j < n_keys; ++j) axpy_avx2(scores[j], values + j * kv_stride, oh, head_dim);
+  for (int64_t j = 0; j < rows[0].n_keys; ++j) {
+    __m256 v[NV];
+    for (int i = 0; i < NV; ++i) v[i] = _mm256_loadu_ps(values + j * kv_stride + d + 8 * i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 p = _mm256_set1_ps(rows[r].scores[j]);
+      for (int i = 0; i < NV; ++i) acc[r][i] = _mm256_fmadd_ps(p, v[i], acc[r][i]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = rows[0].n_keys; j < rows[r].n_keys; ++j) {
+      const __m256 p = _mm256_set1_ps(rows[r].scores[j]);
+      for (int i = 0; i < NV; ++i) {
+        acc[r][i] =
+            _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * kv_stride + d + 8 * i), acc[r][i]);
+      }
+    }
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(rows[r].out + d + 8 * i, acc[r][i]);
+  }
+}
+
+template <int R>
+QHX_AVX2 void attend_batch(const AttentionRow* rows, const float* keys, const float* values,
+                           int64_t kv_stride, int64_t head_dim, float scale) {
+  row_scores<R>(rows, keys, kv_stride, head_dim, scale, 0, rows[0].n_keys);
+  for (int r = 0; r < R; ++r) {
+    row_scores<1>(rows + r, keys, kv_stride, head_dim, scale, rows[0].n_keys, rows[r].n_keys);
+    ref::softmax(rows[r].scores, rows[r].n_keys);
+  }
+  int64_t d = 0;
+  for (; d + 16 <= head_dim; d += 16) row_outputs<R, 2>(rows, values, kv_stride, d);
+  if (d < head_dim) row_outputs<R, 1>(rows, values, kv_stride, d);
+}
+
+// head_dim a multiple of 8.
+void attend_rows_avx2(const AttentionRow* rows, int n_rows, const float* keys, const float* values,
+                      int64_t kv_stride, int64_t head_dim, float scale) {
+  using Batch = void (*)(const AttentionRow*, const float*, const float*, int64_t, int64_t, float);
+  static constexpr Batch batches[] = {attend_batch<1>, attend_batch<2>, attend_batch<3>,
+                                      attend_batch<4>, attend_batch<5>, attend_batch<6>,
+                                      attend_batch<7>, attend_batch<8>};
+  for (int r = 0; r < n_rows; r += kRowsAtOnce) {
+    const int n = std::min(kRowsAtOnce, n_rows - r);
+    batches[n - 1](rows + r, keys, values, kv_stride, head_dim, scale);
+  }
+}
+#elif defined(__aarch64__)
+// head_dim a multiple of 4.
+void attend_rows_neon(const AttentionRow* rows, int n_rows, const float* keys, const float* values,
+                      int64_t kv_stride, int64_t head_dim, float scale) {
+  for (int r = 0; r < n_rows; ++r) {
+    neon::attend_query(rows[r].q, rows[r].n_keys, keys, values, kv_stride, head_dim, scale,
+                       rows[r].scores, rows[r].out);
+  }
 }
 #endif
 
-// One query head against its keys and values, as neon::attend_query in kernels/neon.h.
-using AttendQuery = void (*)(const float* q, int64_t n_keys, const float* keys, const float* values,
-                             int64_t kv_stride, int64_t head_dim, float scale, float* scores,
-                             float* out);
-
 // The SIMD kernel for this CPU and head size, or null for the reference.
-AttendQuery fast_attend_query([[maybe_unused]] int64_t head_dim) {
+AttendRows fast_attend_rows([[maybe_unused]] int64_t head_dim) {
 #if defined(__x86_64__)
-  if (simd::has_avx2() && head_dim % 8 == 0) return attend_one;
+  if (simd::has_avx2() && head_dim % 8 == 0) return attend_rows_avx2;
 #elif defined(__aarch64__)
-  if (neon::enabled() && head_dim % 4 == 0) return neon::attend_query;
+  if (neon::enabled() && head_dim % 4 == 0) return attend_rows_neon;
 #endif
   return nullptr;
 }
@@ -69,23 +143,37 @@ AttendQuery fast_attend_query([[maybe_unused]] int64_t head_dim) {
 void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
                       const float* values, const AttentionShape& shape, float scale, float* out) {
   const int64_t hd = shape.head_dim;
-  if (const AttendQuery attend = fast_attend_query(hd)) {
-    const int64_t group = shape.n_heads / shape.n_kv_heads;
-    const int64_t q_stride = shape.n_heads * hd;
-    const int64_t kv_stride = shape.n_kv_heads * hd;
-    kernel_pool().run(n_queries * shape.n_heads, [&](int64_t task) {
-      const int64_t t = task / shape.n_heads, h = task % shape.n_heads;
-      const int64_t n_keys = first_pos + t + 1;
-      thread_local std::vector<float> scores;
-      if (static_cast<int64_t>(scores.size()) < n_keys) scores.resize(n_keys);
-      const int64_t kv_offset = (h / group) * hd;
-      attend(q + t * q_stride + h * hd, n_keys, keys + kv_offset, values + kv_offset, kv_stride, hd,
-             scale, scores.data(), out + t * q_stride + h * hd);
-    });
+  const AttendRows attend = fast_attend_rows(hd);
+  if (attend == nullptr) {
+    std::vector<float> scores(first_pos + n_queries);
+    ref::causal_attention(q, n_queries, first_pos, keys, values, shape, scale, out, scores.data());
     return;
   }
-  std::vector<float> scores(first_pos + n_queries);
-  ref::causal_attention(q, n_queries, first_pos, keys, values, shape, scale, out, scores.data());
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  const int64_t q_stride = shape.n_heads * hd;
+  const int64_t kv_stride = shape.n_kv_heads * hd;
+  // A task is one key/value head for a block of consecutive positions: its query heads at those
+  // positions share every key and value load.
+  const int64_t positions = std::max<int64_t>(1, 8 / group);
+  const int64_t blocks = (n_queries + positions - 1) / positions;
+  kernel_pool().run(shape.n_kv_heads * blocks, [&](int64_t task) {
+    const int64_t kv = task % shape.n_kv_heads;
+    const int64_t t_begin = task / shape.n_kv_heads * positions;
+    const int64_t t_end = std::min(n_queries, t_begin + positions);
+    const int64_t max_keys = first_pos + t_end;
+    thread_local std::vector<float> scores;
+    thread_local std::vector<AttentionRow> rows;
+    scores.resize(std::max<int64_t>(scores.size(), (t_end - t_begin) * group * max_keys));
+    rows.clear();
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+        rows.push_back({q + t * q_stride + h * hd, out + t * q_stride + h * hd,
+                        scores.data() + rows.size() * max_keys, first_pos + t + 1});
+      }
+    }
+    attend(rows.data(), static_cast<int>(rows.size()), keys + kv * hd, values + kv * hd, kv_stride,
+           hd, scale);
+  });
 }
 
 }  // namespace qhx

@@ -108,45 +108,50 @@ QHX_AVX2 void quantize_token(const float* x, int64_t cols, int8_t* q, float* sca
   }
 }
 
-// Quantizes every token and lays it out for a kernel reading `chunk`-byte vectors (32 or 64): the
-// per-lane scales, and the per-token (W8 offset) or per-lane (W4 offset) corrections.
-void prepare_activations(const float* x, int64_t n_tokens, int64_t cols, int64_t chunk,
-                         bool nibble_split, float lane_offset, bool token_offset,
-                         Int8Activations& a) {
+// Quantizes every token and lays it out for a kernel reading `chunk`-byte vectors (32 or 64):
+// W8 in column order, with the per-token offset share when token_offset; W4 nibble-split, with
+// the per-lane offset share of its weights' +8.
+void prepare_activations(const float* x, int64_t n_tokens, int64_t cols, int64_t chunk, bool w4,
+                         bool token_offset, Int8Activations& a) {
   a.cols = cols;
   a.lanes = (cols + chunk - 1) / chunk * chunk / 4;
   a.q.resize(n_tokens * cols);
   a.lane_scales.resize(n_tokens * a.lanes);
-  a.lane_offsets.resize(lane_offset != 0.0f ? n_tokens * a.lanes : 0);
+  a.lane_offsets.resize(w4 ? n_tokens * a.lanes : 0);
   a.token_offsets.resize(token_offset ? n_tokens : 0);
   const int64_t n_blocks = cols / kActivationBlock;
   auto prepare = [&](int64_t t) {
-    thread_local std::vector<int8_t> natural;
+    thread_local std::vector<int8_t> split;
     thread_local std::vector<float> block_scales;
-    natural.resize(cols);
     block_scales.resize(n_blocks);
-    const int8_t* qn = natural.data();
-    const float* sx = block_scales.data();
-    quantize_token(x + t * cols, cols, natural.data(), block_scales.data());
+    float* sx = block_scales.data();
     int8_t* q = a.q.data() + t * cols;
-    for (int64_t lane = 0; lane < a.lanes; ++lane) {
-      const int64_t c0 = 4 * lane / chunk * chunk;  // the lane's chunk
-      float scale = 0.0f, sum = 0.0f;
-      for (int64_t i = 4 * lane - c0; i < 4 * lane - c0 + 4; ++i) {
-        const int64_t c = c0 + column_of_byte(nibble_split, chunk, i);
-        if (c >= cols) break;  // a W8 row ending half-way through a 64-byte chunk
-        q[c0 + i] = qn[c];
-        scale = sx[c / kActivationBlock];
-        sum += static_cast<float>(qn[c]);
+    float* lane_scales = a.lane_scales.data() + t * a.lanes;
+    if (!w4) {  // columns in order, every lane inside one block
+      quantize_token(x + t * cols, cols, q, sx);
+      for (int64_t lane = 0; lane < a.lanes; ++lane) {
+        lane_scales[lane] = 4 * lane < cols ? sx[4 * lane / kActivationBlock] : 0.0f;
       }
-      a.lane_scales[t * a.lanes + lane] = scale;
-      if (lane_offset != 0.0f) a.lane_offsets[t * a.lanes + lane] = lane_offset * scale * sum;
+    } else {
+      split.resize(cols);
+      quantize_token(x + t * cols, cols, split.data(), sx);
+      for (int64_t lane = 0; lane < a.lanes; ++lane) {
+        const int64_t c0 = 4 * lane / chunk * chunk;  // the lane's chunk
+        float sum = 0.0f;
+        for (int64_t i = 4 * lane - c0; i < 4 * lane - c0 + 4; ++i) {
+          q[c0 + i] = split[c0 + column_of_byte(true, chunk, i)];
+          sum += static_cast<float>(q[c0 + i]);
+        }
+        lane_scales[lane] =
+            sx[(c0 + column_of_byte(true, chunk, 4 * lane - c0)) / kActivationBlock];
+        a.lane_offsets[t * a.lanes + lane] = 8.0f * lane_scales[lane] * sum;
+      }
     }
     if (token_offset) {
       float total = 0.0f;
       for (int64_t b = 0; b < n_blocks; ++b) {
         int32_t sum = 0;
-        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) sum += qn[c];
+        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) sum += q[c];
         total += sx[b] * static_cast<float>(sum);
       }
       a.token_offsets[t] = total;
@@ -320,7 +325,7 @@ QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scale
 enum class Isa { kAvx512Vnni, kAvx2 };
 
 constexpr int kTileRows = 4;
-constexpr int kTileTokens = 6;
+constexpr int kTileTokens = 4;
 
 // One tile of MR rows from r0 and NR tokens from t0, written into y.
 template <int MR, int NR>
@@ -409,8 +414,7 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   const bool w4 = w.dtype == DType::kW4;
   thread_local Int8Activations scratch;
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
-  prepare_activations(x, n_tokens, w.cols, isa == Isa::kAvx512Vnni ? 64 : 32,
-                      /*nibble_split=*/w4, /*lane_offset=*/w4 ? 8.0f : 0.0f,
+  prepare_activations(x, n_tokens, w.cols, isa == Isa::kAvx512Vnni ? 64 : 32, w4,
                       /*token_offset=*/!w4 && isa == Isa::kAvx512Vnni, activations);
   ThreadPool& pool = kernel_pool();
   constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds worth waking the threads for
