@@ -27,6 +27,8 @@ class Decoder final : public Model {
         const auto& h = deltanet_.heads;
         layers[i].conv.assign((deltanet_.conv_kernel - 1) * deltanet_.conv_channels(), 0.0f);
         layers[i].recurrent.assign(h.n_v_heads * h.k_dim * h.v_dim, 0.0f);
+      } else {
+        layers[i].kv_width = attention_.shape.n_kv_heads * attention_.shape.head_dim;
       }
     }
     return std::make_unique<DecoderState>(std::move(layers));

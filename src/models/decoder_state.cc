@@ -40,4 +40,19 @@ std::vector<StateTensor> DecoderState::tensors() const {
   return out;
 }
 
+void DecoderState::reserve(int64_t n_tokens) {
+  for (LayerState& l : layers) {
+    l.keys.reserve(n_tokens * l.kv_width);
+    l.values.reserve(n_tokens * l.kv_width);
+  }
+}
+
+int64_t DecoderState::bytes() const {
+  int64_t floats = 0;
+  for (const LayerState& l : layers) {
+    floats += l.keys.capacity() + l.values.capacity() + l.conv.size() + l.recurrent.size();
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 }  // namespace qhx

@@ -9,7 +9,8 @@
 namespace qhx {
 
 struct LayerState {
-  std::vector<float> keys, values;  // attention: [n_past, n_kv_heads·head_dim] each
+  std::vector<float> keys, values;  // attention: [n_past, kv_width] each
+  int64_t kv_width = 0;             // attention: n_kv_heads·head_dim
   std::vector<float> conv;       // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
   std::vector<float> recurrent;  // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
 };
@@ -26,6 +27,8 @@ class DecoderState final : public ModelState {
   }
   void restore(const ModelState& snapshot) override;
   std::vector<StateTensor> tensors() const override;
+  void reserve(int64_t n_tokens) override;
+  int64_t bytes() const override;
 
   void advance(int64_t n_tokens) { n_past_ += n_tokens; }
 

@@ -30,6 +30,11 @@ class ModelState {
   // Becomes a copy of `snapshot` (a state of the same model).
   virtual void restore(const ModelState& snapshot) = 0;
   virtual std::vector<StateTensor> tensors() const = 0;
+  // Makes room for a sequence of n_tokens in all: the KV caches then grow without reallocating,
+  // so they hold exactly what the sequence needs (growing by doubling could take twice that).
+  virtual void reserve(int64_t n_tokens) = 0;
+  // Bytes the state holds now (KV caches, conv and recurrent states), reserved room included.
+  virtual int64_t bytes() const = 0;
 };
 
 enum class LogitsFor { kLastToken, kEveryToken };

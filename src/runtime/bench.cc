@@ -58,6 +58,7 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
   std::vector<double> prefill, ttft, decode;
   std::vector<float> logits;
   const auto state = model.new_state();
+  state->reserve(std::max(config.n_prompt, config.depth + config.n_gen));
   // Warm-up, untimed: two tokens touch every weight page and size the scratch buffers.
   for (const int32_t id : random_ids(2, vocab, rng)) {
     model.forward(std::span<const int32_t>(&id, 1), *state, LogitsFor::kLastToken, logits);
@@ -87,6 +88,7 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
       decode.push_back(static_cast<double>(config.n_gen) / seconds_since(start));
     }
   }
+  result.state_bytes = state->bytes();
   result.prefill_tok_s = Spread::of(prefill);
   result.ttft_ms = Spread::of(ttft);
   result.decode_tok_s = Spread::of(decode);

@@ -27,9 +27,10 @@ struct Spread {
 
 struct BenchResult {
   BenchConfig config;
-  Spread prefill_tok_s;  // n_prompt tokens from an empty state, in one forward call
-  Spread ttft_ms;        // prefill + the first token's logits and greedy pick
-  Spread decode_tok_s;   // n_gen greedy single-token steps after `depth` context tokens
+  Spread prefill_tok_s;     // n_prompt tokens from an empty state, in one forward call
+  Spread ttft_ms;           // prefill + the first token's logits and greedy pick
+  Spread decode_tok_s;      // n_gen greedy single-token steps after `depth` context tokens
+  int64_t state_bytes = 0;  // the sequence state (KV caches, recurrent states) the runs used
 };
 
 BenchResult run_bench(const Model& model, const BenchConfig& config);

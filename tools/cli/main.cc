@@ -389,6 +389,21 @@ std::string weights_label(const fs::path& dir, qhx::Json& gate) {
   return "checkpoint";
 }
 
+// Bytes of weights the model maps: a bundle's tensor files, or a checkpoint's safetensors.
+double weight_file_mb(const fs::path& dir) {
+  uint64_t bytes = 0;
+  if (qhx::is_bundle(dir)) {
+    for (const auto& f : qhx::open_bundle_manifest(dir, {}).files) {
+      if (f.path.ends_with(".qhxt")) bytes += f.size;
+    }
+  } else {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().extension() == ".safetensors") bytes += entry.file_size();
+    }
+  }
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
 // llama-bench-like: one record per (prompt length, depth) configuration.
 int run_bench(const BenchArgs& args) {
   fs::path dir(args.model);
@@ -402,13 +417,15 @@ int run_bench(const BenchArgs& args) {
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const std::string cpu = cpu_model_name();
+  const double weights_mb = weight_file_mb(dir);
   if (!args.json) {
     std::printf(
-        "model %s | weights %s | threads %d | kernels %s | load %.2f s | CPU %s | commit %s\n",
-        args.model.c_str(), weights.c_str(), qhx::kernel_threads(), qhx::matmul_kernel_path(),
-        load_s, cpu.c_str(), QHX_GIT_COMMIT);
-    std::printf("%8s %8s %6s %22s %22s %18s %10s\n", "n_prompt", "depth", "n_gen", "prefill tok/s",
-                "decode tok/s", "TTFT ms", "RSS MB");
+        "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | commit "
+        "%s\n",
+        args.model.c_str(), weights.c_str(), weights_mb, qhx::kernel_threads(),
+        qhx::matmul_kernel_path(), load_s, cpu.c_str(), QHX_GIT_COMMIT);
+    std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
+                "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
   }
   for (const int64_t n_prompt : prompt_lengths) {
     for (const int64_t depth : depths) {
@@ -434,6 +451,8 @@ int run_bench(const BenchArgs& args) {
             {"decode_tok_s", r.decode_tok_s.mean},
             {"ttft_ms", r.ttft_ms.mean},
             {"peak_rss_mb", peak_rss_mb()},
+            {"weights_mb", weights_mb},
+            {"state_mb", static_cast<double>(r.state_bytes) / (1024.0 * 1024.0)},
             {"load_s", load_s},
             {"spread",
              {{"prefill_tok_s", spread(r.prefill_tok_s)},
@@ -452,10 +471,11 @@ int run_bench(const BenchArgs& args) {
           std::snprintf(buf, sizeof buf, "%.2f ± %.2f", s.mean, s.stddev);
           return std::string(buf);
         };
-        std::printf("%8lld %8lld %6lld %22s %22s %18s %10.1f\n", static_cast<long long>(n_prompt),
-                    static_cast<long long>(depth), static_cast<long long>(args.n_gen),
-                    cell(r.prefill_tok_s).c_str(), cell(r.decode_tok_s).c_str(),
-                    cell(r.ttft_ms).c_str(), peak_rss_mb());
+        std::printf("%8lld %8lld %6lld %22s %22s %18s %10.1f %10.1f\n",
+                    static_cast<long long>(n_prompt), static_cast<long long>(depth),
+                    static_cast<long long>(args.n_gen), cell(r.prefill_tok_s).c_str(),
+                    cell(r.decode_tok_s).c_str(), cell(r.ttft_ms).c_str(),
+                    static_cast<double>(r.state_bytes) / (1024.0 * 1024.0), peak_rss_mb());
         std::fflush(stdout);
       }
     }
