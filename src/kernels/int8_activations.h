@@ -1,6 +1,7 @@
 // The int8 activations of one matmul_int8 call, quantized and laid out as a SIMD kernel reads
-// them. Internal to src/kernels, for the integer kernels of every ISA, each passing its own
-// vectorised copy of ref::quantize_activations (the same float32 operations, so the same bits).
+// them. Internal to src/kernels: the x86 kernels (matmul_int8.cc) and the NEON ones
+// (matmul_int8_neon.cc) share it, each with its own vectorised copy of ref::quantize_activations
+// (the same float32 operations, so the same bits on every ISA).
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,8 @@
 // then each (row, token) dot product runs in integer multiply-adds of 4 bytes per 32-bit lane,
 // block by block, scaled into a float accumulator. Each (row, token) pair is computed by the
 // same instruction sequence whatever the batch, tile and thread count, so a token decoded alone
-// gets exactly the bits it gets inside a batched prefill.
+// gets exactly the bits it gets inside a batched prefill. These are the x86-64 kernels; the
+// aarch64 ones are in matmul_int8_neon.cc, and both share kernels/int8_activations.h.
 //
 // The integer multiply-adds take one unsigned and one signed operand, so the weights enter
 // offset to unsigned and the offset is subtracted after scaling:
@@ -19,6 +20,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include "kernels/neon.h"
 #endif
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -358,7 +361,21 @@ const char* matmul_int8_kernel_path() {
   return simd::has_avx512_vnni() ? "avx512-vnni" : "avx2";
 }
 
-#else  // not x86-64: the reference until the NEON kernels land
+#else  // not x86-64
+
+#if defined(__aarch64__)  // the NEON kernels, in matmul_int8_neon.cc
+
+void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (!neon::enabled()) return ref::matmul(x, n_tokens, w, y);
+  neon::matmul_int8(x, n_tokens, w, y);
+}
+
+const char* matmul_int8_kernel_path() {
+  if (!neon::enabled()) return "scalar reference";
+  return neon::has_dotprod() ? "neon-dotprod" : "neon";
+}
+
+#else  // no SIMD kernels for this architecture
 
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   ref::matmul(x, n_tokens, w, y);
@@ -367,6 +384,8 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
 const char* matmul_int8_kernel_path() {
   return "scalar reference";
 }
+
+#endif
 
 namespace simd {
 bool has_avx512_vnni() {
