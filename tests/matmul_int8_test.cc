@@ -1,10 +1,18 @@
 // W8/W4 matmuls with int8 activations: the reference against its definition, and the fast
-// kernels (AVX-512 VNNI, or AVX2 when run with QHX_KERNELS=avx2) against the reference.
+// kernels against the reference: AVX-512 VNNI, or AVX2 when run with QHX_KERNELS=avx2 (x86-64);
+// NEON with the dot-product instructions, or without them when run with QHX_KERNELS=neon or on a
+// CPU that lacks them (aarch64).
 #include <gtest/gtest.h>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -50,6 +58,53 @@ std::vector<float> activations(int64_t n, uint32_t seed) {
   std::vector<float> x = random_vector(n, seed, 2.0f);
   for (int64_t i = 5; i < n; i += 97) x[i] *= 40.0f;
   return x;
+}
+
+std::string_view qhx_kernels() {
+  const char* choice = std::getenv("QHX_KERNELS");
+  return choice != nullptr ? choice : "";
+}
+
+#if defined(__aarch64__)
+// Whether this CPU has SDOT, asked of the kernel directly rather than through the code under test.
+bool cpu_has_dotprod() {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return true;
+#elif defined(__linux__)
+  return (getauxval(AT_HWCAP) & (1UL << 20)) != 0;  // HWCAP_ASIMDDP
+#else
+  return false;
+#endif
+}
+#endif
+
+// The int8 kernels this CPU and QHX_KERNELS call for (kernels/matmul_int8.h).
+std::string expected_int8_kernel_path() {
+  if (qhx_kernels() == "reference") return "scalar reference";
+#if defined(__aarch64__)
+#if defined(__clang__) && !defined(__ARM_FEATURE_DOTPROD)
+  return "neon";  // clang's arm_neon.h offers SDOT only to files built for it
+#else
+  return cpu_has_dotprod() && qhx_kernels() != "neon" ? "neon-dotprod" : "neon";
+#endif
+#elif defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "scalar reference";
+  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return vnni && qhx_kernels() != "avx2" ? "avx512-vnni" : "avx2";
+#else
+  return "scalar reference";
+#endif
+}
+
+// QHX_TEST_REQUIRE_DOTPROD=1 (tools/ci_aarch64.sh) makes sure a run covers the SDOT kernels.
+TEST(Int8Activations, KernelPathFollowsTheCpuAndQhxKernels) {
+#if defined(__aarch64__)
+  if (std::getenv("QHX_TEST_REQUIRE_DOTPROD") != nullptr) {
+    ASSERT_TRUE(cpu_has_dotprod()) << "QHX_TEST_REQUIRE_DOTPROD is set, but this CPU has no SDOT";
+  }
+#endif
+  EXPECT_EQ(matmul_int8_kernel_path(), expected_int8_kernel_path());
 }
 
 TEST(Int8Activations, WhichMatricesUseThem) {
@@ -128,10 +183,6 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
   } shapes[] = {{DType::kW8, 13, 96, 0},   {DType::kW8, 4, 32, 0},    {DType::kW8, 9, 1024, 0},
                 {DType::kW8, 67, 160, 0},  {DType::kW4, 13, 192, 64}, {DType::kW4, 5, 256, 128},
                 {DType::kW4, 67, 128, 64}, {DType::kW4, 1, 64, 64}};
-  const char* choice = std::getenv("QHX_KERNELS");
-  if (choice != nullptr && std::string_view(choice) == "avx2") {
-    EXPECT_STREQ(matmul_int8_kernel_path(), "avx2");
-  }
   std::printf("int8 kernel path: %s\n", matmul_int8_kernel_path());
   for (const Shape& s : shapes) {
     for (const int64_t tokens : {1, 5, 13}) {
@@ -170,6 +221,66 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
         }
       }
       set_kernel_threads(1);
+    }
+  }
+}
+
+// Bitwise float equality that also holds between two NaNs.
+bool same_bits(float a, float b) {
+  return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) ||
+         (std::isnan(a) && std::isnan(b));
+}
+
+// With one weight 1 per row (row r picks column r) and unit scales, each output is a single
+// quantized activation times its block scale, y[t, r] = sx · q_x[t, r], exactly on kernels that
+// sum without offsets. So they must quantize to the reference's bits: ties to even, extreme
+// magnitudes, all-zero and non-finite blocks (whose NaN scale reaches every output of the token).
+TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
+  // The x86 kernels add an offset to the weights and take it off again, rounding twice.
+  const std::string path = matmul_int8_kernel_path();
+  if (path == "avx512-vnni") GTEST_SKIP() << "the AVX-512 VNNI kernels offset W8 and W4";
+  constexpr int64_t n = 4 * kActivationBlock;  // rows = cols
+  constexpr int64_t tokens = 6;
+  std::vector<float> x = activations(tokens * n, 11);
+  float* ties = &x[1 * n];  // each block's largest is 127 or 63.5: x · 1 or x · 2 lands on halves
+  for (int64_t c = 0; c < n; ++c) {
+    ties[c] = (c % 2 == 0 ? 1.0f : -1.0f) * (static_cast<float>(c % 29) + 0.5f);
+    if (c % kActivationBlock == 0) ties[c] = 127.0f;
+    if (c / kActivationBlock == 2) ties[c] = c % kActivationBlock == 0 ? -63.5f : ties[c] / 2;
+  }
+  float* special = &x[2 * n];
+  std::fill(special, special + kActivationBlock, 0.0f);  // scale 0, as is the next block
+  std::fill(special + kActivationBlock, special + 2 * kActivationBlock, -0.0f);
+  for (int64_t c = 2 * kActivationBlock; c < n; ++c) special[c] *= c < 3 * n / 4 ? 1e-30f : 1e30f;
+  x[3 * n + 40] = std::numeric_limits<float>::infinity();
+  x[4 * n + 100] = -std::numeric_limits<float>::infinity();
+  x[5 * n + 7] = std::numeric_limits<float>::quiet_NaN();
+
+  for (const DType dtype : {DType::kW8, DType::kW4}) {
+    if (path == "avx2" && dtype == DType::kW4) continue;  // offset, unlike AVX2's W8
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<int8_t> q8(n * n, 0);
+    std::vector<uint8_t> q4(n * n / 2, 0);
+    std::vector<float> scales8(n, 1.0f);
+    std::vector<uint16_t> scales4(n * n / 64, 0x3C00);  // f16 1.0
+    MatrixRef w{DType::kW8, q8.data(), n, n, scales8.data()};
+    if (dtype == DType::kW4) w = {DType::kW4, q4.data(), n, n, scales4.data(), 64};
+    w.activations = Activations::kInt8;
+    for (int64_t r = 0; r < n; ++r) {
+      q8[r * n + r] = 1;
+      q4[(r * n + r) / 2] = r % 2 == 0 ? 0x01 : 0x10;
+    }
+    std::vector<float> expected(tokens * n), fast(tokens * n);
+    ref::matmul(x.data(), tokens, w, expected.data());
+    matmul(x.data(), tokens, w, fast.data());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t r = 0; r < n; ++r) {
+        EXPECT_PRED2(same_bits, fast[t * n + r], expected[t * n + r])
+            << "token " << t << " column " << r << " x = " << x[t * n + r];
+      }
+    }
+    for (int64_t t = 3; t < tokens; ++t) {
+      EXPECT_TRUE(std::isnan(fast[t * n])) << "token " << t << " holds an inf or a NaN";
     }
   }
 }

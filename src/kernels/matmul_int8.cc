@@ -3,7 +3,8 @@
 // then each (row, token) dot product runs in integer multiply-adds of 4 bytes per 32-bit lane,
 // block by block, scaled into a float accumulator. Each (row, token) pair is computed by the
 // same instruction sequence whatever the batch, tile and thread count, so a token decoded alone
-// gets exactly the bits it gets inside a batched prefill.
+// gets exactly the bits it gets inside a batched prefill. These are the x86-64 kernels; the
+// aarch64 ones are in matmul_int8_neon.cc, and both share kernels/int8_activations.h.
 //
 // The integer multiply-adds take one unsigned and one signed operand, so the weights enter
 // offset to unsigned and the offset is subtracted after scaling:
@@ -13,11 +14,14 @@
 //                    change along the row.
 #include "kernels/matmul_int8.h"
 
+#include "kernels/int8_activations.h"
 #include "kernels/matmul.h"
 #include "kernels/thread_pool.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include "kernels/neon.h"
 #endif
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -41,30 +45,6 @@ namespace {
 
 #define QHX_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QHX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-
-// The quantized activations of one call, in the column order and with the per-lane scales the
-// chosen kernel reads.
-struct Int8Activations {
-  int64_t cols = 0;
-  int64_t lanes = 0;                 // per token: one per 4 columns, cols rounded up to chunks
-  std::vector<int8_t> q;             // [n_tokens, cols], in kernel order
-  std::vector<float> lane_scales;    // [n_tokens, lanes]: the block scale of each lane's bytes
-  std::vector<float> lane_offsets;   // W4: [n_tokens, lanes], 8 · scale · Σ the lane's 4 q_x
-  std::vector<float> token_offsets;  // W8 with VNNI: [n_tokens], Σ_b sx_b · Σ_{c∈b} q_x
-
-  const int8_t* q_of(int64_t t) const { return q.data() + t * cols; }
-  const float* scales_of(int64_t t) const { return lane_scales.data() + t * lanes; }
-  const float* offsets_of(int64_t t) const { return lane_offsets.data() + t * lanes; }
-};
-
-// How the kernel lays out a token: the column of kernel byte i within each chunk.
-//   natural: i. nibble-split (W4): the chunk's even columns, then its odd ones, matching
-//   weights unpacked as all low nibbles then all high nibbles.
-int64_t column_of_byte(bool nibble_split, int64_t chunk, int64_t i) {
-  if (!nibble_split) return i;
-  const int64_t half = chunk / 2;
-  return i < half ? 2 * i : 2 * (i - half) + 1;
-}
 
 QHX_AVX2 inline float horizontal_sum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -105,62 +85,6 @@ QHX_AVX2 void quantize_token(const float* x, int64_t cols, int8_t* q, float* sca
         _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
                         _mm256_permutevar8x32_epi32(bytes, byte_order));
-  }
-}
-
-// Quantizes every token and lays it out for a kernel reading `chunk`-byte vectors (32 or 64):
-// W8 in column order, with the per-token offset share when token_offset; W4 nibble-split, with
-// the per-lane offset share of its weights' +8.
-void prepare_activations(const float* x, int64_t n_tokens, int64_t cols, int64_t chunk, bool w4,
-                         bool token_offset, Int8Activations& a) {
-  a.cols = cols;
-  a.lanes = (cols + chunk - 1) / chunk * chunk / 4;
-  a.q.resize(n_tokens * cols);
-  a.lane_scales.resize(n_tokens * a.lanes);
-  a.lane_offsets.resize(w4 ? n_tokens * a.lanes : 0);
-  a.token_offsets.resize(token_offset ? n_tokens : 0);
-  const int64_t n_blocks = cols / kActivationBlock;
-  auto prepare = [&](int64_t t) {
-    thread_local std::vector<int8_t> split;
-    thread_local std::vector<float> block_scales;
-    block_scales.resize(n_blocks);
-    float* sx = block_scales.data();
-    int8_t* q = a.q.data() + t * cols;
-    float* lane_scales = a.lane_scales.data() + t * a.lanes;
-    if (!w4) {  // columns in order, every lane inside one block
-      quantize_token(x + t * cols, cols, q, sx);
-      for (int64_t lane = 0; lane < a.lanes; ++lane) {
-        lane_scales[lane] = 4 * lane < cols ? sx[4 * lane / kActivationBlock] : 0.0f;
-      }
-    } else {
-      split.resize(cols);
-      quantize_token(x + t * cols, cols, split.data(), sx);
-      for (int64_t lane = 0; lane < a.lanes; ++lane) {
-        const int64_t c0 = 4 * lane / chunk * chunk;  // the lane's chunk
-        float sum = 0.0f;
-        for (int64_t i = 4 * lane - c0; i < 4 * lane - c0 + 4; ++i) {
-          q[c0 + i] = split[c0 + column_of_byte(true, chunk, i)];
-          sum += static_cast<float>(q[c0 + i]);
-        }
-        lane_scales[lane] =
-            sx[(c0 + column_of_byte(true, chunk, 4 * lane - c0)) / kActivationBlock];
-        a.lane_offsets[t * a.lanes + lane] = 8.0f * lane_scales[lane] * sum;
-      }
-    }
-    if (token_offset) {
-      float total = 0.0f;
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        int32_t sum = 0;
-        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) sum += q[c];
-        total += sx[b] * static_cast<float>(sum);
-      }
-      a.token_offsets[t] = total;
-    }
-  };
-  if (n_tokens >= 4 && kernel_pool().size() > 1) {
-    kernel_pool().run(n_tokens, prepare);
-  } else {
-    for (int64_t t = 0; t < n_tokens; ++t) prepare(t);
   }
 }
 
@@ -414,7 +338,8 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   const bool w4 = w.dtype == DType::kW4;
   thread_local Int8Activations scratch;
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
-  prepare_activations(x, n_tokens, w.cols, isa == Isa::kAvx512Vnni ? 64 : 32, w4,
+  prepare_activations(quantize_token, x, n_tokens, w.cols, isa == Isa::kAvx512Vnni ? 64 : 32,
+                      /*lane_bytes=*/4, /*nibble_split=*/w4, /*lane_offset=*/w4 ? 8.0f : 0.0f,
                       /*token_offset=*/!w4 && isa == Isa::kAvx512Vnni, activations);
   ThreadPool& pool = kernel_pool();
   constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds worth waking the threads for
@@ -436,7 +361,21 @@ const char* matmul_int8_kernel_path() {
   return simd::has_avx512_vnni() ? "avx512-vnni" : "avx2";
 }
 
-#else  // not x86-64: the reference until the NEON kernels land
+#else  // not x86-64
+
+#if defined(__aarch64__)  // the NEON kernels, in matmul_int8_neon.cc
+
+void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (!neon::enabled()) return ref::matmul(x, n_tokens, w, y);
+  neon::matmul_int8(x, n_tokens, w, y);
+}
+
+const char* matmul_int8_kernel_path() {
+  if (!neon::enabled()) return "scalar reference";
+  return neon::has_dotprod() ? "neon-dotprod" : "neon";
+}
+
+#else  // no SIMD kernels for this architecture
 
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   ref::matmul(x, n_tokens, w, y);
@@ -445,6 +384,8 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
 const char* matmul_int8_kernel_path() {
   return "scalar reference";
 }
+
+#endif
 
 namespace simd {
 bool has_avx512_vnni() {

@@ -12,7 +12,9 @@ namespace qhx {
 // Requires uses_int8_activations(w). x: [n_tokens, w.cols]; y: [n_tokens, w.rows].
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
-// "avx512-vnni", "avx2" or "scalar reference".
+// "avx512-vnni", "avx2" (x86-64), "neon-dotprod", "neon" (aarch64, with and without the ARMv8.2
+// dot-product instructions) or "scalar reference". QHX_KERNELS=avx2 (x86-64) or =neon (aarch64)
+// keeps to the second; =reference forces the last.
 const char* matmul_int8_kernel_path();
 
 namespace simd {

@@ -1,6 +1,6 @@
 // The aarch64 NEON kernels, internal to src/kernels: matmul.cc and attention.cc split the work
-// over the threads and call these for their share. NEON is part of the aarch64 baseline, so there
-// is no run-time CPU check.
+// over the threads and call these for their share; matmul_int8.cc calls matmul_int8. NEON is part
+// of the aarch64 baseline, so only the optional dot-product instructions are checked at run time.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,13 @@ bool enabled();
 // arithmetic is the same whatever n_tokens, so a token computed alone gets the same bits.
 void matmul_rows(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, int64_t row_begin,
                  int64_t row_end);
+
+// True when this CPU has the ARMv8.2 dot-product instructions (SDOT), these kernels were built
+// able to use them, and QHX_KERNELS=neon does not forbid them (defined in matmul_int8_neon.cc).
+bool has_dotprod();
+
+// kernels/matmul_int8.h's matmul_int8 on the NEON integer kernels, over the kernel threads.
+void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
 // One query head q[head_dim] against keys and values rows 0..n_keys-1 (kv_stride floats apart):
 // out = softmax(scale · K q) · V. head_dim is a multiple of 4; scores: scratch of n_keys floats.
