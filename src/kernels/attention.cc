@@ -2,6 +2,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "kernels/simd_avx2.h"
 #elif defined(__aarch64__)
 #include "kernels/neon.h"
 #endif
@@ -33,34 +35,7 @@ using AttendRows = void (*)(const AttentionRow* rows, int n_rows, const float* k
 #if defined(__x86_64__)
 #define QHX_AVX2 __attribute__((target("avx2,fma")))
 
-QHX_AVX2 inline float horizontal_sum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
-// e^x for x ≤ 0 (scores less their maximum): x = n·ln2 + r with |r| ≤ ln2/2, e^r by its
-// degree-6 Taylor polynomial (relative error < 2e-7 there), times 2^n built in the exponent
-// bits. Below -87.3 the result would be subnormal: it is 0, as float32 softmax weights that
-// small vanish against the maximum's 1 anyway. NaN stays NaN.
-QHX_AVX2 inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n·ln2, with ln2 split in two so the product is exact enough.
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i scale =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-  return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), e);
-}
+using avx2::horizontal_sum;
 
 // ref::softmax with 8 lanes (sums in another order, so equal up to rounding).
 QHX_AVX2 void softmax_avx2(float* x, int64_t n) {
@@ -77,7 +52,7 @@ QHX_AVX2 void softmax_avx2(float* x, int64_t n) {
   const __m256 mv = _mm256_set1_ps(max);
   __m256 sums = _mm256_setzero_ps();
   for (i = 0; i + 8 <= n; i += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    const __m256 e = avx2::exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
     _mm256_storeu_ps(x + i, e);
     sums = _mm256_add_ps(sums, e);
   }

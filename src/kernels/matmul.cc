@@ -6,6 +6,8 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+
+#include "kernels/simd_avx2.h"
 #elif defined(__aarch64__)
 #include "kernels/neon.h"
 #endif
@@ -46,11 +48,7 @@ namespace {
 
 #define QHX_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-QHX_AVX2 inline float horizontal_sum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
+using avx2::horizontal_sum;
 
 // Eight weights of each dtype widened to f32 (W8/W4 as their integer values, scaled later).
 QHX_AVX2 inline __m256 load8_f32(const float* p) {

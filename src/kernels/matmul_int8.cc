@@ -20,6 +20,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "kernels/simd_avx2.h"
 #elif defined(__aarch64__)
 #include "kernels/neon.h"
 #endif
@@ -46,11 +48,7 @@ namespace {
 #define QHX_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QHX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-QHX_AVX2 inline float horizontal_sum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
+using avx2::horizontal_sum;
 
 // ref::quantize_activations for one token, vectorised: the same float32 operations, so the same
 // bits (cvtps rounds to nearest even, as nearbyint does in the default rounding mode).

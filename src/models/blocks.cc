@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kernels/delta_rule.h"
+#include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 
 namespace qhx {
@@ -46,18 +48,18 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
     float* qt = q.data() + t * q_width;
     float* kt = k.data() + t * kv_width;
     for (int64_t h = 0; h < n_heads; ++h) {
-      ref::rms_norm(qt + h * hd, w.q_norm.data(), hd, p.norm_eps, qt + h * hd);
+      rms_norm(qt + h * hd, w.q_norm.data(), hd, p.norm_eps, qt + h * hd);
     }
     for (int64_t h = 0; h < n_kv; ++h) {
-      ref::rms_norm(kt + h * hd, w.k_norm.data(), hd, p.norm_eps, kt + h * hd);
+      rms_norm(kt + h * hd, w.k_norm.data(), hd, p.norm_eps, kt + h * hd);
     }
     for (size_t i = 0; i < p.inv_freq.size(); ++i) {
       const float angle = static_cast<float>(first_pos + t) * p.inv_freq[i];
       cos[i] = std::cos(angle);
       sin[i] = std::sin(angle);
     }
-    ref::rope_rotate_half(qt, n_heads, hd, p.rotary_dim, cos.data(), sin.data());
-    ref::rope_rotate_half(kt, n_kv, hd, p.rotary_dim, cos.data(), sin.data());
+    rope_rotate_half(qt, n_heads, hd, p.rotary_dim, cos.data(), sin.data());
+    rope_rotate_half(kt, n_kv, hd, p.rotary_dim, cos.data(), sin.data());
   }
   cache.keys.insert(cache.keys.end(), k.begin(), k.end());
   cache.values.insert(cache.values.end(), v.begin(), v.end());
@@ -66,7 +68,7 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   causal_attention(q.data(), n_tokens, first_pos, cache.keys.data(), cache.values.data(), p.shape,
                    scale, attn.data());
-  if (p.output_gate) ref::sigmoid_gate(gate.data(), n_tokens * q_width, attn.data());
+  if (p.output_gate) sigmoid_gate(gate.data(), n_tokens * q_width, attn.data());
   matmul(attn.data(), n_tokens, w.o_proj, out);
 }
 
@@ -85,8 +87,8 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
 
   // Step 2: causal depthwise conv + SiLU on the q|k|v channels, continuing the conv state.
   std::vector<float> conv_out(n_tokens * channels);
-  ref::causal_conv1d_silu(mixed.data(), n_tokens, channels, w.conv.data(), p.conv_kernel,
-                          state.conv.data(), conv_out.data());
+  causal_conv1d_silu(mixed.data(), n_tokens, channels, w.conv.data(), p.conv_kernel,
+                     state.conv.data(), conv_out.data());
 
   // Steps 3 and 6: split, L2-normalise q and k per key head, scale q by dk^-1/2.
   std::vector<float> q(n_tokens * kd), k(n_tokens * kd), v(n_tokens * vd);
@@ -98,9 +100,9 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
     std::copy(row + 2 * kd, row + channels, v.data() + t * vd);
     for (int64_t h = 0; h < p.heads.n_k_heads; ++h) {
       float* qh = q.data() + t * kd + h * dk;
-      ref::l2_normalize(qh, dk, 1e-6f);
+      l2_normalize(qh, dk, 1e-6f);
       for (int64_t d = 0; d < dk; ++d) qh[d] *= q_scale;
-      ref::l2_normalize(k.data() + t * kd + h * dk, dk, 1e-6f);
+      l2_normalize(k.data() + t * kd + h * dk, dk, 1e-6f);
     }
   }
 
@@ -119,18 +121,18 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
   // Steps 5 and 7: the gated delta rule (value head j reads key head j / (Hv/Hk)).
   std::vector<float> core(n_tokens * vd);
   if (n_tokens == 1) {
-    ref::gated_delta_rule_recurrent(q.data(), k.data(), v.data(), beta.data(), g.data(), 1, p.heads,
-                                    state.recurrent.data(), core.data());
+    gated_delta_rule_recurrent(q.data(), k.data(), v.data(), beta.data(), g.data(), 1, p.heads,
+                               state.recurrent.data(), core.data());
   } else {
-    ref::gated_delta_rule_chunked(q.data(), k.data(), v.data(), beta.data(), g.data(), n_tokens,
-                                  p.heads, p.chunk, state.recurrent.data(), core.data());
+    gated_delta_rule_chunked(q.data(), k.data(), v.data(), beta.data(), g.data(), n_tokens, p.heads,
+                             p.chunk, state.recurrent.data(), core.data());
   }
 
   // Step 8: per value head, RMSNorm (plain scale) then gate with silu(z); out_proj.
   for (int64_t i = 0; i < n_tokens * hv; ++i) {
     float* o = core.data() + i * dv;
-    ref::rms_norm(o, w.norm.data(), dv, p.norm_eps, o);
-    ref::silu_mul(z.data() + i * dv, o, dv, o);
+    rms_norm(o, w.norm.data(), dv, p.norm_eps, o);
+    silu_mul(z.data() + i * dv, o, dv, o);
   }
   matmul(core.data(), n_tokens, w.out_proj, out);
 }
@@ -140,7 +142,7 @@ void mlp_forward(const MlpWeights& w, int64_t n_tokens, const float* x, float* o
   std::vector<float> gate(n_tokens * inner), up(n_tokens * inner);
   matmul(x, n_tokens, w.gate_proj, gate.data());
   matmul(x, n_tokens, w.up_proj, up.data());
-  ref::silu_mul(gate.data(), up.data(), n_tokens * inner, gate.data());
+  silu_mul(gate.data(), up.data(), n_tokens * inner, gate.data());
   matmul(gate.data(), n_tokens, w.down_proj, out);
 }
 

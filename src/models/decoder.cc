@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
@@ -69,7 +70,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   }
   const auto norm_rows = [&](const std::vector<float>& scale) {
     for (int64_t t = 0; t < n_tokens; ++t) {
-      ref::rms_norm(h.data() + t * H, scale.data(), H, eps, x.data() + t * H);
+      rms_norm(h.data() + t * H, scale.data(), H, eps, x.data() + t * H);
     }
   };
   const auto add_to_residual = [&] {
@@ -96,8 +97,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
   const int64_t n_out = n_tokens - first_out;
   for (int64_t t = 0; t < n_out; ++t) {
-    ref::rms_norm(h.data() + (first_out + t) * H, weights_.final_norm.data(), H, eps,
-                  x.data() + t * H);
+    rms_norm(h.data() + (first_out + t) * H, weights_.final_norm.data(), H, eps, x.data() + t * H);
   }
   logits.resize(n_out * vocab);
   matmul(x.data(), n_out, weights_.lm_head, logits.data());
