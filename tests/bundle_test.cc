@@ -130,6 +130,11 @@ TEST_F(BundleTest, QuantizedBundlesPassTheirGate) {
           forge_convert(source, bundle(std::string(dtype_name(d)) + source.filename().string()), o);
       ASSERT_TRUE(r.gate.has_value());
       EXPECT_TRUE(r.published) << source << " " << dtype_name(d) << ": " << r.gate->summary();
+      if (d == DType::kW8 && !r.int8_activations) {  // allowed, but only after the gate said no
+        ASSERT_TRUE(r.int8_activation_gate.has_value());
+        std::printf("%s: int8 activations refused: %s\n", source.filename().c_str(),
+                    r.int8_activation_gate->summary().c_str());
+      }
     }
   }
 }
@@ -145,6 +150,45 @@ TEST_F(BundleTest, FailedGatePublishesNothing) {
   EXPECT_FALSE(r.published);
   EXPECT_FALSE(fs::exists(bundle("w4")));
   EXPECT_TRUE(fs::is_empty(dir_.path())) << "no temporary directory left behind";
+}
+
+// W8 bundles multiply int8 activations when the gate accepts them; when it does not, forge tries
+// f32 activations before giving up, and an explicit choice is never second-guessed.
+TEST_F(BundleTest, Int8ActivationsWhereTheGateAcceptsThem) {
+  ConvertOptions o;  // the default suite, as QuantizedBundlesPassTheirGate
+  o.weights = DType::kW8;
+  const ConvertResult accepted = forge_convert(kQwen3, bundle("w8"), o);
+  ASSERT_TRUE(accepted.published) << accepted.gate->summary();
+  EXPECT_TRUE(accepted.int8_activations);
+  EXPECT_FALSE(accepted.int8_activation_gate.has_value());
+  EXPECT_EQ(manifest(bundle("w8"))["precision_policy"]["activations"], "int8");
+  EXPECT_TRUE(load_model(bundle("w8"))->config().int8_activations);
+
+  o.thresholds = GateThresholds{1.0, 1.0, 1.0, 0.0, 1.0};  // nothing quantized is exact
+  const ConvertResult refused = forge_convert(kQwen3, bundle("w8-refused"), o);
+  ASSERT_TRUE(refused.int8_activation_gate.has_value()) << "int8 activations are tried first";
+  EXPECT_FALSE(refused.int8_activation_gate->passed);
+  ASSERT_TRUE(refused.gate.has_value()) << "then f32 activations";
+  EXPECT_FALSE(refused.int8_activations);
+  EXPECT_FALSE(refused.published);
+
+  o.int8_activations = true;
+  EXPECT_FALSE(forge_convert(kQwen3, bundle("w8-int8"), o).int8_activation_gate.has_value());
+  o.int8_activations = false;
+  o.thresholds.reset();
+  convert(kQwen3, "w8-f32", o);
+  EXPECT_EQ(manifest(bundle("w8-f32"))["precision_policy"]["activations"], "f32");
+  EXPECT_FALSE(load_model(bundle("w8-f32"))->config().int8_activations);
+
+  o = f32_options();
+  o.int8_activations = true;
+  expect_error([&] { forge_convert(kQwen3, bundle("f32-int8"), o); },
+               {"--activations int8", "W8 or W4"});
+
+  Json m = manifest(bundle("w8"));
+  m["precision_policy"]["activations"] = "int4";
+  write_manifest(bundle("w8"), m);
+  expect_error([&] { load_model(bundle("w8")); }, {"precision_policy.activations", "\"int8\""});
 }
 
 TEST_F(BundleTest, IntegrityFailuresAreNamed) {
