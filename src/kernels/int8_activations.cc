@@ -26,11 +26,11 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
   a.lane_offsets.resize(lane_offset != 0.0f ? n_tokens * a.lanes : 0);
   a.token_offsets.resize(token_offset ? n_tokens : 0);
   const int64_t n_blocks = cols / kActivationBlock;
+  a.block_stride = n_blocks + 16;
+  a.block_scales.assign(n_tokens * a.block_stride, 0.0f);
   auto prepare = [&](int64_t t) {
     thread_local std::vector<int8_t> split;
-    thread_local std::vector<float> block_scales;
-    block_scales.resize(n_blocks);
-    const float* sx = block_scales.data();
+    float* sx = a.block_scales.data() + t * a.block_stride;
     int8_t* q = a.q.data() + t * cols;
     float* lane_scales = a.lane_scales.data() + t * a.lanes;
     float* lane_offsets = lane_offset != 0.0f ? a.lane_offsets.data() + t * a.lanes : nullptr;
@@ -40,7 +40,7 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
       split.resize(cols);
       quantized = split.data();
     }
-    quantize(x + t * cols, cols, quantized, block_scales.data());
+    quantize(x + t * cols, cols, quantized, sx);
     for (int64_t lane = 0; lane < a.lanes; ++lane) {
       const int64_t first = lane_bytes * lane;
       const int64_t c0 = first / chunk * chunk;  // the lane's chunk

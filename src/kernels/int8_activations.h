@@ -22,10 +22,16 @@ struct Int8Activations {
   std::vector<float> lane_scales;    // [n_tokens, lanes]: the block scale of each lane's bytes
   std::vector<float> lane_offsets;   // W4: [n_tokens, lanes], 8 · scale · Σ the lane's q_x
   std::vector<float> token_offsets;  // W8 with VNNI: [n_tokens], Σ_b sx_b · Σ_{c∈b} q_x
+  // [n_tokens, block_stride]: each block's scale, compact (a kernel that spreads them over its
+  // lanes itself reads 8 times less than lane_scales), then zeros up to block_stride, so a
+  // 16-float load from any block stays inside the array.
+  std::vector<float> block_scales;
+  int64_t block_stride = 0;
 
   const int8_t* q_of(int64_t t) const { return q.data() + t * cols; }
   const float* scales_of(int64_t t) const { return lane_scales.data() + t * lanes; }
   const float* offsets_of(int64_t t) const { return lane_offsets.data() + t * lanes; }
+  const float* block_scales_of(int64_t t) const { return block_scales.data() + t * block_stride; }
 };
 
 // ref::quantize_activations for one token (same signature and bits).

@@ -102,7 +102,10 @@ QHX_AVX512 inline void w8_chunk_vnni(const int8_t* const* w, const Int8Activatio
   for (int r = 0; r < MR; ++r) wv[r] = _mm512_xor_si512(load64<kFull>(w[r] + c, mask), offset);
   for (int t = 0; t < NR; ++t) {
     const __m512i xv = load64<kFull>(a.q_of(t0 + t) + c, mask);
-    const __m512 sx = _mm512_loadu_ps(a.scales_of(t0 + t) + c / 4);
+    // Lanes 0-7 hold the chunk's first block, 8-15 its second.
+    const __m512 sx =
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                              _mm512_loadu_ps(a.block_scales_of(t0 + t) + c / kActivationBlock));
     for (int r = 0; r < MR; ++r) {
       const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
       acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sx, acc[r][t]);
@@ -195,7 +198,7 @@ QHX_AVX2 void w8_tile_avx2(const int8_t* const* w, const Int8Activations& a, int
     }
     for (int t = 0; t < NR; ++t) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q_of(t0 + t) + c));
-      const __m256 sx = _mm256_loadu_ps(a.scales_of(t0 + t) + c / 4);
+      const __m256 sx = _mm256_broadcast_ss(a.block_scales_of(t0 + t) + c / kActivationBlock);
       for (int r = 0; r < MR; ++r) {
         const __m256 dot = lane_dots(magnitude[r], _mm256_sign_epi8(xv, wv[r]));
         acc[r][t] = _mm256_fmadd_ps(dot, sx, acc[r][t]);
