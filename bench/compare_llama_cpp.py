@@ -72,7 +72,10 @@ def run(cmd: list, nice: int | None = None, capture: bool = False, **kw) -> subp
     if nice is not None and shutil.which("nice"):
         cmd = ["nice", "-n", str(nice)] + cmd
     log("$ " + shlex.join(cmd))
-    result = subprocess.run(cmd, capture_output=capture, text=True, **kw)
+    if capture:
+        result = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    else:  # the tool's own output goes to stderr: stdout is for the results
+        result = subprocess.run(cmd, stdout=sys.stderr, text=True, **kw)
     if result.returncode != 0:
         if capture:
             sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
