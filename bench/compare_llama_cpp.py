@@ -1,0 +1,561 @@
+#!/usr/bin/env python3
+"""Side-by-side speed of qhx and llama.cpp on the same synthetic weights, same threads.
+
+What it does, each step skipped when its output is already in the cache:
+  1. llama.cpp: `pip download --no-deps --no-binary :all: llama-cpp-python==VERSION` (PyPI's sdist
+     vendors a full llama.cpp tree), unpacked and built with cmake (Release, CPU only,
+     GGML_NATIVE=ON, static, no OpenSSL/curl): llama-bench and llama-quantize.
+  2. A venv for the GGUF conversion. The default converter is bench/hf_to_gguf_numpy.py (numpy and
+     the vendored gguf-py; writes what llama.cpp's converter writes for Qwen3 / Qwen3.5, checked by
+     --check-converter). llama.cpp's convert_hf_to_gguf.py needs torch + transformers + sentencepiece
+     (several GB, CUDA wheels on PyPI): use it with --converter official --python PY.
+  3. `qhx forge synth --preset P` (random weights, real shapes) + the Qwen3 tokenizer files, then
+     GGUF Q8_0 (and Q4_0 via a BF16 GGUF and llama-quantize) and qhx bundles W8 (and W4) from that
+     one checkpoint. Layouts are matched: the tied embedding/output table is Q8_0 in both GGUFs
+     (llama-quantize --token-embedding-type q8_0; --q4-table stock keeps llama.cpp's Q6_K) and
+     int8 (w8) in both qhx bundles; qhx W4 uses groups of 32 like Q4_0.
+  4. Rounds of llama-bench (-p/-n/-t/-r, JSON) and `qhx bench --json`, alternating
+     (llama.cpp, qhx, llama.cpp, qhx, ...), then a table of prefill and decode tok/s and the
+     ratio qhx / llama.cpp (mean ± sample stddev over rounds, each round's figure being the mean
+     over -r repetitions).
+
+Examples (from the repository root, after `tools/setup.sh build`):
+  python3 bench/compare_llama_cpp.py --preset qwen3-0.6b -p 64 -n 16 -r 1 --rounds 1   # smoke
+  python3 bench/compare_llama_cpp.py --preset qwen3-0.6b --rounds 3 --json out.json --markdown out.md
+  python3 bench/compare_llama_cpp.py --preset qwen3.5-2b --pairs q8
+  python3 bench/compare_llama_cpp.py --setup-only              # download + build llama.cpp only
+  python3 bench/compare_llama_cpp.py --list-converter-archs    # what the vendored converter takes
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VERSION = "0.3.36"  # llama-cpp-python; vendors ggml-org/llama.cpp@0c1e57098
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qhx-llama-cpp"
+NUMPY_CONVERTER = Path(__file__).resolve().parent / "hf_to_gguf_numpy.py"
+VENV_PACKAGES = ["numpy>=2.2.6", "pyyaml>=5.1", "tqdm>=4.27"]  # gguf-py's imports
+
+# A pair: the GGUF type on the llama.cpp side and the qhx bundle weights on the other.
+PAIRS = {
+    "q8": {"gguf": "Q8_0", "qhx": "w8", "label": "Q8_0 vs W8"},
+    "q4": {"gguf": "Q4_0", "qhx": "w4", "label": "Q4_0 vs W4"},
+}
+HF_ARCHS = {"qwen3": "Qwen3ForCausalLM", "qwen3.5": "Qwen3_5ForCausalLM"}
+
+
+def log(msg: str) -> None:
+    print(f"[compare] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg: str) -> None:
+    print(f"compare_llama_cpp.py: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd: list, nice: int | None = None, capture: bool = False, **kw) -> subprocess.CompletedProcess:
+    cmd = [str(c) for c in cmd]
+    if nice is not None and shutil.which("nice"):
+        cmd = ["nice", "-n", str(nice)] + cmd
+    log("$ " + shlex.join(cmd))
+    if capture:
+        result = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    else:  # the tool's own output goes to stderr: stdout is for the results
+        result = subprocess.run(cmd, stdout=sys.stderr, text=True, **kw)
+    if result.returncode != 0:
+        if capture:
+            sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
+        die(f"command failed (exit {result.returncode}): {shlex.join(cmd)}")
+    return result
+
+
+def timed(fn, *args, **kw):
+    start = time.monotonic()
+    value = fn(*args, **kw)
+    return value, time.monotonic() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp from the llama-cpp-python sdist
+
+class LlamaCpp:
+    def __init__(self, cache: Path, version: str, src: Path | None):
+        self.cache, self.version = cache, version
+        self.sdist_dir = cache / "src" / f"llama_cpp_python-{version}"
+        self.src = src or self.sdist_dir / "vendor" / "llama.cpp"
+        tag = f"{version}" if src is None else "custom-" + re.sub(r"[^A-Za-z0-9]+", "-", str(src))
+        self.build = cache / f"build-{tag}"
+        self.bench = self.build / "bin" / "llama-bench"
+        self.quantize = self.build / "bin" / "llama-quantize"
+        self.timings: dict[str, float] = {}
+
+    def fetch(self) -> None:
+        if (self.src / "CMakeLists.txt").exists():
+            return
+        dl = self.cache / "dl"
+        sdist = dl / f"llama_cpp_python-{self.version}.tar.gz"
+        if not sdist.exists():
+            _, self.timings["download_s"] = timed(
+                run, [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                      f"llama-cpp-python=={self.version}", "-d", dl])
+        if not sdist.exists():
+            die(f"pip did not leave {sdist}")
+        log(f"unpacking {sdist}")
+        (self.cache / "src").mkdir(parents=True, exist_ok=True)
+        with tarfile.open(sdist) as tar:
+            tar.extractall(self.cache / "src", filter="data")
+        if not (self.src / "CMakeLists.txt").exists():
+            die(f"the sdist has no vendored llama.cpp at {self.src}")
+
+    def commit(self) -> str:
+        """The llama.cpp commit that this llama-cpp-python release vendors (from its CHANGELOG)."""
+        changelog = self.sdist_dir / "CHANGELOG.md"
+        if changelog.exists():
+            text = changelog.read_text(encoding="utf-8", errors="replace")
+            section = text.split(f"## [{self.version}]", 1)[-1].split("\n## [", 1)[0]
+            m = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section)
+            if m:
+                return m.group(1)
+        return "unknown"
+
+    def build_tools(self, jobs: int, nice: int, rebuild: bool) -> None:
+        if self.bench.exists() and self.quantize.exists() and not rebuild:
+            return
+        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                 "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF", "-DGGML_VULKAN=OFF", "-DGGML_METAL=OFF"]
+        start = time.monotonic()
+        run(["cmake", "-S", self.src, "-B", self.build, *flags], nice=nice, capture=True)
+        run(["cmake", "--build", self.build, "-j", jobs, "--target", "llama-bench", "llama-quantize"],
+            nice=nice)
+        self.timings["build_s"] = time.monotonic() - start
+        (self.build / "qhx-build.json").write_text(json.dumps(
+            {"build_s": self.timings["build_s"], "jobs": jobs, "cmake_flags": flags}, indent=1))
+        log(f"llama.cpp built in {self.timings['build_s']:.0f} s")
+
+    def recorded_build_s(self) -> float | None:
+        f = self.build / "qhx-build.json"
+        return json.loads(f.read_text()).get("build_s") if f.exists() else None
+
+    def supports(self, hf_arch: str) -> bool:
+        """Does the converter register the architecture (and llama.cpp know its GGUF arch)?"""
+        return hf_arch in converter_archs(self.src)
+
+    def runtime_knows_qwen35(self) -> bool:
+        arch_h = self.src / "src" / "llama-arch.h"
+        return arch_h.exists() and "LLM_ARCH_QWEN35," in arch_h.read_text(errors="replace")
+
+
+def converter_archs(src: Path) -> list[str]:
+    """Hugging Face architectures registered with @ModelBase.register in the converter's sources."""
+    files = [src / "convert_hf_to_gguf.py", *sorted((src / "conversion").glob("*.py"))]
+    names: set[str] = set()
+    for f in files:
+        if not f.exists():
+            continue
+        for block in re.findall(r"@ModelBase\.register\(([^)]*)\)", f.read_text(errors="replace")):
+            names.update(re.findall(r'"([^"]+)"', block))
+    return sorted(names)
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion venv
+
+def ensure_venv(cache: Path, nice: int) -> Path:
+    venv = cache / "venv"
+    python = venv / "bin" / "python"
+    stamp = venv / ".qhx-ready"
+    if stamp.exists() and python.exists():
+        return python
+    run([sys.executable, "-m", "venv", venv])
+    run([python, "-m", "pip", "install", "--quiet", *VENV_PACKAGES], nice=nice)
+    stamp.write_text("\n".join(VENV_PACKAGES) + "\n")
+    return python
+
+
+def check_official_python(python: str) -> None:
+    probe = subprocess.run([python, "-c", "import torch, transformers, numpy, sentencepiece"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        die(f"{python} cannot run llama.cpp's convert_hf_to_gguf.py: it imports torch, transformers, "
+            f"numpy and sentencepiece at start-up ({probe.stderr.strip().splitlines()[-1]}). "
+            "Give --python an interpreter that has them, or use the default numpy converter.")
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+def find_tokenizer(explicit: Path | None) -> Path:
+    candidates = [explicit] if explicit else [REPO.parent / "shared/fixtures/tokenizer/qwen3",
+                                               REPO / "shared/fixtures/tokenizer/qwen3",
+                                               Path("/work/shared/fixtures/tokenizer/qwen3")]
+    for c in candidates:
+        if c and (c / "tokenizer.json").exists():
+            return c
+    die("no Qwen3 tokenizer found (tokenizer.json + tokenizer_config.json); give --tokenizer DIR")
+    raise AssertionError
+
+
+class Models:
+    """One synthetic checkpoint and everything converted from it, under work/<preset>/."""
+
+    def __init__(self, args, llama: LlamaCpp, qhx: Path, python: Path):
+        self.args, self.llama, self.qhx, self.python = args, llama, qhx, python
+        self.dir = args.work / args.preset
+        self.ckpt = self.dir / "checkpoint"
+        self.timings: dict[str, float] = {}
+
+    def _step(self, key: str, out: Path, fn) -> Path:
+        if out.exists() and not self.args.fresh:
+            return out
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        _, self.timings[key] = timed(fn)
+        log(f"{key}: {self.timings[key]:.1f} s")
+        return out
+
+    def checkpoint(self) -> Path:
+        def make():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            run([self.qhx, "forge", "synth", "--preset", self.args.preset, "-o", self.ckpt,
+                 "--seed", self.args.seed], nice=self.args.nice)
+            tok = find_tokenizer(self.args.tokenizer)
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(tok / name, self.ckpt / name)
+        return self._step("synth_checkpoint_s", self.ckpt, make)
+
+    def gguf(self, outtype: str, converter: str | None = None) -> Path:
+        converter = converter or self.args.converter
+        suffix = "" if converter == "numpy" else "-official"
+        out = self.dir / f"model-{outtype}{suffix}.gguf"
+
+        def make():
+            if converter == "numpy":
+                run([self.python, NUMPY_CONVERTER, self.ckpt, "--llama-cpp", self.llama.src,
+                     "--outtype", outtype, "--outfile", out, "--qhx", self.qhx],
+                    nice=self.args.nice, capture=True)
+            else:  # Qwen3.5 synth checkpoints have no MTP layers: --no-mtp says so
+                run([self.args.python, self.llama.src / "convert_hf_to_gguf.py", self.ckpt,
+                     "--outtype", outtype, "--outfile", out, *(["--no-mtp"] if self.hybrid() else [])],
+                    nice=self.args.nice, capture=True)
+        return self._step(f"convert_{outtype}_{converter}_s", out, make)
+
+    def hybrid(self) -> bool:
+        return self.args.preset.startswith("qwen3.5")
+
+    def gguf_q4_0(self) -> Path:
+        table = "" if self.args.q4_table == "stock" else "-table-q8_0"
+        out = self.dir / f"model-q4_0{table}.gguf"
+
+        def make():
+            bf16 = self.gguf("bf16")
+            cmd = [self.llama.quantize]
+            if self.args.q4_table != "stock":
+                cmd += ["--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"]
+            run(cmd + [bf16, out, "Q4_0", self.args.threads], nice=self.args.nice, capture=True)
+            if not self.args.keep_intermediate:
+                bf16.unlink()
+        return self._step("quantize_q4_0_s", out, make)
+
+    def bundle(self, weights: str) -> Path:
+        out = self.dir / f"qhx-{weights}"
+        cmd = [self.qhx, "forge", "convert", self.ckpt, "-o", out, "--weights", weights,
+               "--embed", self.args.qhx_table, "--lm-head", self.args.qhx_table, "--no-gate"]
+        if weights == "w4":
+            cmd += ["--group-size", self.args.w4_group_size]
+        return self._step(f"qhx_convert_{weights}_s", out,
+                          lambda: run(cmd, nice=self.args.nice, capture=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks
+
+def llama_bench(llama: LlamaCpp, gguf: Path, args) -> dict:
+    cmd = [llama.bench, "-m", gguf, "-p", args.n_prompt, "-n", args.n_gen, "-t", args.threads,
+           "-r", args.reps, "-o", "json", *args.llama_bench_args]
+    records = json.loads(run(cmd, capture=True).stdout)
+    out = {"raw": records}
+    for r in records:
+        if r["n_prompt"] > 0 and r["n_gen"] == 0:
+            out["prefill"] = r["avg_ts"]
+            out["prefill_sd"] = r["stddev_ts"]
+        elif r["n_gen"] > 0 and r["n_prompt"] == 0:
+            out["decode"] = r["avg_ts"]
+            out["decode_sd"] = r["stddev_ts"]
+    return out
+
+
+def qhx_bench(qhx: Path, bundle: Path, args) -> dict:
+    cmd = [qhx, "bench", bundle, "-p", args.n_prompt, "-n", args.n_gen, "-t", args.threads,
+           "-r", args.reps, "--json"]
+    record = json.loads(run(cmd, capture=True).stdout.strip().splitlines()[-1])
+    return {"raw": record, "prefill": record["prefill_tok_s"], "decode": record["decode_tok_s"],
+            "prefill_sd": record["spread"]["prefill_tok_s"]["stddev"],
+            "decode_sd": record["spread"]["decode_tok_s"]["stddev"]}
+
+
+def spread(xs: list[float]) -> dict:
+    return {"mean": statistics.fmean(xs), "stddev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def cell(s: dict, digits: int = 1) -> str:
+    return f"{s['mean']:.{digits}f} ± {s['stddev']:.{digits}f}"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
+                                    "avx512_bf16", "avx_vnni") if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def git_commit() -> str:
+    r = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return (r.stdout.strip() or "unknown") + ("-dirty" if dirty else "")
+
+
+def render_table(rows: list[dict], args) -> str:
+    pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
+    lines = ["| pair | test | llama.cpp tok/s | qhx tok/s | qhx / llama.cpp | best of rounds: "
+             "llama.cpp, qhx, ratio |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        for key, test in (("prefill", pp), ("decode", tg)):
+            m = row[key]
+            best_l, best_q = m["llama"]["max"], m["qhx"]["max"]
+            lines.append(f"| {row['label']} | {test} | {cell(m['llama'])} | {cell(m['qhx'])} | "
+                         f"{cell(m['ratio'], 2)} | {best_l:.1f}, {best_q:.1f}, "
+                         f"{best_q / best_l:.2f} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("what to compare")
+    g.add_argument("--preset", default="qwen3-0.6b",
+                   help="qhx forge synth preset: qwen3-0.6b, qwen3-1.7b, qwen3.5-0.8b, qwen3.5-2b, "
+                        "qwen3.5-4b (default: %(default)s)")
+    g.add_argument("--pairs", default=None,
+                   help="comma-separated from q8 (GGUF Q8_0 vs qhx W8), q4 (Q4_0 vs W4); default: "
+                        "q8,q4 for Qwen3 presets, q8 for Qwen3.5")
+    g.add_argument("-p", "--n-prompt", type=int, default=512, help="prefill tokens (default: 512)")
+    g.add_argument("-n", "--n-gen", type=int, default=128, help="decoded tokens (default: 128)")
+    g.add_argument("-t", "--threads", type=int, default=2, help="threads for both (default: 2)")
+    g.add_argument("-r", "--reps", type=int, default=3,
+                   help="repetitions inside each llama-bench / qhx bench call (default: 3)")
+    g.add_argument("--rounds", type=int, default=3,
+                   help="alternating llama.cpp / qhx rounds; the table's spread is over these "
+                        "(default: 3)")
+    g.add_argument("--q4-table", choices=["q8_0", "stock"], default="q8_0",
+                   help="Q4_0 GGUF's tied embedding/output table: q8_0 (matches the qhx bundle's "
+                        "int8 table; default) or stock (llama-quantize's own choice, Q6_K)")
+    g.add_argument("--qhx-table", default="w8",
+                   help="qhx bundles' embedding and lm_head dtype (default: w8, like Q8_0's)")
+    g.add_argument("--w4-group-size", type=int, default=32,
+                   help="qhx W4 group width (default: 32, Q4_0's block)")
+    g.add_argument("--llama-bench-args", default="",
+                   help="extra llama-bench arguments, one string (e.g. '-fa on -ub 256')")
+    g = ap.add_argument_group("tools and caches")
+    g.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                   help="download, build, venv (default: %(default)s)")
+    g.add_argument("--work", type=Path, default=None,
+                   help="checkpoints, GGUFs and bundles, per preset (default: CACHE/models)")
+    g.add_argument("--llama-cpp-python-version", default=DEFAULT_VERSION,
+                   help="PyPI llama-cpp-python sdist to take llama.cpp from (default: %(default)s)")
+    g.add_argument("--llama-cpp-src", type=Path, default=None,
+                   help="use this llama.cpp source tree instead of the sdist's")
+    g.add_argument("--qhx", type=Path, default=REPO / "build" / "qhx",
+                   help="qhx binary (default: build/qhx; make it with tools/setup.sh build)")
+    g.add_argument("--tokenizer", type=Path, default=None,
+                   help="directory with the Qwen3 tokenizer.json + tokenizer_config.json "
+                        "(default: ../shared/fixtures/tokenizer/qwen3)")
+    g.add_argument("--converter", choices=["numpy", "official"], default="numpy",
+                   help="numpy: bench/hf_to_gguf_numpy.py in CACHE/venv (default); official: "
+                        "llama.cpp's convert_hf_to_gguf.py run by --python")
+    g.add_argument("--python", default=None,
+                   help="interpreter with torch, transformers, numpy, sentencepiece for the official "
+                        "converter")
+    g.add_argument("--check-converter", action="store_true",
+                   help="also convert with the official converter (--python) and compare the two "
+                        "Q8_0 GGUFs tensor by tensor")
+    g.add_argument("--seed", type=int, default=1, help="forge synth seed (default: 1)")
+    g.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="build jobs")
+    g.add_argument("--nice", type=int, default=10,
+                   help="niceness of builds and conversions (benchmarks run at normal priority)")
+    g.add_argument("--fresh", action="store_true", help="redo the checkpoint and conversions")
+    g.add_argument("--rebuild", action="store_true", help="rebuild llama.cpp")
+    g.add_argument("--keep-intermediate", action="store_true",
+                   help="keep the BF16 GGUF (Q4_0's source) and --check-converter's official GGUF")
+    g = ap.add_argument_group("output and modes")
+    g.add_argument("--json", type=Path, help="write the results (all rounds, metadata) here")
+    g.add_argument("--markdown", type=Path, help="write the table and metadata here")
+    g.add_argument("--setup-only", action="store_true", help="fetch and build llama.cpp, then stop")
+    g.add_argument("--convert-only", action="store_true", help="stop after making the models")
+    g.add_argument("--list-converter-archs", action="store_true",
+                   help="print the Hugging Face architectures the vendored converter registers")
+    args = ap.parse_args()
+    args.work = args.work or args.cache / "models"
+    args.llama_bench_args = shlex.split(args.llama_bench_args)
+    family = "qwen3.5" if args.preset.startswith("qwen3.5") else "qwen3"
+    args.hf_arch = HF_ARCHS[family]
+    args.pairs = (args.pairs or ("q8" if family == "qwen3.5" else "q8,q4")).split(",")
+    for p in args.pairs:
+        if p not in PAIRS:
+            ap.error(f"--pairs: unknown pair {p!r} (q8, q4)")
+    if args.converter == "official" or args.check_converter:
+        if not args.python:
+            ap.error("--converter official and --check-converter need --python (an interpreter "
+                     "with torch, transformers, numpy, sentencepiece)")
+    if min(args.n_prompt, args.n_gen, args.threads, args.reps, args.rounds) < 1:
+        ap.error("-p, -n, -t, -r and --rounds must be at least 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    llama = LlamaCpp(args.cache, args.llama_cpp_python_version, args.llama_cpp_src)
+    llama.fetch()
+    if args.list_converter_archs:
+        print("\n".join(converter_archs(llama.src)))
+        return
+    llama.build_tools(args.jobs, args.nice, args.rebuild)
+    if args.setup_only:
+        log(f"llama-bench: {llama.bench}\nllama-quantize: {llama.quantize}")
+        return
+
+    if not llama.supports(args.hf_arch) or (args.hf_arch == "Qwen3_5ForCausalLM"
+                                             and not llama.runtime_knows_qwen35()):
+        die(f"the llama.cpp vendored by llama-cpp-python {args.llama_cpp_python_version} "
+            f"(commit {llama.commit()}) does not support {args.hf_arch}: its converter does not "
+            "register it or its runtime has no such architecture; nothing to compare for "
+            f"--preset {args.preset}")
+    if not args.qhx.exists():
+        die(f"no qhx binary at {args.qhx}: build it with tools/setup.sh build, or give --qhx")
+    python = ensure_venv(args.cache, args.nice)
+    if args.python:
+        check_official_python(args.python)
+
+    models = Models(args, llama, args.qhx.resolve(), python)
+    models.checkpoint()
+    pairs = []
+    for p in args.pairs:
+        gguf = models.gguf("q8_0") if p == "q8" else models.gguf_q4_0()
+        pairs.append({"pair": p, **PAIRS[p], "gguf_path": gguf, "bundle": models.bundle(PAIRS[p]["qhx"])})
+    converter_check = None
+    if args.check_converter:
+        official = models.gguf("q8_0", converter="official")
+        numpy_q8 = models.gguf("q8_0", converter="numpy")
+        r = subprocess.run([python, NUMPY_CONVERTER, "--compare", numpy_q8, official,
+                            "--llama-cpp", llama.src], capture_output=True, text=True)
+        converter_check = {"identical": r.returncode == 0, "report": r.stdout.strip()}
+        log("converter check: " + r.stdout.strip().replace("\n", "\n  "))
+        if not args.keep_intermediate:
+            official.unlink()
+    if args.convert_only:
+        return
+
+    load_start = os.getloadavg()
+    if load_start[0] > 0.5:
+        log(f"warning: load average {load_start[0]:.2f} before the runs; other work on the CPU "
+            "slows both, llama.cpp's spinning OpenMP threads much more than qhx")
+    rounds: dict[str, list] = {p["pair"]: [] for p in pairs}
+    for i in range(args.rounds):
+        for p in pairs:
+            log(f"round {i + 1}/{args.rounds}, {p['label']}")
+            load = os.getloadavg()[0]
+            lb = llama_bench(llama, p["gguf_path"], args)
+            qb = qhx_bench(args.qhx, p["bundle"], args)
+            rounds[p["pair"]].append({"llama": lb, "qhx": qb, "load_1min_before": load})
+            log(f"  prefill llama.cpp {lb['prefill']:.1f} qhx {qb['prefill']:.1f} | "
+                f"decode llama.cpp {lb['decode']:.1f} qhx {qb['decode']:.1f} tok/s")
+
+    rows = []
+    for p in pairs:
+        rr = rounds[p["pair"]]
+        row = {"pair": p["pair"], "label": p["label"], "gguf": p["gguf_path"].name,
+               "bundle": p["bundle"].name}
+        for key in ("prefill", "decode"):
+            ll = [r["llama"][key] for r in rr]
+            qq = [r["qhx"][key] for r in rr]
+            row[key] = {"llama": spread(ll), "qhx": spread(qq),
+                        "ratio": spread([q / l for q, l in zip(qq, ll)])}
+        rows.append(row)
+
+    first = rounds[pairs[0]["pair"]][0]
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "qhx_commit": git_commit(),
+        "qhx_binary_commit": first["qhx"]["raw"].get("commit"),
+        "qhx_kernel_path": first["qhx"]["raw"].get("kernel_path"),
+        "llama_cpp_python": args.llama_cpp_python_version if not args.llama_cpp_src else None,
+        "llama_cpp_commit": llama.commit() if not args.llama_cpp_src else str(args.llama_cpp_src),
+        "llama_bench_backends": first["llama"]["raw"][0].get("backends"),
+        "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": args.threads,
+        "preset": args.preset, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+        "reps_per_call": args.reps, "rounds": args.rounds, "converter": args.converter,
+        "q4_table": args.q4_table, "qhx_table": args.qhx_table, "w4_group_size": args.w4_group_size,
+        "llama_bench_args": args.llama_bench_args, "load_average_start": load_start,
+        "load_average": os.getloadavg(),
+        "llama_cpp_build_s": llama.timings.get("build_s", llama.recorded_build_s()),
+        "step_timings_s": {**llama.timings, **models.timings},
+        "converter_check": converter_check,
+    }
+    table = render_table(rows, args)
+    header = (f"{meta['date']}  qhx {meta['qhx_commit'][:12]} ({meta['qhx_kernel_path']})  "
+              f"llama.cpp {meta['llama_cpp_commit']} (llama-cpp-python {meta['llama_cpp_python']})\n"
+              f"{meta['cpu']} [{' '.join(meta['cpu_flags'])}], {args.threads} threads, "
+              f"preset {args.preset}, pp{args.n_prompt} / tg{args.n_gen}, "
+              f"{args.rounds} round(s) x {args.reps} rep(s), load average at the end "
+              f"{' '.join(f'{x:.2f}' for x in meta['load_average'])}")
+    note = ("mean ± sample stddev over rounds; the ratio is taken per round (> 1: qhx faster). "
+            "Other load only slows a run, so on a shared machine the best round is the better "
+            "estimate of each tool's speed.")
+    print(header)
+    print(table)
+    print(note)
+    if args.json:
+        result = {"meta": meta, "rows": rows, "rounds": rounds}
+        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        log(f"wrote {args.json}")
+    if args.markdown:
+        args.markdown.write_text(f"```\n{header}\n```\n\n{table}\n\n{note}\n")
+        log(f"wrote {args.markdown}")
+
+
+if __name__ == "__main__":
+    main()
