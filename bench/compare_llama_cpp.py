@@ -13,7 +13,7 @@ What it does, each step skipped when its output is already in the cache:
      GGUF Q8_0 (and Q4_0 via a BF16 GGUF and llama-quantize) and qhx bundles W8 (and W4) from that
      one checkpoint. Layouts are matched: the tied embedding/output table is Q8_0 in both GGUFs
      (llama-quantize --token-embedding-type q8_0; --q4-table stock keeps llama.cpp's Q6_K) and
-     int8 (w8) in both qhx bundles; qhx W4 uses groups of 32 like Q4_0.
+     int8 (w8) in both qhx bundles; qhx W4 uses its default groups of 64 (--w4-group-size).
   4. Rounds of llama-bench (-p/-n/-t/-r, JSON) and `qhx bench --json`, alternating
      (llama.cpp, qhx, llama.cpp, qhx, ...), then a table of prefill and decode tok/s and the
      ratio qhx / llama.cpp (mean ± sample stddev over rounds, each round's figure being the mean
@@ -272,7 +272,10 @@ class Models:
         return self._step("quantize_q4_0_s", out, make)
 
     def bundle(self, weights: str) -> Path:
-        out = self.dir / f"qhx-{weights}"
+        # The name carries every option that changes the bundle, so a cached one is never reused
+        # for other settings (bundles from an older qhx: --fresh).
+        group = f"-g{self.args.w4_group_size}" if weights == "w4" else ""
+        out = self.dir / f"qhx-{weights}{group}-table-{self.args.qhx_table}"
         cmd = [self.qhx, "forge", "convert", self.ckpt, "-o", out, "--weights", weights,
                "--embed", self.args.qhx_table, "--lm-head", self.args.qhx_table, "--no-gate"]
         if weights == "w4":
@@ -385,8 +388,9 @@ def parse_args() -> argparse.Namespace:
                         "int8 table; default) or stock (llama-quantize's own choice, Q6_K)")
     g.add_argument("--qhx-table", default="w8",
                    help="qhx bundles' embedding and lm_head dtype (default: w8, like Q8_0's)")
-    g.add_argument("--w4-group-size", type=int, default=32,
-                   help="qhx W4 group width (default: 32, Q4_0's block)")
+    g.add_argument("--w4-group-size", type=int, default=64,
+                   help="qhx W4 group width (default: 64, qhx's default; int8 activations need a "
+                        "multiple of 64, so 32 (Q4_0's block) runs W4 with f32 activations)")
     g.add_argument("--llama-bench-args", default="",
                    help="extra llama-bench arguments, one string (e.g. '-fa on -ub 256')")
     g = ap.add_argument_group("tools and caches")
