@@ -160,7 +160,11 @@ QHX_AVX512 void w4_tile_vnni(const uint8_t* const* w, const uint16_t* const* sca
     }
     for (int t = 0; t < NR; ++t) {
       const __m512i xv = _mm512_loadu_si512(a.q_of(t0 + t) + c);
-      const __m512 sx = _mm512_loadu_ps(a.scales_of(t0 + t) + c / 4);
+      // Lanes 0-3 and 8-11 hold the chunk's first block (its even and odd columns), the rest
+      // its second.
+      const __m512 sx =
+          _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1),
+                                _mm512_loadu_ps(a.block_scales_of(t0 + t) + c / kActivationBlock));
       const __m512 offsets = _mm512_loadu_ps(a.offsets_of(t0 + t) + c / 4);
       for (int r = 0; r < MR; ++r) {
         const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
@@ -232,7 +236,7 @@ QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scale
     }
     for (int t = 0; t < NR; ++t) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q_of(t0 + t) + c));
-      const __m256 sx = _mm256_loadu_ps(a.scales_of(t0 + t) + c / 4);
+      const __m256 sx = _mm256_broadcast_ss(a.block_scales_of(t0 + t) + c / kActivationBlock);
       const __m256 offsets = _mm256_loadu_ps(a.offsets_of(t0 + t) + c / 4);
       for (int r = 0; r < MR; ++r) {
         const __m256 block = _mm256_fmsub_ps(lane_dots(wv[r], xv), sx, offsets);
@@ -340,7 +344,7 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   thread_local Int8Activations scratch;
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
   prepare_activations(quantize_token, x, n_tokens, w.cols, isa == Isa::kAvx512Vnni ? 64 : 32,
-                      /*lane_bytes=*/4, /*nibble_split=*/w4, /*lane_offset=*/w4 ? 8.0f : 0.0f,
+                      /*nibble_split=*/w4, /*lane_offset=*/w4 ? 8.0f : 0.0f,
                       /*token_offset=*/!w4 && isa == Isa::kAvx512Vnni, activations);
   ThreadPool& pool = kernel_pool();
   constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds worth waking the threads for

@@ -114,7 +114,7 @@ inline void w8_tile(const int8_t* const* w, const Int8Activations& a, int64_t t0
   const float* sx[NR];
   for (int t = 0; t < NR; ++t) {
     x[t] = a.q_of(t0 + t);
-    sx[t] = a.scales_of(t0 + t);
+    sx[t] = a.block_scales_of(t0 + t);
   }
   for (int64_t b = 0; b < a.cols / kActivationBlock; ++b) {
     const int64_t c = b * kActivationBlock;
@@ -151,7 +151,7 @@ inline void w4_tile(const uint8_t* const* w, const uint16_t* const* scales, int6
   const float* sx[NR];
   for (int t = 0; t < NR; ++t) {
     x[t] = a.q_of(t0 + t);
-    sx[t] = a.scales_of(t0 + t);
+    sx[t] = a.block_scales_of(t0 + t);
   }
   const int64_t blocks_per_group = group_size / kActivationBlock;
   for (int64_t g = 0; g < a.cols / group_size; ++g) {
@@ -296,7 +296,7 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   thread_local Int8Activations scratch;
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
   prepare_activations(quantize_token, x, n_tokens, w.cols, /*chunk=*/kActivationBlock,
-                      /*lane_bytes=*/kActivationBlock, /*nibble_split=*/w.dtype == DType::kW4,
+                      /*nibble_split=*/w.dtype == DType::kW4,
                       /*lane_offset=*/0.0f, /*token_offset=*/false, activations);
   ThreadPool& pool = kernel_pool();
   constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds worth waking the threads for
