@@ -26,21 +26,6 @@ namespace {
   return choice != nullptr && std::string_view(choice) == "reference";
 }
 
-// Calls rows(begin, end) on blocks of whole rows of w spread over the kernel threads. Each row is
-// computed the same way wherever it falls, so the result is the same for any number of threads.
-template <typename Rows>
-void split_rows(int64_t n_tokens, const MatrixRef& w, const Rows& rows) {
-  // Below this many multiply-adds, waking the other threads costs more than it saves.
-  constexpr int64_t kMinParallelWork = 1 << 16;
-  ThreadPool& pool = kernel_pool();
-  if (pool.size() == 1 || w.rows * w.cols * n_tokens < kMinParallelWork || w.rows < 2) {
-    return rows(0, w.rows);
-  }
-  // A few row blocks per thread even out the threads' speeds.
-  const int64_t blocks = std::min<int64_t>(w.rows, 4 * pool.size());
-  pool.run(blocks, [&](int64_t b) { rows(w.rows * b / blocks, w.rows * (b + 1) / blocks); });
-}
-
 }  // namespace
 
 #if defined(__x86_64__)
@@ -218,7 +203,7 @@ QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixR
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
   if (!simd::has_avx2()) return ref::matmul(x, n_tokens, w, y);
-  split_rows(n_tokens, w,
+  split_rows(w.rows, 1, w.rows * w.cols * n_tokens,
              [&](int64_t begin, int64_t end) { simd::matmul_avx2(x, n_tokens, w, y, begin, end); });
 }
 
@@ -239,7 +224,7 @@ bool enabled() {
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
   if (!neon::enabled()) return ref::matmul(x, n_tokens, w, y);
-  split_rows(n_tokens, w,
+  split_rows(w.rows, 1, w.rows * w.cols * n_tokens,
              [&](int64_t begin, int64_t end) { neon::matmul_rows(x, n_tokens, w, y, begin, end); });
 }
 

@@ -298,19 +298,8 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   prepare_activations(quantize_token, x, n_tokens, w.cols, /*chunk=*/kActivationBlock,
                       /*nibble_split=*/w.dtype == DType::kW4,
                       /*lane_offset=*/0.0f, /*token_offset=*/false, activations);
-  ThreadPool& pool = kernel_pool();
-  constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds worth waking the threads for
-  if (pool.size() == 1 || w.rows * w.cols * n_tokens < kMinParallelWork || w.rows < 2 * kTileRows) {
-    return rows(w, activations, n_tokens, y, 0, w.rows);
-  }
-  // Blocks of whole tiles, a few per thread to even out the threads' speeds.
-  const int64_t tiles = w.rows / kTileRows;
-  const int64_t blocks = std::min<int64_t>(tiles, 4 * pool.size());
-  pool.run(blocks, [&](int64_t b) {
-    const int64_t begin = kTileRows * (tiles * b / blocks);
-    const int64_t end = b + 1 == blocks ? w.rows : kTileRows * (tiles * (b + 1) / blocks);
-    rows(w, activations, n_tokens, y, begin, end);
-  });
+  split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens,
+             [&](int64_t begin, int64_t end) { rows(w, activations, n_tokens, y, begin, end); });
 }
 
 }  // namespace qhx::neon

@@ -1,5 +1,6 @@
 #include "kernels/thread_pool.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -103,6 +104,21 @@ int kernel_threads() {
 ThreadPool& kernel_pool() {
   if (!pool_slot()) pool_slot() = std::make_unique<ThreadPool>(configured_threads());
   return *pool_slot();
+}
+
+void split_rows(int64_t n_rows, int64_t granularity, int64_t work,
+                const std::function<void(int64_t begin, int64_t end)>& rows) {
+  ThreadPool& pool = kernel_pool();
+  if (pool.size() == 1 || work < (int64_t{1} << 16) || n_rows < 2 * granularity) {
+    return rows(0, n_rows);
+  }
+  const int64_t granules = n_rows / granularity;
+  const int64_t blocks = std::min<int64_t>(granules, 4 * pool.size());
+  pool.run(blocks, [&](int64_t b) {
+    const int64_t begin = granularity * (granules * b / blocks);
+    const int64_t end = b + 1 == blocks ? n_rows : granularity * (granules * (b + 1) / blocks);
+    rows(begin, end);
+  });
 }
 
 }  // namespace qhx

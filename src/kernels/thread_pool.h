@@ -41,6 +41,14 @@ class ThreadPool {
   bool stopping_ = false;
 };
 
+// Calls rows(begin, end) on blocks of [0, n_rows) spread over the kernel pool, each block a whole
+// number of `granularity` rows (the last also takes the remainder), a few blocks per thread to
+// even out their speeds. With under 2^16 multiply-adds of `work`, or fewer than two granules of
+// rows, the caller does it all: waking the threads would cost more. Rows computed the same way
+// wherever they fall give the same result on any number of threads.
+void split_rows(int64_t n_rows, int64_t granularity, int64_t work,
+                const std::function<void(int64_t begin, int64_t end)>& rows);
+
 // The pool the kernels use (created on first use with kernel_threads() threads).
 void set_kernel_threads(int n_threads);  // throws Error unless 1 ≤ n ≤ 256
 int kernel_threads();
