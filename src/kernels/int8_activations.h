@@ -42,4 +42,36 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
                          int64_t chunk, bool nibble_split, float lane_offset, bool token_offset,
                          Int8Activations& a);
 
+// One tile of MR rows from r0 × NR tokens from t0 of a W8 or W4 matrix, written into y: the row
+// pointers, the kernel's tile (Tiles::template w8<MR, NR>(rows, a, t0, out) and
+// Tiles::template w4<MR, NR>(rows, group_scales, group_size, a, t0, out)), and the W8 row scale
+// the W8 tiles leave to their caller.
+template <typename Tiles, int MR, int NR>
+inline void run_int8_tile(const MatrixRef& w, const Int8Activations& a, int64_t r0, int64_t t0,
+                          float* y) {
+  float out[MR][NR];
+  float row_scale[MR];
+  if (w.dtype == DType::kW8) {
+    const int8_t* rows[MR];
+    for (int r = 0; r < MR; ++r) {
+      rows[r] = static_cast<const int8_t*>(w.data) + (r0 + r) * w.cols;
+      row_scale[r] = static_cast<const float*>(w.scales)[r0 + r];
+    }
+    Tiles::template w8<MR, NR>(rows, a, t0, out);
+  } else {
+    const uint8_t* rows[MR];
+    const uint16_t* group_scales[MR];
+    const int64_t groups = w.cols / w.group_size;
+    for (int r = 0; r < MR; ++r) {
+      rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * w.cols / 2;
+      group_scales[r] = static_cast<const uint16_t*>(w.scales) + (r0 + r) * groups;
+      row_scale[r] = 1.0f;  // the group scales are applied inside the tile
+    }
+    Tiles::template w4<MR, NR>(rows, group_scales, w.group_size, a, t0, out);
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int t = 0; t < NR; ++t) y[(t0 + t) * w.rows + r0 + r] = row_scale[r] * out[r][t];
+  }
+}
+
 }  // namespace qhx

@@ -256,40 +256,36 @@ enum class Isa { kAvx512Vnni, kAvx2 };
 constexpr int kTileRows = 4;
 constexpr int kTileTokens = 4;
 
+struct VnniTiles {
+  template <int MR, int NR>
+  static void w8(const int8_t* const* w, const Int8Activations& a, int64_t t0, float (*out)[NR]) {
+    w8_tile_vnni<MR, NR>(w, a, t0, out);
+  }
+  template <int MR, int NR>
+  static void w4(const uint8_t* const* w, const uint16_t* const* scales, int64_t group_size,
+                 const Int8Activations& a, int64_t t0, float (*out)[NR]) {
+    w4_tile_vnni<MR, NR>(w, scales, group_size, a, t0, out);
+  }
+};
+
+struct Avx2Tiles {
+  template <int MR, int NR>
+  static void w8(const int8_t* const* w, const Int8Activations& a, int64_t t0, float (*out)[NR]) {
+    w8_tile_avx2<MR, NR>(w, a, t0, out);
+  }
+  template <int MR, int NR>
+  static void w4(const uint8_t* const* w, const uint16_t* const* scales, int64_t group_size,
+                 const Int8Activations& a, int64_t t0, float (*out)[NR]) {
+    w4_tile_avx2<MR, NR>(w, scales, group_size, a, t0, out);
+  }
+};
+
 // One tile of MR rows from r0 and NR tokens from t0, written into y.
 template <int MR, int NR>
 void run_tile(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0, int64_t t0,
               float* y) {
-  float out[MR][NR];
-  if (w.dtype == DType::kW8) {
-    const int8_t* rows[MR];
-    for (int r = 0; r < MR; ++r) rows[r] = static_cast<const int8_t*>(w.data) + (r0 + r) * w.cols;
-    if (isa == Isa::kAvx512Vnni) {
-      w8_tile_vnni<MR, NR>(rows, a, t0, out);
-    } else {
-      w8_tile_avx2<MR, NR>(rows, a, t0, out);
-    }
-    for (int r = 0; r < MR; ++r) {
-      const float scale = static_cast<const float*>(w.scales)[r0 + r];
-      for (int t = 0; t < NR; ++t) y[(t0 + t) * w.rows + r0 + r] = scale * out[r][t];
-    }
-    return;
-  }
-  const uint8_t* rows[MR];
-  const uint16_t* scales[MR];
-  const int64_t groups = w.cols / w.group_size;
-  for (int r = 0; r < MR; ++r) {
-    rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * w.cols / 2;
-    scales[r] = static_cast<const uint16_t*>(w.scales) + (r0 + r) * groups;
-  }
-  if (isa == Isa::kAvx512Vnni) {
-    w4_tile_vnni<MR, NR>(rows, scales, w.group_size, a, t0, out);
-  } else {
-    w4_tile_avx2<MR, NR>(rows, scales, w.group_size, a, t0, out);
-  }
-  for (int r = 0; r < MR; ++r) {
-    for (int t = 0; t < NR; ++t) y[(t0 + t) * w.rows + r0 + r] = out[r][t];
-  }
+  if (isa == Isa::kAvx512Vnni) return run_int8_tile<VnniTiles, MR, NR>(w, a, r0, t0, y);
+  run_int8_tile<Avx2Tiles, MR, NR>(w, a, r0, t0, y);
 }
 
 // Tiles for every token count up to kTileTokens, with MR rows.
