@@ -2,6 +2,7 @@
 
 #include "kernels/matmul_int8.h"
 #include "kernels/thread_pool.h"
+#include "kernels/token_blocks.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -177,25 +178,12 @@ bool has_avx2() {
   return yes;
 }
 
-// Row-major over the weights: each row is read once from memory and used for every token while
-// it is in cache (decode reads each weight exactly once).
 QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y,
                                  int64_t row_begin, int64_t row_end) {
-  constexpr int kTokenBlock = 2;  // tokens sharing each weight load (8 accumulators each)
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    int64_t t = 0;
-    for (; t + kTokenBlock <= n_tokens; t += kTokenBlock) {
-      const float* xs[kTokenBlock];
-      float out[kTokenBlock];
-      for (int i = 0; i < kTokenBlock; ++i) xs[i] = x + (t + i) * w.cols;
-      dot_row<kTokenBlock>(w, r, xs, out);
-      for (int i = 0; i < kTokenBlock; ++i) y[(t + i) * w.rows + r] = out[i];
-    }
-    for (; t < n_tokens; ++t) {
-      const float* xs[1] = {x + t * w.cols};
-      dot_row<1>(w, r, xs, &y[t * w.rows + r]);
-    }
-  }
+  // Two tokens per weight load: 8 accumulators each.
+  rows_by_token_blocks<2>(
+      x, n_tokens, w, y, row_begin, row_end,
+      [&]<int NT>(int64_t r, const float* const* xs, float* out) { dot_row<NT>(w, r, xs, out); });
 }
 
 }  // namespace simd
