@@ -201,7 +201,7 @@ void fsync_path(const fs::path& p) {
 }  // namespace
 
 DType default_table_dtype(DType weights) {
-  return weights == DType::kW8 || weights == DType::kW4 ? DType::kBF16 : weights;
+  return is_quantized(weights) ? DType::kBF16 : weights;
 }
 
 std::optional<DType> parse_weight_dtype(std::string_view name) {
@@ -234,6 +234,14 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   int64_t skipped = 0;
   const bool tied = !checkpoint.contains("lm_head.weight");
   const TableDtypes tables = table_dtypes(options, tied);
+  // Checked before any tensor is written.
+  const bool any_quantized =
+      is_quantized(options.weights) || is_quantized(tables.embed) || is_quantized(tables.head);
+  if (options.int8_activations.value_or(false) && !any_quantized) {
+    fail("--activations int8", "needs W8 or W4 weights; float weights use f32 activations");
+  }
+  ConvertResult result;
+  result.int8_activations = any_quantized && options.int8_activations.value_or(true);
   for (const auto& file : checkpoint.files()) {
     for (const auto& [source_name, view] : file->tensors()) {
       std::string name;
@@ -372,19 +380,10 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         {"gdn_A_log_dt_bias_conv", "f32"},
         {"gdn_gate_projections", "f32"},
         {"gdn_recurrent_state", "f32"},
-        {"activations", "f32"},  // set below
+        {"activations", result.int8_activations ? "int8" : "f32"},
         {"kv_cache", "f32"}}},
       {"files", files},
       {"gate", nullptr}};
-  const auto quantized = [](DType d) { return d == DType::kW8 || d == DType::kW4; };
-  const bool any_quantized =
-      quantized(options.weights) || quantized(tables.embed) || quantized(tables.head);
-  if (options.int8_activations.value_or(false) && !any_quantized) {
-    fail("--activations int8", "needs W8 or W4 weights; float weights use f32 activations");
-  }
-  ConvertResult result;
-  result.int8_activations = any_quantized && options.int8_activations.value_or(true);
-  manifest["precision_policy"]["activations"] = result.int8_activations ? "int8" : "f32";
   std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
 
   if (options.gate) {

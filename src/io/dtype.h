@@ -15,6 +15,10 @@ enum class DType { kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF64, k
 
 std::optional<DType> dtype_from_safetensors_name(std::string_view name);
 std::string_view dtype_name(DType dtype);
+// W8 or W4: integers with scales (kernels/kernels.h MatrixRef).
+inline bool is_quantized(DType dtype) {
+  return dtype == DType::kW8 || dtype == DType::kW4;
+}
 // Bytes per element of a plain type. W8 and W4 have no such size (their bytes depend on the
 // matrix shape, see matrix_bytes in kernels/quant.h), so they throw Error.
 size_t dtype_size(DType dtype);

@@ -64,7 +64,7 @@ Range checked_range(const Json& entry, std::string_view key_offset, uint64_t byt
 TensorBytes tensor_bytes(DType dtype, std::span<const int64_t> shape, int64_t group_size,
                          const std::string& where) {
   if (shape.empty()) fail(where + ": shape", "expected at least one dimension");
-  if ((dtype == DType::kW8 || dtype == DType::kW4) && shape.size() != 2) {
+  if (is_quantized(dtype) && shape.size() != 2) {
     fail(where + ": shape", "a quantized tensor must be a matrix");
   }
   // Plain tensors are laid out as [shape[0], product of the rest].

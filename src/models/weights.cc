@@ -10,7 +10,7 @@ bool is_float(DType d) {
 }
 
 void require_float(const TensorView& t, bool quantized_ok) {
-  if (!is_float(t.dtype) && !(quantized_ok && (t.dtype == DType::kW8 || t.dtype == DType::kW4))) {
+  if (!is_float(t.dtype) && !(quantized_ok && is_quantized(t.dtype))) {
     fail(t.file->string() + ": tensor '" + t.name + "'",
          "dtype " + std::string(dtype_name(t.dtype)) + " is not a weight type qhx reads here");
   }

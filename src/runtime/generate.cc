@@ -31,7 +31,7 @@ GenerateStats generate(const Model& model, ModelState& state, std::span<const in
   Sampler sampler(options.sampling);
   std::vector<float> logits;
 
-  state.reserve(needed + 1);
+  state.reserve(needed);
   const auto start = std::chrono::steady_clock::now();
   model.forward(prompt, state, LogitsFor::kLastToken, logits);
   stats.prefill_seconds = seconds_since(start);
