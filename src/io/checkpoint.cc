@@ -5,6 +5,7 @@
 
 #include "util/error.h"
 #include "util/json_file.h"
+#include "util/sha256.h"
 
 namespace qhx {
 
@@ -81,6 +82,25 @@ const TensorView& Checkpoint::require(const std::string& name,
          "shape " + t->shape_string() + ", expected " + expected.shape_string());
   }
   return *t;
+}
+
+std::string Checkpoint::fingerprint() const {
+  Sha256 hash;
+  for (const auto& file : files_) {
+    for (const auto& [name, view] : file->tensors()) {
+      hash.update(name + ":" + std::string(dtype_name(view.dtype)) + view.shape_string() + ";");
+    }
+    const std::span<const std::byte> bytes = file->bytes();
+    hash.update(std::to_string(bytes.size()) + ";");
+    constexpr size_t kSamples = 64, kSampleBytes = 64;
+    if (bytes.size() <= kSamples * kSampleBytes) {
+      hash.update(bytes);
+      continue;
+    }
+    const size_t stride = (bytes.size() - kSampleBytes) / (kSamples - 1);
+    for (size_t i = 0; i < kSamples; ++i) hash.update(bytes.subspan(i * stride, kSampleBytes));
+  }
+  return hash.hex();
 }
 
 }  // namespace qhx

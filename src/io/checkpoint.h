@@ -28,6 +28,10 @@ class Checkpoint {
   const TensorView& require(const std::string& name, std::initializer_list<int64_t> shape) const;
   bool contains(const std::string& name) const { return find(name) != nullptr; }
 
+  // sha256 over every file's tensor table (names, dtypes, shapes), size, and 64 evenly spaced
+  // samples of its bytes: tells two sets of weights apart without reading them all.
+  std::string fingerprint() const;
+
   const std::filesystem::path& dir() const { return dir_; }
   const std::vector<std::unique_ptr<TensorFile>>& files() const { return files_; }
 

@@ -30,7 +30,7 @@ uint64_t align_up(uint64_t x) {
 }
 
 std::optional<DType> dtype_from_name(std::string_view name) {
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kW8, DType::kW4}) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kW8, DType::kW4, DType::kI32}) {
     if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
@@ -103,6 +103,13 @@ QhxtFile QhxtFile::open(const std::filesystem::path& path) {
                  where + ": tensor table");
   const Json& tensors = require_field(table, "tensors", where + ": tensor table");
   if (!tensors.is_array()) fail(where + ": tensors", "expected an array");
+  if (const auto metadata = table.find("metadata"); metadata != table.end()) {
+    if (!metadata->is_object()) fail(where + ": metadata", "expected an object of strings");
+    for (const auto& [key, value] : metadata->items()) {
+      if (!value.is_string()) fail(where + ": metadata." + key, "expected a string");
+      f.metadata_.emplace(key, value.get<std::string>());
+    }
+  }
 
   const uint64_t data_start = 16 + table_len;
   std::vector<Range> used;
@@ -152,10 +159,12 @@ QhxtFile QhxtFile::open(const std::filesystem::path& path) {
   return f;
 }
 
-void write_qhxt(const std::filesystem::path& path, std::span<const TensorToWrite> tensors) {
+void write_qhxt(const std::filesystem::path& path, std::span<const TensorToWrite> tensors,
+                const std::map<std::string, std::string>& metadata) {
   // Lay out the data first so the table can give final offsets; the table's own length moves
   // the data start, so iterate until the padded table length is stable.
   Json table = {{"tensors", Json::array()}};
+  if (!metadata.empty()) table["metadata"] = metadata;
   uint64_t data_start = 0;
   std::string text;
   for (int pass = 0; pass < 4; ++pass) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,7 +39,9 @@ struct TensorToWrite {
 };
 
 // Writes a complete .qhxt file (the caller makes the bundle as a whole atomic).
-void write_qhxt(const std::filesystem::path& path, std::span<const TensorToWrite> tensors);
+// `metadata` goes into the table as an object of strings (QhxtFile::metadata reads it back).
+void write_qhxt(const std::filesystem::path& path, std::span<const TensorToWrite> tensors,
+                const std::map<std::string, std::string>& metadata = {});
 
 // Bytes a tensor's data and scales take in `dtype`; throws Error naming `where` on an
 // impossible layout.

@@ -21,10 +21,7 @@ class SafetensorsFile final : public TensorFile {
   // Maps and validates the whole header: every error names the file and the tensor.
   static SafetensorsFile open(const std::filesystem::path& path);
 
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
-
  private:
-  std::map<std::string, std::string> metadata_;
   // Copies of tensors whose bytes in the file are not aligned to their element size.
   std::vector<std::unique_ptr<std::byte[]>> realigned_;
 

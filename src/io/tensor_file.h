@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ class TensorFile {
   const TensorView* find(const std::string& name) const;
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::filesystem::path& path() const { return *path_; }
+  // Free-form string pairs stored beside the tensor table (qhxt "metadata"; safetensors
+  // "__metadata__").
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  std::span<const std::byte> bytes() const { return file_.bytes(); }  // the whole mapped file
 
  protected:
   TensorFile(const std::filesystem::path& path, MappedFile file);
@@ -47,6 +52,7 @@ class TensorFile {
   std::unique_ptr<std::filesystem::path> path_;  // stable address for TensorView::file
   MappedFile file_;
   std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
 
 }  // namespace qhx

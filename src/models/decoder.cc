@@ -17,9 +17,11 @@ class Decoder final : public Model {
         checkpoint_(std::move(checkpoint)),
         weights_(std::move(weights)),
         attention_(std::move(attention)),
-        deltanet_(deltanet) {}
+        deltanet_(deltanet),
+        fingerprint_(checkpoint_.fingerprint()) {}
 
   const ModelConfig& config() const override { return config_; }
+  const std::string& fingerprint() const override { return fingerprint_; }
 
   std::unique_ptr<ModelState> new_state() const override {
     std::vector<LayerState> layers(weights_.layers.size());
@@ -44,6 +46,7 @@ class Decoder final : public Model {
   DecoderWeights weights_;
   AttentionParams attention_;
   GatedDeltaNetParams deltanet_;
+  std::string fingerprint_;
 };
 
 void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, LogitsFor which,

@@ -6,6 +6,12 @@
 
 namespace qhx {
 
+int64_t StateCheckpoint::bytes() const {
+  int64_t floats = 0;
+  for (const std::vector<float>& part : recurrent) floats += static_cast<int64_t>(part.size());
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 void DecoderState::reset() {
   for (LayerState& l : layers) {
     l.keys.clear();
@@ -38,6 +44,88 @@ std::vector<StateTensor> DecoderState::tensors() const {
     }
   }
   return out;
+}
+
+void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
+                          const std::string& where) {
+  const std::vector<StateTensor> expected = this->tensors();
+  if (tensors.size() != expected.size()) {
+    fail(where, std::to_string(tensors.size()) + " state tensors, this model has " +
+                    std::to_string(expected.size()));
+  }
+  if (n_past < 0) fail(where, "negative token count");
+  std::vector<float>* targets[2];
+  size_t t = 0;
+  for (LayerState& l : layers) {
+    const bool recurrent = !l.conv.empty();
+    targets[0] = recurrent ? &l.conv : &l.keys;
+    targets[1] = recurrent ? &l.recurrent : &l.values;
+    for (std::vector<float>* target : targets) {
+      const StateTensor& in = tensors[t];
+      const std::string& name = expected[t++].name;
+      if (in.name != name)
+        fail(where, "state tensor '" + in.name + "' where '" + name + "' belongs");
+      const size_t size = recurrent ? target->size() : static_cast<size_t>(n_past * l.kv_width);
+      if (in.data.size() != size) {
+        fail(where + ": " + name,
+             std::to_string(in.data.size()) + " values, expected " + std::to_string(size));
+      }
+      target->assign(in.data.begin(), in.data.end());
+    }
+  }
+  n_past_ = n_past;
+}
+
+bool DecoderState::can_truncate() const {
+  return std::none_of(layers.begin(), layers.end(),
+                      [](const LayerState& l) { return !l.conv.empty(); });
+}
+
+StateCheckpoint DecoderState::checkpoint() const {
+  StateCheckpoint c;
+  c.n_past = n_past_;
+  for (const LayerState& l : layers) {
+    if (l.conv.empty()) continue;
+    c.recurrent.push_back(l.conv);
+    c.recurrent.push_back(l.recurrent);
+  }
+  return c;
+}
+
+void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
+  if (n < 0 || n > n_past_) {
+    fail("state",
+         "cannot rewind to " + std::to_string(n) + " of " + std::to_string(n_past_) + " tokens");
+  }
+  const bool truncatable = can_truncate();
+  if (!truncatable && (at == nullptr || at->n_past != n)) {
+    fail("state", "rewinding a model with recurrent layers to token " + std::to_string(n) +
+                      " needs a checkpoint taken there");
+  }
+  if (at != nullptr && at->recurrent.size() != checkpoint_parts()) {
+    fail("state", "checkpoint belongs to a different model");
+  }
+  size_t part = 0;
+  for (LayerState& l : layers) {
+    if (l.conv.empty()) {
+      l.keys.resize(n * l.kv_width);
+      l.values.resize(n * l.kv_width);
+    } else {
+      for (std::vector<float>* target : {&l.conv, &l.recurrent}) {
+        const std::vector<float>& saved = at->recurrent[part++];
+        if (saved.size() != target->size())
+          fail("state", "checkpoint belongs to a different model");
+        *target = saved;
+      }
+    }
+  }
+  n_past_ = n;
+}
+
+size_t DecoderState::checkpoint_parts() const {
+  return 2 *
+         static_cast<size_t>(std::count_if(layers.begin(), layers.end(),
+                                           [](const LayerState& l) { return !l.conv.empty(); }));
 }
 
 void DecoderState::reserve(int64_t n_tokens) {

@@ -27,6 +27,11 @@ class DecoderState final : public ModelState {
   }
   void restore(const ModelState& snapshot) override;
   std::vector<StateTensor> tensors() const override;
+  void assign(std::span<const StateTensor> tensors, int64_t n_past,
+              const std::string& where) override;
+  bool can_truncate() const override;
+  StateCheckpoint checkpoint() const override;
+  void rewind(int64_t n, const StateCheckpoint* at) override;
   void reserve(int64_t n_tokens) override;
   int64_t bytes() const override;
 
@@ -35,6 +40,7 @@ class DecoderState final : public ModelState {
   std::vector<LayerState> layers;
 
  private:
+  size_t checkpoint_parts() const;  // vectors a checkpoint of this model holds
   int64_t n_past_ = 0;
 };
 

@@ -19,6 +19,15 @@ struct StateTensor {
   std::span<const float> data;
 };
 
+// What a state cannot get back by cutting its KV caches short: the conv and recurrent states of
+// the linear-attention layers (nothing for attention-only models), at position n_past. A few MB
+// for a Qwen3.5 model, against the KV cache's per-token growth.
+struct StateCheckpoint {
+  int64_t n_past = 0;
+  std::vector<std::vector<float>> recurrent;  // one entry per recurrent layer state
+  int64_t bytes() const;
+};
+
 // Everything a sequence carries between forward calls: KV caches, conv and recurrent states.
 class ModelState {
  public:
@@ -30,6 +39,19 @@ class ModelState {
   // Becomes a copy of `snapshot` (a state of the same model).
   virtual void restore(const ModelState& snapshot) = 0;
   virtual std::vector<StateTensor> tensors() const = 0;
+  // Replaces the whole state with `tensors` (names and sizes as tensors() gives them for a
+  // sequence of n_past tokens). Throws Error naming `where` and the tensor on any mismatch.
+  virtual void assign(std::span<const StateTensor> tensors, int64_t n_past,
+                      const std::string& where) = 0;
+
+  // Whether the state can go back to any shorter prefix by cutting its KV caches (true when the
+  // model has no recurrent layers). Otherwise it can go back only to a checkpoint.
+  virtual bool can_truncate() const = 0;
+  virtual StateCheckpoint checkpoint() const = 0;
+  // Goes back to the first n tokens of the sequence: KV caches are cut to n rows, recurrent layers
+  // take `at`, a checkpoint taken at n on this sequence while its first n tokens were the same as
+  // now. `at` may be null only when can_truncate(). Throws Error on a mismatched checkpoint.
+  virtual void rewind(int64_t n, const StateCheckpoint* at) = 0;
   // Makes room for a sequence of n_tokens in all: the KV caches then grow without reallocating,
   // so they hold exactly what the sequence needs (growing by doubling could take twice that).
   virtual void reserve(int64_t n_tokens) = 0;
@@ -43,6 +65,9 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
+  // Identifies these weights (sha256 over the configuration, the tensor tables and samples of
+  // every weight file), so that a saved state is never continued on another model.
+  virtual const std::string& fingerprint() const = 0;
   virtual std::unique_ptr<ModelState> new_state() const = 0;
   // Processes `ids` at positions n_past(), n_past()+1, ... and appends them to `state`.
   // `logits` receives [1 or ids.size(), vocab_size] floats. Throws Error on an id outside the

@@ -1,0 +1,45 @@
+// Memory admission: before a model serves, estimate the most memory it can need (mapped weights,
+// KV caches at the full context, recurrent states, turn checkpoints, prefill scratch, the prefix
+// cache) and compare it with what the machine has, so a run fails or shrinks its context up
+// front instead of being killed halfway through a long chat.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "io/hf_config.h"
+
+namespace qhx {
+
+struct MemoryRequest {
+  int64_t weights_bytes = 0;   // the mapped weight files
+  int64_t context_length = 0;  // tokens per session
+  int64_t sessions = 1;        // sessions that can be live at once (server slots)
+  int64_t prefill_chunk = 512;
+  int64_t max_checkpoints = 8;     // per session
+  int64_t prefix_cache_bytes = 0;  // the shared prefix cache's bound
+};
+
+struct MemoryPlan {
+  int64_t weights = 0;
+  int64_t kv_cache = 0;     // all sessions, full context
+  int64_t recurrent = 0;    // all sessions: conv + recurrent states
+  int64_t checkpoints = 0;  // all sessions: recurrent copies + logits at turn boundaries
+  int64_t scratch = 0;      // all sessions: activations of one prefill chunk
+  int64_t prefix_cache = 0;
+  int64_t total() const;
+  std::string describe() const;  // "1.2 GB weights + 0.9 GB KV cache (…) + …"
+};
+
+MemoryPlan plan_memory(const ModelConfig& config, const MemoryRequest& request);
+
+// Bytes this process may still use: MemAvailable, or less where a cgroup limit says so.
+int64_t available_memory_bytes();
+
+// The context to run with. `requested` 0 means "as long as the model allows and memory holds":
+// it is lowered to fit (`note` says so). An explicit request that does not fit, or a model that
+// does not fit even at a short context, throws Error with the estimate and what would fit.
+int64_t admit_context(const ModelConfig& config, MemoryRequest request, int64_t requested,
+                      int64_t available, std::string* note);
+
+}  // namespace qhx

@@ -1,0 +1,389 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "io/qhxt.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+constexpr const char* kStateKind = "qhx-session-state";
+constexpr const char* kStateVersion = "1";
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return ia - a.begin();
+}
+
+bool cancelled(const std::atomic<bool>* cancel) {
+  return cancel != nullptr && cancel->load(std::memory_order_relaxed);
+}
+
+template <typename T>
+TensorToWrite tensor_to_write(std::string name, DType dtype, std::span<const T> values) {
+  TensorToWrite t;
+  t.name = std::move(name);
+  t.dtype = dtype;
+  t.shape = {static_cast<int64_t>(values.size())};
+  t.data.resize(values.size_bytes());
+  if (!values.empty()) std::memcpy(t.data.data(), values.data(), values.size_bytes());
+  return t;
+}
+
+template <typename T>
+std::span<const T> tensor_values(const QhxtFile& file, const std::string& name, DType dtype) {
+  const TensorView* view = file.find(name);
+  if (view == nullptr) fail(file.path().string(), "missing state tensor '" + name + "'");
+  if (view->dtype != dtype || view->shape.size() != 1) {
+    fail(file.path().string() + ": " + name,
+         "expected a 1-D " + std::string(dtype_name(dtype)) + " tensor");
+  }
+  return {reinterpret_cast<const T*>(view->data), view->nbytes / sizeof(T)};
+}
+
+}  // namespace
+
+const char* stop_reason_name(StopReason reason) {
+  switch (reason) {
+    case StopReason::kLength:
+      return "length";
+    case StopReason::kStopId:
+      return "stop";
+    case StopReason::kCallback:
+      return "callback";
+    case StopReason::kCancelled:
+      return "cancelled";
+    case StopReason::kContextFull:
+      return "context_full";
+  }
+  return "unknown";
+}
+
+Session::Session(const Model& model, SessionOptions options, PrefixCache* cache)
+    : model_(model), options_(options), cache_(cache), state_(model.new_state()) {
+  const int64_t model_max = model.config().max_position_embeddings;
+  if (options.context_length < 0) fail("context_length", "must be >= 0");
+  if (options.prefill_chunk < 1) fail("prefill_chunk", "must be >= 1");
+  if (options.max_checkpoints < 0) fail("max_checkpoints", "must be >= 0");
+  context_length_ =
+      options.context_length == 0 ? model_max : std::min(options.context_length, model_max);
+}
+
+void Session::reset() {
+  state_->reset();
+  history_.clear();
+  logits_.clear();
+  checkpoints_.clear();
+}
+
+int64_t Session::bytes() const {
+  int64_t total = state_->bytes() + static_cast<int64_t>(logits_.size() * sizeof(float));
+  for (const Checkpoint& c : checkpoints_) {
+    total += c.state.bytes() + static_cast<int64_t>(c.logits.size() * sizeof(float));
+  }
+  return total;
+}
+
+int64_t Session::reusable(std::span<const int32_t> tokens) const {
+  const int64_t shared = common_prefix(history_, tokens);
+  int64_t best = 0;
+  if (state_->can_truncate() || static_cast<int64_t>(history_.size()) <= shared) best = shared;
+  for (const Checkpoint& c : checkpoints_) {
+    if (c.state.n_past <= shared) best = std::max(best, c.state.n_past);
+  }
+  return best;
+}
+
+void Session::rewind_for(std::span<const int32_t> tokens) {
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size());
+  const int64_t shared = common_prefix(history_, tokens);
+  const int64_t held = static_cast<int64_t>(history_.size());
+  // Where to continue from: the longest reusable prefix that still leaves a token to process,
+  // unless the logits of its last token are known.
+  const auto usable = [&](int64_t n, bool has_logits) {
+    return n <= shared && (n < n_tokens || has_logits);
+  };
+  int64_t target = 0;
+  const Checkpoint* from = nullptr;
+  if (usable(held, !logits_.empty())) target = held;
+  for (const Checkpoint& c : checkpoints_) {
+    if (c.state.n_past > target && usable(c.state.n_past, !c.logits.empty())) {
+      target = c.state.n_past;
+      from = &c;
+    }
+  }
+  if (state_->can_truncate() && std::min(shared, n_tokens - 1) > target) {
+    target = std::min(shared, n_tokens - 1);
+    from = nullptr;
+  }
+
+  if (cache_ != nullptr &&
+      cache_->restore(tokens, target + 1, *state_, logits_) > 0) {  // replaces the whole state
+    history_.assign(tokens.begin(), tokens.begin() + state_->n_past());
+    std::erase_if(checkpoints_, [&](const Checkpoint& c) { return c.state.n_past > shared; });
+    return;
+  }
+  if (target == held) return;
+  if (target == 0 && from == nullptr) {
+    state_->reset();
+    logits_.clear();
+  } else {
+    state_->rewind(target, from != nullptr ? &from->state : nullptr);
+    logits_ = from != nullptr ? from->logits : std::vector<float>{};
+  }
+  history_.resize(target);
+  std::erase_if(checkpoints_, [&](const Checkpoint& c) { return c.state.n_past > target; });
+}
+
+void Session::remember_checkpoint() {
+  if (options_.max_checkpoints == 0 || history_.empty()) return;
+  // Attention-only models can cut back anywhere: a checkpoint is worth keeping only for the
+  // logits it remembers.
+  if (state_->can_truncate() && logits_.empty()) return;
+  const int64_t n = static_cast<int64_t>(history_.size());
+  if (!checkpoints_.empty() && checkpoints_.back().state.n_past == n) return;
+  checkpoints_.push_back({state_->checkpoint(), logits_});
+  while (static_cast<int64_t>(checkpoints_.size()) > options_.max_checkpoints) {
+    checkpoints_.pop_front();
+  }
+}
+
+void Session::forward(std::span<const int32_t> ids, const std::atomic<bool>* cancel) {
+  for (size_t begin = 0; begin < ids.size(); begin += options_.prefill_chunk) {
+    if (begin > 0 && cancelled(cancel)) return;
+    const auto chunk =
+        ids.subspan(begin, std::min<size_t>(options_.prefill_chunk, ids.size() - begin));
+    {
+      ComputeTurn turn;
+      model_.forward(chunk, *state_, LogitsFor::kLastToken, logits_);
+    }
+    history_.insert(history_.end(), chunk.begin(), chunk.end());
+  }
+}
+
+TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& options,
+                            const std::function<bool(int32_t)>& on_token) {
+  if (tokens.empty()) fail("prompt", "empty: at least one token is needed");
+  const int64_t vocab = model_.config().vocab_size;
+  for (const int32_t id : tokens) {
+    if (id < 0 || id >= vocab) {
+      fail("prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(vocab) + ")");
+    }
+  }
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size());
+  const int64_t needed = n_tokens + std::max<int64_t>(options.max_new_tokens - 1, 0);
+  if (needed > context_length_) {
+    fail("prompt",
+         std::to_string(n_tokens) + " tokens + " + std::to_string(options.max_new_tokens) +
+             " new tokens exceed the context limit of " + std::to_string(context_length_));
+  }
+  Sampler sampler(options.sampling);
+  TurnStats stats;
+  stats.n_prompt = n_tokens;
+  const auto start = std::chrono::steady_clock::now();
+
+  rewind_for(tokens);
+  stats.n_reused = static_cast<int64_t>(history_.size());
+  if (stats.n_reused < n_tokens) {
+    remember_checkpoint();  // the end of the previous turn
+    state_->reserve(needed);
+    forward(tokens.subspan(stats.n_reused), options.cancel);
+    stats.n_processed = static_cast<int64_t>(history_.size()) - stats.n_reused;
+    if (static_cast<int64_t>(history_.size()) < n_tokens) {
+      stats.stop = StopReason::kCancelled;
+      stats.prefill_seconds = seconds_since(start);
+      return stats;
+    }
+    remember_checkpoint();  // the end of this prompt
+    if (cache_ != nullptr) cache_->insert(tokens, *state_, logits_);
+  }
+  stats.prefill_seconds = seconds_since(start);
+  if (options.max_new_tokens <= 0) return stats;
+
+  int32_t token = sampler.sample(logits_);
+  stats.ttft_seconds = seconds_since(start);
+  const auto decode_start = std::chrono::steady_clock::now();
+  while (true) {
+    ++stats.n_generated;
+    const bool go_on = on_token(token);
+    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
+        options.stop_ids.end()) {
+      stats.stop = StopReason::kStopId;
+      break;
+    }
+    if (!go_on) {
+      stats.stop = StopReason::kCallback;
+      break;
+    }
+    if (stats.n_generated >= options.max_new_tokens) {
+      stats.stop = StopReason::kLength;
+      break;
+    }
+    if (cancelled(options.cancel)) {
+      stats.stop = StopReason::kCancelled;
+      break;
+    }
+    forward(std::span<const int32_t>(&token, 1), nullptr);
+    token = sampler.sample(logits_);
+  }
+  stats.decode_seconds = seconds_since(decode_start);
+  return stats;
+}
+
+void Session::save(const std::filesystem::path& path) const {
+  std::vector<TensorToWrite> tensors;
+  tensors.push_back(tensor_to_write<int32_t>("tokens", DType::kI32, history_));
+  tensors.push_back(tensor_to_write<float>("logits", DType::kF32, logits_));
+  for (const StateTensor& t : state_->tensors()) {
+    tensors.push_back(tensor_to_write<float>("state." + t.name, DType::kF32, t.data));
+  }
+  const std::map<std::string, std::string> metadata = {
+      {"kind", kStateKind}, {"version", kStateVersion}, {"model", model_.fingerprint()}};
+  // Written next to the target and renamed over it, so a crash never leaves half a file.
+  std::filesystem::path partial = path;
+  partial += ".partial";
+  write_qhxt(partial, tensors, metadata);
+  std::error_code error;
+  std::filesystem::rename(partial, path, error);
+  if (error) fail(path.string(), "cannot write: " + error.message());
+}
+
+void Session::load(const std::filesystem::path& path) {
+  const QhxtFile file = QhxtFile::open(path);
+  const std::string where = path.string();
+  const auto field = [&](const std::string& key) {
+    const auto it = file.metadata().find(key);
+    return it == file.metadata().end() ? std::string() : it->second;
+  };
+  if (field("kind") != kStateKind) fail(where, "not a qhx session state file");
+  if (field("version") != kStateVersion) {
+    fail(where + ": version", "'" + field("version") + "', this qhx reads " + kStateVersion);
+  }
+  if (field("model") != model_.fingerprint()) {
+    fail(where, "saved from a different model (weights fingerprint " + field("model") +
+                    ", this model " + model_.fingerprint() + ")");
+  }
+  const auto tokens = tensor_values<int32_t>(file, "tokens", DType::kI32);
+  const auto logits = tensor_values<float>(file, "logits", DType::kF32);
+  const int64_t n_past = static_cast<int64_t>(tokens.size());
+  if (n_past > context_length_) {
+    fail(where, std::to_string(n_past) + " tokens exceed this session's context limit of " +
+                    std::to_string(context_length_));
+  }
+  for (const int32_t id : tokens) {
+    if (id < 0 || id >= model_.config().vocab_size) {
+      fail(where + ": tokens", "id " + std::to_string(id) + " is outside the vocabulary");
+    }
+  }
+  if (!logits.empty() && static_cast<int64_t>(logits.size()) != model_.config().vocab_size) {
+    fail(where + ": logits", "expected " + std::to_string(model_.config().vocab_size) + " values");
+  }
+  std::vector<StateTensor> state;
+  for (const StateTensor& expected : state_->tensors()) {
+    state.push_back(
+        {expected.name, tensor_values<float>(file, "state." + expected.name, DType::kF32)});
+  }
+  const std::unique_ptr<ModelState> loaded = model_.new_state();
+  loaded->assign(state, n_past, where);
+  state_->restore(*loaded);
+  history_.assign(tokens.begin(), tokens.end());
+  logits_.assign(logits.begin(), logits.end());
+  checkpoints_.clear();
+}
+
+void PrefixCache::insert(std::span<const int32_t> tokens, const ModelState& state,
+                         std::span<const float> logits) {
+  std::unique_ptr<ModelState> copy = state.clone();
+  const int64_t bytes =
+      copy->bytes() + static_cast<int64_t>(logits.size_bytes() + tokens.size_bytes());
+  std::lock_guard lock(mutex_);
+  for (Entry& e : entries_) {
+    if (std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) {
+      e.last_used = ++clock_;
+      return;
+    }
+  }
+  if (bytes > max_bytes_) return;
+  while (bytes_ + bytes > max_bytes_) {
+    const auto oldest =
+        std::min_element(entries_.begin(), entries_.end(),
+                         [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
+    bytes_ -= oldest->bytes;
+    entries_.erase(oldest);
+  }
+  entries_.push_back({std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(copy),
+                      std::vector<float>(logits.begin(), logits.end()), bytes, ++clock_});
+  bytes_ += bytes;
+}
+
+int64_t PrefixCache::restore(std::span<const int32_t> tokens, int64_t at_least, ModelState& state,
+                             std::vector<float>& logits) {
+  std::lock_guard lock(mutex_);
+  Entry* best = nullptr;
+  for (Entry& e : entries_) {
+    const int64_t n = static_cast<int64_t>(e.tokens.size());
+    if (n < at_least || n > static_cast<int64_t>(tokens.size())) continue;
+    if (best != nullptr && n <= static_cast<int64_t>(best->tokens.size())) continue;
+    if (std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) best = &e;
+  }
+  if (best == nullptr) return 0;
+  best->last_used = ++clock_;
+  state.restore(*best->state);
+  logits = best->logits;
+  return static_cast<int64_t>(best->tokens.size());
+}
+
+int64_t PrefixCache::bytes() const {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
+int64_t PrefixCache::entries() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<int64_t>(entries_.size());
+}
+
+namespace {
+
+// A ticket lock: forward calls run in the order they asked.
+struct ComputeQueue {
+  std::mutex mutex;
+  std::condition_variable turn_changed;
+  uint64_t next_ticket = 0;
+  uint64_t serving = 0;
+};
+
+ComputeQueue& compute_queue() {
+  static ComputeQueue queue;
+  return queue;
+}
+
+}  // namespace
+
+ComputeTurn::ComputeTurn() {
+  ComputeQueue& q = compute_queue();
+  std::unique_lock lock(q.mutex);
+  const uint64_t ticket = q.next_ticket++;
+  q.turn_changed.wait(lock, [&] { return q.serving == ticket; });
+}
+
+ComputeTurn::~ComputeTurn() {
+  ComputeQueue& q = compute_queue();
+  {
+    std::lock_guard lock(q.mutex);
+    ++q.serving;
+  }
+  q.turn_changed.notify_all();
+}
+
+}  // namespace qhx

@@ -1,0 +1,146 @@
+// A conversation with a model that keeps its state between turns. Each call to generate() is
+// given the whole token sequence so far (history + new turn); the session reuses the longest
+// prefix it still holds and processes only the rest. KV caches can be cut back to any prefix,
+// but the recurrent state of Gated DeltaNet layers cannot, so the session keeps checkpoints at
+// turn boundaries (end of each prompt, end of each reply) and goes back to the nearest one when
+// a turn is regenerated or an earlier message edited.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "runtime/sampler.h"
+
+namespace qhx {
+
+class PrefixCache;
+
+struct SessionOptions {
+  int64_t context_length = 0;  // tokens the session may hold; 0: the model's maximum
+  // Tokens per forward call in prefill: bounds the scratch memory a long prompt needs.
+  int64_t prefill_chunk = 512;
+  int64_t max_checkpoints = 8;  // turn-boundary checkpoints kept, oldest dropped first
+};
+
+struct TurnOptions {
+  int64_t max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;
+  // Set from any thread to stop at the next chunk or token boundary.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+enum class StopReason { kLength, kStopId, kCallback, kCancelled, kContextFull };
+const char* stop_reason_name(StopReason reason);
+
+struct TurnStats {
+  int64_t n_prompt = 0;     // tokens given
+  int64_t n_reused = 0;     // of those, already in the state (or from the prefix cache)
+  int64_t n_processed = 0;  // of those, run through the model now
+  int64_t n_generated = 0;
+  double prefill_seconds = 0;
+  double ttft_seconds = 0;  // call → first token chosen
+  double decode_seconds = 0;
+  StopReason stop = StopReason::kLength;
+};
+
+class Session {
+ public:
+  // `cache` (optional, shared by sessions of the same model) outlives the session.
+  Session(const Model& model, SessionOptions options = {}, PrefixCache* cache = nullptr);
+
+  // Brings the state to `tokens`, then generates. on_token(id) is called for every generated
+  // token (a stop id included, then generation ends); returning false stops generation. Throws
+  // Error when the tokens plus max_new_tokens do not fit the context, or an id is invalid.
+  TurnStats generate(std::span<const int32_t> tokens, const TurnOptions& options,
+                     const std::function<bool(int32_t)>& on_token);
+
+  // How many leading tokens of `tokens` the session could reuse without processing them.
+  int64_t reusable(std::span<const int32_t> tokens) const;
+
+  // The tokens the state holds (prompt and generated tokens that went through the model; the
+  // last generated token does not until the next turn gives it).
+  std::span<const int32_t> tokens() const { return history_; }
+  void reset();
+  int64_t context_length() const { return context_length_; }
+  // Bytes held: the state, checkpoints and their logits.
+  int64_t bytes() const;
+
+  // Saves the state and its tokens to a qhx tensor file; load() refuses a file written by
+  // another model (weights fingerprint) and checks every tensor.
+  void save(const std::filesystem::path& path) const;
+  void load(const std::filesystem::path& path);
+
+ private:
+  struct Checkpoint {
+    StateCheckpoint state;
+    std::vector<float> logits;  // of the last token, when it was the end of a prompt
+  };
+
+  // Goes back to the longest prefix of `tokens` that can be continued, with its logits where
+  // known (empty otherwise).
+  void rewind_for(std::span<const int32_t> tokens);
+  void forward(std::span<const int32_t> ids, const std::atomic<bool>* cancel);
+  void remember_checkpoint();
+
+  const Model& model_;
+  SessionOptions options_;
+  PrefixCache* cache_;
+  int64_t context_length_;
+  std::unique_ptr<ModelState> state_;
+  std::vector<int32_t> history_;
+  std::vector<float> logits_;  // of the last token in history_; empty if unknown
+  std::deque<Checkpoint> checkpoints_;
+};
+
+// States at turn boundaries shared across sessions, keyed by their exact token sequence: a new
+// session whose prompt starts with a cached sequence starts from there. Least recently used
+// entries go first when the bound is reached. Safe to use from several threads.
+class PrefixCache {
+ public:
+  explicit PrefixCache(int64_t max_bytes) : max_bytes_(max_bytes) {}
+  // Stores a copy of `state` (which holds exactly `tokens`) and the last token's logits.
+  void insert(std::span<const int32_t> tokens, const ModelState& state,
+              std::span<const float> logits);
+  // The longest cached sequence that is a prefix of `tokens` and is at least `at_least` long
+  // restores into `state` and `logits`; returns its length, or 0 if none.
+  int64_t restore(std::span<const int32_t> tokens, int64_t at_least, ModelState& state,
+                  std::vector<float>& logits);
+  int64_t bytes() const;
+  int64_t entries() const;
+
+ private:
+  struct Entry {
+    std::vector<int32_t> tokens;
+    std::unique_ptr<ModelState> state;
+    std::vector<float> logits;
+    int64_t bytes = 0;
+    uint64_t last_used = 0;
+  };
+  mutable std::mutex mutex_;
+  int64_t max_bytes_;
+  int64_t bytes_ = 0;
+  uint64_t clock_ = 0;
+  std::vector<Entry> entries_;
+};
+
+// The kernels run one forward pass at a time (they share one thread pool); sessions on several
+// threads take turns, first come first served, one forward call each.
+class ComputeTurn {
+ public:
+  ComputeTurn();
+  ~ComputeTurn();
+  ComputeTurn(const ComputeTurn&) = delete;
+  ComputeTurn& operator=(const ComputeTurn&) = delete;
+};
+
+}  // namespace qhx
