@@ -2,11 +2,11 @@
 
 namespace qhx {
 
-void fail(std::string_view where, std::string_view what) {
+void fail(std::string_view where, std::string_view what, ErrorKind kind) {
   std::string message(where);
   message += ": ";
   message += what;
-  throw Error(message);
+  throw Error(message, kind);
 }
 
 }  // namespace qhx

@@ -7,13 +7,23 @@
 
 namespace qhx {
 
+// What the caller can do about an error: most mean "fix the input"; these two mean "ask for
+// less" (a server answers them differently).
+enum class ErrorKind { kInvalidInput, kContextFull, kOutOfMemory };
+
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message, ErrorKind kind = ErrorKind::kInvalidInput)
+      : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
 };
 
 // Throws Error("<where>: <what>"). `where` is a file path, optionally with a field, e.g.
 // "model/config.json: hidden_size".
-[[noreturn]] void fail(std::string_view where, std::string_view what);
+[[noreturn]] void fail(std::string_view where, std::string_view what,
+                       ErrorKind kind = ErrorKind::kInvalidInput);
 
 }  // namespace qhx

@@ -1,0 +1,208 @@
+/* qhx: run Qwen3 and Qwen3.5 models on the CPU. The stable C interface.
+ *
+ * A model (a qhx bundle or a Hugging Face checkpoint directory) is opened once and shared; any
+ * number of sessions run conversations on it. A session keeps its state between calls: give it
+ * the whole conversation each time (as token ids, or as chat messages) and it processes only what
+ * it has not seen, going back to a turn boundary when an earlier message changed.
+ *
+ * Threads: a model may be used from several threads at once. A session is used by one thread at
+ * a time, except qhx_session_cancel, which any thread may call. Sessions on different threads
+ * take turns on the CPU one forward pass at a time.
+ *
+ * Errors: every function that can fail returns a qhx_status; on failure, qhx_last_error() gives
+ * a one-line message naming the file or field at fault (per thread, until the next failing call).
+ *
+ * Structs of options are filled with their *_default function first, then changed field by
+ * field: later versions only append fields.
+ */
+#ifndef QHX_QHX_H
+#define QHX_QHX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QHX_API_VERSION 1
+
+typedef enum qhx_status {
+  QHX_OK = 0,
+  QHX_ERROR_INVALID_ARGUMENT = 1, /* a null pointer, out-of-range option, malformed request JSON */
+  QHX_ERROR_MODEL = 2,            /* model files missing, malformed, wrong checksum, unsupported */
+  QHX_ERROR_TEMPLATE = 3,         /* the chat template failed (message has the template line) */
+  QHX_ERROR_CONTEXT_FULL = 4,     /* prompt + max_new_tokens exceed the context length */
+  QHX_ERROR_OUT_OF_MEMORY = 5,    /* memory admission refused (message has the estimate) */
+  QHX_ERROR_STATE_FILE = 6, /* a state file could not be written, read, or belongs elsewhere */
+  QHX_ERROR_BUFFER_TOO_SMALL = 7, /* the output did not fit; the needed size was stored */
+  QHX_ERROR_INTERNAL = 8          /* a bug: please report the message */
+} qhx_status;
+
+const char* qhx_version(void);
+/* The message of the last failed call on this thread ("" if none). */
+const char* qhx_last_error(void);
+/* Frees strings that qhx allocated (rendered templates, generated text). NULL is allowed. */
+void qhx_string_free(char* text);
+
+/* ---------------------------------------------------------------------------------------------
+ * Models
+ */
+typedef struct qhx_model qhx_model;
+
+typedef struct qhx_model_options {
+  int32_t n_threads;      /* compute threads; 0: every hardware thread (process-wide setting) */
+  int64_t context_length; /* tokens per session; 0: as long as the model allows and memory holds */
+  int32_t max_sessions;   /* sessions live at once, counted by memory admission; default 1 */
+  int64_t prefix_cache_bytes; /* bound of the prefix cache shared by sessions; 0: none */
+  int32_t verify_sha256;      /* bundles: check every file's sha256 at open (slow for big models) */
+  int32_t check_memory;       /* 1 (default): refuse or shorten the context to fit in memory */
+} qhx_model_options;
+
+void qhx_model_options_default(qhx_model_options* options);
+/* Opens a bundle, a pack of bundles, or a Hugging Face checkpoint directory. */
+qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qhx_model** model);
+/* Closes the model; its sessions must have been destroyed. NULL is allowed. */
+void qhx_model_close(qhx_model* model);
+
+typedef struct qhx_model_info {
+  const char* name;   /* the model directory's name */
+  const char* family; /* "qwen3" or "qwen3_5" */
+  int64_t vocab_size;
+  int64_t context_length;     /* after memory admission */
+  int64_t memory_estimate;    /* bytes memory admission planned for (0 if it did not run) */
+  const char* admission_note; /* why the context was shortened, or "" */
+  const int32_t* eos_ids;     /* generation stops on these by default */
+  size_t n_eos_ids;
+  int32_t has_chat_template;
+} qhx_model_info;
+
+/* The pointers stay valid while the model is open. */
+qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info);
+
+/* ---------------------------------------------------------------------------------------------
+ * Text
+ */
+
+/* UTF-8 text to token ids (added tokens such as <|im_start|> in the text become their ids; no BOS
+ * is added). Invalid UTF-8 is QHX_ERROR_INVALID_ARGUMENT. If `capacity` is too small, nothing is
+ * written, *n_ids is the count needed and the status is QHX_ERROR_BUFFER_TOO_SMALL. */
+qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_len, int32_t* ids,
+                        size_t capacity, size_t* n_ids);
+/* Token ids to UTF-8 text (invalid sequences become U+FFFD). The text is NUL-terminated when
+ * there is room; *text_len excludes the NUL. Too small a buffer works as for qhx_tokenize. */
+qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
+                          int32_t skip_special, char* text, size_t capacity, size_t* text_len);
+
+typedef struct qhx_template_options {
+  int32_t add_generation_prompt; /* default 1 */
+  int32_t enable_thinking;       /* -1 (default): not passed to the template; 0: false; 1: true */
+} qhx_template_options;
+
+void qhx_template_options_default(qhx_template_options* options);
+/* Renders the checkpoint's chat template exactly as transformers' apply_chat_template does.
+ * request_json: {"messages": [...], "tools": [...]} (tools optional), OpenAI-style messages.
+ * *text is allocated; free it with qhx_string_free. */
+qhx_status qhx_apply_chat_template(const qhx_model* model, const char* request_json,
+                                   const qhx_template_options* options, char** text);
+
+/* ---------------------------------------------------------------------------------------------
+ * Generation
+ */
+typedef struct qhx_sampling {
+  int32_t greedy; /* 1: always the most likely token (after penalties and bias) */
+  float temperature;
+  int32_t top_k;                 /* 0: off */
+  float top_p;                   /* 1: off */
+  float min_p;                   /* 0: off */
+  float repetition_penalty;      /* 1: off; over the prompt and the generated tokens */
+  float presence_penalty;        /* 0: off; over the generated tokens */
+  float frequency_penalty;       /* 0: off; over the generated tokens */
+  uint64_t seed;                 /* same seed, same options, same model: same tokens */
+  const int32_t* logit_bias_ids; /* added to those tokens' logits */
+  const float* logit_bias_values;
+  size_t n_logit_bias;
+} qhx_sampling;
+
+typedef struct qhx_generate_options {
+  int64_t max_new_tokens;  /* default 256 */
+  qhx_sampling sampling;   /* default: the model's generation_config.json */
+  int32_t stop_at_eos;     /* 1 (default): stop on the model's eos ids */
+  const int32_t* stop_ids; /* more ids to stop on (the stop id is reported, then generation ends) */
+  size_t n_stop_ids;
+  const char* const* stop_strings; /* stop when the text contains one; it is not reported */
+  size_t n_stop_strings;
+} qhx_generate_options;
+
+/* Defaults from the model's generation_config.json (greedy if it has none). */
+qhx_status qhx_generate_options_default(const qhx_model* model, qhx_generate_options* options);
+
+/* Called for every generated token with the text it completes: UTF-8, possibly empty while a
+ * multi-byte character or a possible stop string is held back. Return 0 to go on, anything
+ * else to stop. `text` is valid during the call only. */
+typedef int (*qhx_token_callback)(void* user_data, int32_t token, const char* text,
+                                  size_t text_len);
+
+typedef enum qhx_stop_reason {
+  QHX_STOP_LENGTH = 0,   /* max_new_tokens reached */
+  QHX_STOP_EOS = 1,      /* an eos or stop id */
+  QHX_STOP_STRING = 2,   /* a stop string */
+  QHX_STOP_CALLBACK = 3, /* the callback returned nonzero */
+  QHX_STOP_CANCELLED = 4 /* qhx_session_cancel */
+} qhx_stop_reason;
+
+typedef struct qhx_generate_result {
+  qhx_stop_reason stop_reason;
+  int64_t n_prompt;    /* tokens in the conversation given */
+  int64_t n_reused;    /* of those, already in the session's state (or the prefix cache) */
+  int64_t n_processed; /* of those, run through the model by this call */
+  int64_t n_generated;
+  double prefill_ms;
+  double ttft_ms; /* call to first token */
+  double decode_ms;
+  char* text; /* everything generated (stop string excluded); free with qhx_string_free */
+} qhx_generate_result;
+
+/* ---------------------------------------------------------------------------------------------
+ * Sessions
+ */
+typedef struct qhx_session qhx_session;
+
+typedef struct qhx_session_options {
+  int64_t context_length;  /* 0: the model's (after admission) */
+  int64_t prefill_chunk;   /* tokens per forward pass in prefill; default 512 */
+  int32_t max_checkpoints; /* turn-boundary checkpoints kept; default 8 */
+} qhx_session_options;
+
+void qhx_session_options_default(qhx_session_options* options);
+qhx_status qhx_session_create(qhx_model* model, const qhx_session_options* options,
+                              qhx_session** session);
+void qhx_session_destroy(qhx_session* session); /* NULL is allowed */
+
+/* Continues the conversation `tokens` (all of it so far). The result may be NULL. */
+qhx_status qhx_session_generate(qhx_session* session, const int32_t* tokens, size_t n_tokens,
+                                const qhx_generate_options* options, qhx_token_callback callback,
+                                void* user_data, qhx_generate_result* result);
+/* Renders request_json (as qhx_apply_chat_template) and continues that conversation. */
+qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
+                            const qhx_template_options* template_options,
+                            const qhx_generate_options* options, qhx_token_callback callback,
+                            void* user_data, qhx_generate_result* result);
+/* Stops the generation running now at the next token or prefill chunk (result: cancelled); if
+ * none is running, the next one stops before its first token. Any thread may call it. */
+void qhx_session_cancel(qhx_session* session);
+
+/* Tokens of `tokens` the session could reuse without processing them. */
+int64_t qhx_session_reusable(const qhx_session* session, const int32_t* tokens, size_t n_tokens);
+/* The tokens the session's state holds; valid until the next call on the session. */
+qhx_status qhx_session_tokens(const qhx_session* session, const int32_t** tokens, size_t* n_tokens);
+qhx_status qhx_session_reset(qhx_session* session);
+/* The state and its tokens to a file, and back (refused for a file from another model). */
+qhx_status qhx_session_save(const qhx_session* session, const char* path);
+qhx_status qhx_session_load(qhx_session* session, const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QHX_QHX_H */
