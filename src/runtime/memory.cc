@@ -104,7 +104,8 @@ int64_t available_memory_bytes() {
     const int64_t room = std::max<int64_t>(limit - used, 0);
     available = available < 0 ? room : std::min(available, room);
   }
-  if (available < 0) fail("memory", "cannot read the available memory from /proc/meminfo");
+  if (available < 0)
+    fail("memory", "cannot read the available memory from /proc/meminfo", ErrorKind::kOutOfMemory);
   return available;
 }
 
@@ -138,7 +139,7 @@ int64_t admit_context(const ModelConfig& config, MemoryRequest request, int64_t 
                                std::to_string(request.sessions) + " session(s) needs " +
                                plan.describe() + ", but " + gigabytes(available) + " is available";
   if (lo < std::min<int64_t>(kShortestContext, wanted)) {
-    fail("memory", "the model does not fit: a context of " + estimate);
+    fail("memory", "the model does not fit: a context of " + estimate, ErrorKind::kOutOfMemory);
   }
   if (requested > 0) {
     fail("memory",

@@ -185,7 +185,8 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   if (needed > context_length_) {
     fail("prompt",
          std::to_string(n_tokens) + " tokens + " + std::to_string(options.max_new_tokens) +
-             " new tokens exceed the context limit of " + std::to_string(context_length_));
+             " new tokens exceed the context limit of " + std::to_string(context_length_),
+         ErrorKind::kContextFull);
   }
   Sampler sampler(options.sampling);
   TurnStats stats;
