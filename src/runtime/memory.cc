@@ -104,8 +104,7 @@ int64_t available_memory_bytes() {
     const int64_t room = std::max<int64_t>(limit - used, 0);
     available = available < 0 ? room : std::min(available, room);
   }
-  if (available < 0)
-    fail("memory", "cannot read the available memory from /proc/meminfo", ErrorKind::kOutOfMemory);
+  if (available < 0) fail("memory", "cannot read the available memory from /proc/meminfo");
   return available;
 }
 
@@ -143,7 +142,8 @@ int64_t admit_context(const ModelConfig& config, MemoryRequest request, int64_t 
   }
   if (requested > 0) {
     fail("memory",
-         "a context of " + estimate + "; a context of " + std::to_string(lo) + " tokens fits");
+         "a context of " + estimate + "; a context of " + std::to_string(lo) + " tokens fits",
+         ErrorKind::kOutOfMemory);
   }
   if (note != nullptr) {
     *note = "context lowered to " + std::to_string(lo) + " tokens to fit in memory (the model's " +
