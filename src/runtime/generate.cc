@@ -30,6 +30,8 @@ GenerateStats generate(const Model& model, ModelState& state, std::span<const in
   stats.n_prompt = static_cast<int64_t>(prompt.size());
   Sampler sampler(options.sampling);
   std::vector<float> logits;
+  std::vector<int32_t> generated;  // for the sampler's penalties
+  generated.reserve(static_cast<size_t>(std::max<int64_t>(options.max_new_tokens, 0)));
 
   state.reserve(needed);
   const auto start = std::chrono::steady_clock::now();
@@ -37,11 +39,12 @@ GenerateStats generate(const Model& model, ModelState& state, std::span<const in
   stats.prefill_seconds = seconds_since(start);
   if (options.max_new_tokens <= 0) return stats;
 
-  int32_t token = sampler.sample(logits);
+  int32_t token = sampler.sample(logits, prompt, generated);
   stats.ttft_seconds = seconds_since(start);
   const auto decode_start = std::chrono::steady_clock::now();
   while (true) {
     ++stats.n_generated;
+    generated.push_back(token);
     on_token(token);
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
         options.stop_ids.end()) {
@@ -50,7 +53,7 @@ GenerateStats generate(const Model& model, ModelState& state, std::span<const in
     }
     if (stats.n_generated >= options.max_new_tokens) break;
     model.forward(std::span<const int32_t>(&token, 1), state, LogitsFor::kLastToken, logits);
-    token = sampler.sample(logits);
+    token = sampler.sample(logits, prompt, generated);
   }
   stats.decode_seconds = seconds_since(decode_start);
   return stats;
