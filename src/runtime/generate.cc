@@ -16,7 +16,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 GenerateStats generate(const Model& model, ModelState& state, std::span<const int32_t> prompt,
                        const GenerateOptions& options,
-                       const std::function<void(int32_t)>& on_token) {
+                       const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) fail("prompt", "empty: at least one token is needed");
   const int64_t max_ctx = model.config().max_position_embeddings;
   const int64_t needed = state.n_past() + static_cast<int64_t>(prompt.size()) +
@@ -45,7 +45,10 @@ GenerateStats generate(const Model& model, ModelState& state, std::span<const in
   while (true) {
     ++stats.n_generated;
     generated.push_back(token);
-    on_token(token);
+    if (!on_token(token)) {
+      stats.stopped_by_caller = true;
+      break;
+    }
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
         options.stop_ids.end()) {
       stats.stopped_at_stop_id = true;
