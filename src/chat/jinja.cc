@@ -209,6 +209,7 @@ void Interpreter::exec_for(const Stmt& s, Scope& scope, Flow& flow) {
   }
   const auto n = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < n; ++k) {
+    step();
     Scope iteration{{}, &scope};
     bind_targets(iteration, s.targets, items[static_cast<size_t>(k)]);
     Dict loop;
