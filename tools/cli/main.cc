@@ -1,4 +1,5 @@
-// qhx command line: generate, tokenize, score (perplexity), forge/verify/pack bundles.
+// qhx command line: generate, tokenize, render chat templates, score (perplexity),
+// forge/verify/pack bundles.
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +18,7 @@
 #include <tuple>
 
 #include "chat.h"
+#include "chat/chat_template.h"
 #include "forge/convert.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
@@ -584,6 +586,27 @@ int run_tokenize(const std::string& model_dir) {
   return 0;
 }
 
+struct TemplateArgs {
+  std::string model;
+  bool no_generation_prompt = false;
+  std::optional<bool> enable_thinking;
+};
+
+// stdin holds {"messages": [...], "tools": [...]}; prints the template's text as it is.
+int run_template(const TemplateArgs& args) {
+  const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(args.model);
+  const std::string origin = (fs::path(args.model) / "chat_template").string();
+  const qhx::ChatTemplate chat = qhx::ChatTemplate::from_tokenizer(tokenizer, origin);
+  const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                          std::istreambuf_iterator<char>());
+  qhx::ChatTemplateInputs inputs = qhx::parse_chat_request(input, "stdin");
+  inputs.add_generation_prompt = !args.no_generation_prompt;
+  inputs.enable_thinking = args.enable_thinking;
+  const std::string text = chat.render(inputs);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -650,6 +673,18 @@ int main(int argc, char** argv) {
   CLI::App* tokenize =
       app.add_subcommand("tokenize", "Read UTF-8 text on stdin, print its token ids as JSON");
   tokenize->add_option("--model,-m", tokenize_model, "Directory with tokenizer.json")->required();
+
+  TemplateArgs template_args;
+  CLI::App* template_cmd = app.add_subcommand(
+      "template", "Render the chat template for {\"messages\", \"tools\"} JSON on stdin");
+  template_cmd->add_option("--model,-m", template_args.model, "Directory with the tokenizer")
+      ->required();
+  template_cmd->add_flag("--no-generation-prompt", template_args.no_generation_prompt,
+                         "Do not open an assistant turn at the end");
+  template_cmd
+      ->add_option("--enable-thinking", template_args.enable_thinking,
+                   "Pass enable_thinking (true or false) to the template")
+      ->transform(CLI::IsMember({"true", "false"}));
 
   ForgeArgs forge_args;
   CLI::App* forge = app.add_subcommand("forge", "Build bundles from Hugging Face checkpoints");
@@ -774,6 +809,7 @@ int main(int argc, char** argv) {
       return run_bench(bench_args);
     }
     if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
+    if (template_cmd->parsed()) return run_template(template_args);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {
     std::cout.flush();
