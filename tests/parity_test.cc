@@ -14,8 +14,8 @@
 
 #include "io/safetensors.h"
 #include "models/model.h"
-#include "runtime/generate.h"
 #include "runtime/perplexity.h"
+#include "runtime/session.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
@@ -187,11 +187,11 @@ TEST_P(Parity, LogitsAtEveryPositionMatchReference) {
 
 TEST_P(Parity, GreedyContinuationMatchesReference) {
   for (const GoldenPrompt& p : golden_.prompts) {
-    auto state = model_->new_state();
-    GenerateOptions options;
+    Session session(*model_);
+    TurnOptions options;
     options.max_new_tokens = static_cast<int64_t>(p.greedy.size());
     std::vector<int32_t> generated;
-    generate(*model_, *state, p.ids, options, [&](int32_t id) {
+    session.generate(p.ids, options, [&](int32_t id) {
       generated.push_back(id);
       return true;
     });

@@ -7,8 +7,8 @@
 #include <numeric>
 #include <random>
 
-#include "runtime/generate.h"
 #include "runtime/sampler.h"
+#include "runtime/session.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -30,11 +30,11 @@ const char* const kTextPrompts[] = {
 };
 
 std::vector<int32_t> greedy(const Model& model, const std::vector<int32_t>& prompt, int64_t n) {
-  auto state = model.new_state();
-  GenerateOptions options;
+  Session session(model);
+  TurnOptions options;
   options.max_new_tokens = n;
   std::vector<int32_t> out;
-  generate(model, *state, prompt, options, [&](int32_t id) {
+  session.generate(prompt, options, [&](int32_t id) {
     out.push_back(id);
     return true;
   });

@@ -29,9 +29,9 @@
 #include "models/model.h"
 #include "qhx_version.h"
 #include "runtime/bench.h"
-#include "runtime/generate.h"
 #include "runtime/generation_config.h"
 #include "runtime/perplexity.h"
+#include "runtime/session.h"
 #include "runtime/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -162,7 +162,7 @@ int run_generate(const GenerateArgs& args) {
   const auto model = qhx::load_model(dir, {.verify_sha256 = args.verify});
   const qhx::GenerationDefaults defaults = qhx::load_generation_config(dir, model->config());
 
-  qhx::GenerateOptions options;
+  qhx::TurnOptions options;
   options.max_new_tokens = args.n.value_or(defaults.max_new_tokens.value_or(64));
   // The checkpoint's defaults, as transformers' generate() would use them; a sampling flag turns
   // sampling on (with the file's other values), --greedy turns it off.
@@ -195,8 +195,8 @@ int run_generate(const GenerateArgs& args) {
   std::vector<int32_t> generated;
   std::optional<qhx::StreamingDecoder> text_out;
   if (!args.print_ids) text_out.emplace(*tokenizer);
-  const auto state = model->new_state();
-  const qhx::GenerateStats stats = qhx::generate(*model, *state, prompt, options, [&](int32_t id) {
+  qhx::Session session(*model);
+  const qhx::TurnStats stats = session.generate(prompt, options, [&](int32_t id) {
     generated.push_back(id);
     if (!text_out) return true;
     const auto piece = stop_strings.push(text_out->push(id));
