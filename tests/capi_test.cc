@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <string>
 #include <thread>
@@ -255,6 +257,112 @@ TEST(CApiTest, SavedSessionContinuesLikeTheOriginal) {
 
   EXPECT_EQ(qhx_session_load(restored.session, "/nonexistent/state"), QHX_ERROR_STATE_FILE);
   EXPECT_NE(std::string(qhx_last_error()).find("/nonexistent/state"), std::string::npos);
+}
+
+std::string chat_request(const std::vector<std::pair<std::string, std::string>>& messages) {
+  nlohmann::json request = {{"messages", nlohmann::json::array()}};
+  for (const auto& [role, content] : messages) {
+    request["messages"].push_back({{"role", role}, {"content", content}});
+  }
+  return request.dump();
+}
+
+// The acceptance check: five turns through one session give exactly the replies of five
+// fresh sessions each given the whole history, and each turn runs only its new tokens.
+TEST(CApiTest, FiveTurnChatReusesStateAndMatchesFreshRuns) {
+  ModelHandle m;
+  SessionHandle chat(m.model);
+  const qhx_generate_options options = greedy(m.model, 16);
+  const char* const questions[] = {"And it came to pass", "Who begat whom?", "Tell of the flood.",
+                                   "And the LORD said", "Amen."};
+  std::vector<std::pair<std::string, std::string>> messages;
+  int64_t previous_prompt = 0, previous_generated = 0;
+  for (int turn = 0; turn < 5; ++turn) {
+    messages.emplace_back("user", questions[turn]);
+    const std::string request = chat_request(messages);
+    Collected reused;
+    qhx_generate_result r;
+    ASSERT_EQ(
+        qhx_session_chat(chat.session, request.c_str(), nullptr, &options, collect, &reused, &r),
+        QHX_OK)
+        << qhx_last_error();
+    SessionHandle fresh(m.model);
+    Collected scratch;
+    qhx_generate_result f;
+    ASSERT_EQ(
+        qhx_session_chat(fresh.session, request.c_str(), nullptr, &options, collect, &scratch, &f),
+        QHX_OK);
+    EXPECT_EQ(reused.ids, scratch.ids) << "turn " << turn;
+    EXPECT_EQ(f.n_processed, f.n_prompt);
+    // Everything up to the end of the previous reply is reused (its last token was chosen but
+    // not yet run); only this turn's tokens are processed.
+    if (turn > 0) {
+      EXPECT_EQ(r.n_reused, previous_prompt + previous_generated - 1) << "turn " << turn;
+    }
+    std::printf("turn %d: prompt %lld tokens, processed %lld (fresh session: %lld)\n", turn + 1,
+                static_cast<long long>(r.n_prompt), static_cast<long long>(r.n_processed),
+                static_cast<long long>(f.n_processed));
+    previous_prompt = r.n_prompt;
+    previous_generated = r.n_generated;
+    messages.emplace_back("assistant", r.text);
+    qhx_string_free(r.text);
+    qhx_string_free(f.text);
+  }
+}
+
+TEST(CApiTest, ChatTemplateRendersAndReportsErrors) {
+  ModelHandle m;
+  char* text = nullptr;
+  const std::string request = chat_request({{"user", "Hello!"}});
+  qhx_template_options options;
+  qhx_template_options_default(&options);
+  options.enable_thinking = 0;
+  ASSERT_EQ(qhx_apply_chat_template(m.model, request.c_str(), &options, &text), QHX_OK)
+      << qhx_last_error();
+  EXPECT_STREQ(
+      text, "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  qhx_string_free(text);
+  EXPECT_EQ(qhx_apply_chat_template(m.model, "{\"messages\": 5}", nullptr, &text),
+            QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("messages"), std::string::npos);
+  EXPECT_EQ(qhx_apply_chat_template(m.model, "{\"messages\": [", nullptr, &text),
+            QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("invalid JSON"), std::string::npos);
+  // The Qwen3 template reads message.content as a string: a number makes it fail, with a line.
+  EXPECT_EQ(qhx_apply_chat_template(
+                m.model, "{\"messages\": [{\"role\": \"user\", \"content\": 1}]}", nullptr, &text),
+            QHX_ERROR_TEMPLATE);
+  EXPECT_NE(std::string(qhx_last_error()).find("chat_template:"), std::string::npos)
+      << qhx_last_error();
+}
+
+TEST(CApiTest, StopStringsEndGenerationAndAreNotReported) {
+  ModelHandle m;
+  SessionHandle s(m.model);
+  const std::vector<int32_t> prompt = tokenize(m.model, "And it came to pass");
+  qhx_generate_options options = greedy(m.model, 32);
+  Collected full;
+  qhx_generate_result r;
+  ASSERT_EQ(
+      qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, collect, &full, &r),
+      QHX_OK);
+  const std::string text = r.text;
+  qhx_string_free(r.text);
+  // Stop at the first ", " the greedy text contains.
+  const size_t at = text.find(", ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const char* stops[] = {"never appears", ", "};
+  options.stop_strings = stops;
+  options.n_stop_strings = 2;
+  Collected cut;
+  ASSERT_EQ(
+      qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, collect, &cut, &r),
+      QHX_OK);
+  EXPECT_EQ(r.stop_reason, QHX_STOP_STRING);
+  EXPECT_EQ(std::string(r.text), text.substr(0, at));
+  EXPECT_EQ(cut.text, text.substr(0, at));
+  EXPECT_LT(r.n_generated, 32);
+  qhx_string_free(r.text);
 }
 
 }  // namespace
