@@ -268,11 +268,20 @@ std::string chat_request(const std::vector<std::pair<std::string, std::string>>&
 }
 
 // The acceptance check: five turns through one session give exactly the replies of five
-// fresh sessions each given the whole history, and each turn runs only its new tokens.
-TEST(CApiTest, FiveTurnChatReusesStateAndMatchesFreshRuns) {
+// fresh sessions each given the whole history, and each turn runs only the tokens the session
+// has not seen. With thinking off, Qwen3's template renders a generation prompt with an empty
+// think block but earlier replies without it, so each turn also reruns the previous reply, from
+// the checkpoint at its header.
+class FiveTurnChat : public ::testing::TestWithParam<int> {};
+
+TEST_P(FiveTurnChat, ReusesStateAndMatchesFreshRuns) {
+  const int enable_thinking = GetParam();
   ModelHandle m;
   SessionHandle chat(m.model);
   const qhx_generate_options options = greedy(m.model, 16);
+  qhx_template_options template_options;
+  qhx_template_options_default(&template_options);
+  template_options.enable_thinking = enable_thinking;
   const char* const questions[] = {"And it came to pass", "Who begat whom?", "Tell of the flood.",
                                    "And the LORD said", "Amen."};
   std::vector<std::pair<std::string, std::string>> messages;
@@ -282,26 +291,29 @@ TEST(CApiTest, FiveTurnChatReusesStateAndMatchesFreshRuns) {
     const std::string request = chat_request(messages);
     Collected reused;
     qhx_generate_result r;
-    ASSERT_EQ(
-        qhx_session_chat(chat.session, request.c_str(), nullptr, &options, collect, &reused, &r),
-        QHX_OK)
+    ASSERT_EQ(qhx_session_chat(chat.session, request.c_str(), &template_options, &options, collect,
+                               &reused, &r),
+              QHX_OK)
         << qhx_last_error();
     SessionHandle fresh(m.model);
     Collected scratch;
     qhx_generate_result f;
-    ASSERT_EQ(
-        qhx_session_chat(fresh.session, request.c_str(), nullptr, &options, collect, &scratch, &f),
-        QHX_OK);
+    ASSERT_EQ(qhx_session_chat(fresh.session, request.c_str(), &template_options, &options, collect,
+                               &scratch, &f),
+              QHX_OK);
     EXPECT_EQ(reused.ids, scratch.ids) << "turn " << turn;
     EXPECT_EQ(f.n_processed, f.n_prompt);
-    // Everything up to the end of the previous reply is reused (its last token was chosen but
-    // not yet run); only this turn's tokens are processed.
-    if (turn > 0) {
+    if (turn > 0 && enable_thinking < 0) {
+      // Up to the end of the previous reply (its last token was chosen but not yet run).
       EXPECT_EQ(r.n_reused, previous_prompt + previous_generated - 1) << "turn " << turn;
+    } else if (turn > 0) {
+      // Up to the previous generation prompt's "<|im_start|>", 7 tokens before its end
+      // ("<|im_start|>assistant\n<think>\n\n</think>\n\n").
+      EXPECT_EQ(r.n_reused, previous_prompt - 7) << "turn " << turn;
     }
-    std::printf("turn %d: prompt %lld tokens, processed %lld (fresh session: %lld)\n", turn + 1,
-                static_cast<long long>(r.n_prompt), static_cast<long long>(r.n_processed),
-                static_cast<long long>(f.n_processed));
+    std::printf("thinking %d, turn %d: prompt %lld tokens, processed %lld (fresh: %lld)\n",
+                enable_thinking, turn + 1, static_cast<long long>(r.n_prompt),
+                static_cast<long long>(r.n_processed), static_cast<long long>(f.n_processed));
     previous_prompt = r.n_prompt;
     previous_generated = r.n_generated;
     messages.emplace_back("assistant", r.text);
@@ -309,6 +321,10 @@ TEST(CApiTest, FiveTurnChatReusesStateAndMatchesFreshRuns) {
     qhx_string_free(f.text);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(CApiTest, FiveTurnChat, ::testing::Values(-1, 0), [](const auto& info) {
+  return info.param < 0 ? "TemplateDefault" : "ThinkingOff";
+});
 
 TEST(CApiTest, ChatTemplateRendersAndReportsErrors) {
   ModelHandle m;

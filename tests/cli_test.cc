@@ -414,5 +414,40 @@ TEST(Cli, ModelWithoutTokenizerNeedsIds) {
                     {"tokenizer.json", "--prompt-ids"});
 }
 
+// `qhx chat` reads turns from stdin: the second turn reuses the first, /regen runs no prompt
+// token, and a saved chat continues after /load in a new process exactly as it did before.
+TEST(Cli, ChatReusesTurnsAndSavesAndLoads) {
+  test::TempDir tmp;
+  const std::string saved = (tmp.path() / "chat").string();
+  const std::string chat = "chat --model " + kDefaultModel.string() + " --greedy -n 8 --stats";
+  const CliRun first =
+      qhx(chat, "And it came to pass\n/regen\nWho begat whom?\n/save " + saved + "\nAmen.\n");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> replies = lines(first.out);
+  ASSERT_EQ(replies.size(), 4u) << first.out;
+  EXPECT_EQ(replies[0], replies[1]);  // greedy regeneration
+  const std::vector<std::string> stats = lines(first.err);
+  ASSERT_GE(stats.size(), 4u) << first.err;
+  EXPECT_NE(stats[1].find(", 0 processed"), std::string::npos) << stats[1];
+  EXPECT_EQ(stats[2].find(" 0 reused"), std::string::npos) << stats[2];
+  EXPECT_EQ(stats[3].find("saved "), 0u) << stats[3];
+
+  const CliRun resumed = qhx(chat, "/load " + saved + "\nAmen.\n");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(resumed.out, replies[3] + "\n");
+  EXPECT_NE(resumed.err.find("loaded 4 messages"), std::string::npos) << resumed.err;
+  EXPECT_EQ(resumed.err.find(" 0 reused"), std::string::npos) << resumed.err;
+
+  const CliRun missing = qhx(chat, "/load " + saved + "-missing\n");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find(saved + "-missing"), std::string::npos) << missing.err;
+}
+
 }  // namespace
 }  // namespace qhx

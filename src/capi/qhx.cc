@@ -130,8 +130,9 @@ std::vector<std::string> stop_strings(const qhx_generate_options& o) {
 }
 
 qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
-                          const qhx_generate_options* options, qhx_token_callback callback,
-                          void* user_data, qhx_generate_result* result) {
+                          std::vector<int64_t> checkpoint_at, const qhx_generate_options* options,
+                          qhx_token_callback callback, void* user_data,
+                          qhx_generate_result* result) {
   if (result != nullptr) *result = {};
   qhx_generate_options defaults;
   if (options == nullptr) {
@@ -148,6 +149,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     turn.max_new_tokens = options->max_new_tokens;
     turn.sampling = sampling_params(options->sampling);
     turn.cancel = &session->cancel;
+    turn.checkpoint_at = std::move(checkpoint_at);
     std::set<int32_t> stops(options->stop_ids, options->stop_ids + options->n_stop_ids);
     if (options->stop_at_eos)
       stops.insert(session->model->eos_ids.begin(), session->model->eos_ids.end());
@@ -480,7 +482,7 @@ qhx_status qhx_session_generate(qhx_session* session, const int32_t* tokens, siz
                                 void* user_data, qhx_generate_result* result) {
   QHX_REQUIRE(session, "qhx_session_generate");
   if (tokens == nullptr && n_tokens > 0) QHX_REQUIRE(tokens, "qhx_session_generate");
-  return run_generation(session, std::span<const int32_t>(tokens, n_tokens), options, callback,
+  return run_generation(session, std::span<const int32_t>(tokens, n_tokens), {}, options, callback,
                         user_data, result);
 }
 
@@ -496,11 +498,20 @@ qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
     return s;
   }
   std::vector<int32_t> tokens;
+  std::vector<int64_t> checkpoint_at;
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
-    tokens = tokenizer_of(session->model).encode(text, "rendered chat");
+    const qhx::Tokenizer& tokenizer = tokenizer_of(session->model);
+    tokens = tokenizer.encode(text, "rendered chat");
+    // Chat templates re-render earlier replies, often differently from how the model saw them
+    // (Qwen3 and Qwen3.5 drop their thinking): the next turn then differs right after this
+    // reply's header, so a model with recurrent state needs a checkpoint at its start.
+    if (const auto header = tokenizer.token_to_id("<|im_start|>")) {
+      const auto last = std::find(tokens.rbegin(), tokens.rend(), *header);
+      if (last != tokens.rend()) checkpoint_at.push_back(tokens.rend() - last - 1);
+    }
   });
   if (status != QHX_OK) return status;
-  return run_generation(session, tokens, options, callback, user_data, result);
+  return run_generation(session, tokens, checkpoint_at, options, callback, user_data, result);
 }
 
 void qhx_session_cancel(qhx_session* session) {

@@ -157,16 +157,28 @@ void Session::remember_checkpoint() {
   }
 }
 
-void Session::forward(std::span<const int32_t> ids, const std::atomic<bool>* cancel) {
-  for (size_t begin = 0; begin < ids.size(); begin += options_.prefill_chunk) {
+void Session::forward(std::span<const int32_t> tokens, std::span<const int64_t> checkpoint_at,
+                      const std::atomic<bool>* cancel) {
+  const int64_t end = static_cast<int64_t>(tokens.size());
+  while (static_cast<int64_t>(history_.size()) < end) {
+    const int64_t begin = static_cast<int64_t>(history_.size());
     if (begin > 0 && cancelled(cancel)) return;
-    const auto chunk =
-        ids.subspan(begin, std::min<size_t>(options_.prefill_chunk, ids.size() - begin));
+    // A chunk ends early where a checkpoint is wanted (only models that cannot cut their state
+    // back anywhere need one).
+    int64_t stop = std::min(end, begin + options_.prefill_chunk);
+    if (!state_->can_truncate()) {
+      for (const int64_t at : checkpoint_at) {
+        if (at > begin && at < stop) stop = at;
+      }
+    }
     {
       ComputeTurn turn;
-      model_.forward(chunk, *state_, LogitsFor::kLastToken, logits_);
+      model_.forward(tokens.subspan(begin, stop - begin), *state_, LogitsFor::kLastToken, logits_);
     }
-    history_.insert(history_.end(), chunk.begin(), chunk.end());
+    history_.insert(history_.end(), tokens.begin() + begin, tokens.begin() + stop);
+    if (std::find(checkpoint_at.begin(), checkpoint_at.end(), stop) != checkpoint_at.end()) {
+      remember_checkpoint();
+    }
   }
 }
 
@@ -198,7 +210,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   if (stats.n_reused < n_tokens) {
     remember_checkpoint();  // the end of the previous turn
     state_->reserve(needed);
-    forward(tokens.subspan(stats.n_reused), options.cancel);
+    forward(tokens, options.checkpoint_at, options.cancel);
     stats.n_processed = static_cast<int64_t>(history_.size()) - stats.n_reused;
     if (static_cast<int64_t>(history_.size()) < n_tokens) {
       stats.stop = StopReason::kCancelled;
@@ -238,7 +250,11 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       stats.stop = StopReason::kCancelled;
       break;
     }
-    forward(std::span<const int32_t>(&token, 1), nullptr);
+    {
+      ComputeTurn turn;
+      model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
+    }
+    history_.push_back(token);
     token = sampler.sample(logits_, tokens, generated());
   }
   stats.decode_seconds = seconds_since(decode_start);

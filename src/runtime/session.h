@@ -37,6 +37,10 @@ struct TurnOptions {
   std::vector<int32_t> stop_ids;
   // Set from any thread to stop at the next chunk or token boundary.
   const std::atomic<bool>* cancel = nullptr;
+  // Positions in the prompt where a checkpoint is worth taking, besides its end: where the next
+  // turn's rendering may differ from this one's (a chat template that re-renders earlier replies
+  // differently, e.g. without their thinking, starts differing after the reply's header).
+  std::vector<int64_t> checkpoint_at;
 };
 
 enum class StopReason { kLength, kStopId, kCallback, kCancelled, kContextFull };
@@ -89,7 +93,10 @@ class Session {
   // Goes back to the longest prefix of `tokens` that can be continued, with its logits where
   // known (empty otherwise).
   void rewind_for(std::span<const int32_t> tokens);
-  void forward(std::span<const int32_t> ids, const std::atomic<bool>* cancel);
+  // Runs tokens[history_.size()...] through the model (history_ must be a prefix of tokens),
+  // in chunks, taking checkpoints at the positions asked; stops early if cancelled.
+  void forward(std::span<const int32_t> tokens, std::span<const int64_t> checkpoint_at,
+               const std::atomic<bool>* cancel);
   void remember_checkpoint();
 
   const Model& model_;

@@ -662,8 +662,10 @@ int main(int argc, char** argv) {
   chat->add_option("-c,--ctx-size", chat_args.context_length,
                    "Context length (default: the model's, lowered to fit in memory)")
       ->check(CLI::NonNegativeNumber);
-  chat->add_flag("--think,!--no-think", chat_args.thinking,
-                 "Thinking on or off (default: the chat template's)");
+  auto* think = chat->add_flag_callback(
+      "--think", [&] { chat_args.thinking = true; }, "Thinking on (default: the template's)");
+  chat->add_flag_callback("--no-think", [&] { chat_args.thinking = false; }, "Thinking off")
+      ->excludes(think);
   chat->add_flag("--greedy", chat_args.greedy, "Most likely tokens instead of sampling");
   chat->add_option("--seed", chat_args.seed, "Random seed");
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
