@@ -2,7 +2,6 @@
 // Qwen3 chat cases with their token ids), the engine's features one by one, its errors (with
 // line numbers) and limits, and `qhx template`.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <fstream>
 #include <sstream>
@@ -10,6 +9,7 @@
 
 #include "chat/chat_template.h"
 #include "chat/jinja.h"
+#include "support/cli_run.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -22,12 +22,7 @@ using Json = nlohmann::ordered_json;
 
 const fs::path kQwen3Dir = test::shared_dir() / "fixtures/tokenizer/qwen3";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::read_file;
 
 std::vector<Json> read_jsonl(const fs::path& p) {
   std::vector<Json> cases;
@@ -78,13 +73,13 @@ TEST(ChatGolden, Qwen3Template) {
 
 TEST(ChatGolden, Qwen35StyleTemplate) {
   const fs::path path = test::source_dir() / "tests/fixtures/chat/qwen3_5_style.jinja";
-  check_golden("qwen3_5_style", ChatTemplate(slurp(path), path.filename().string(),
+  check_golden("qwen3_5_style", ChatTemplate(read_file(path), path.filename().string(),
                                              qwen3_tokenizer().special_token_strings()));
 }
 
 TEST(ChatGolden, FeaturesTemplate) {
   const fs::path path = test::source_dir() / "tests/fixtures/chat/features.jinja";
-  check_golden("features", ChatTemplate(slurp(path), path.filename().string(),
+  check_golden("features", ChatTemplate(read_file(path), path.filename().string(),
                                         qwen3_tokenizer().special_token_strings()));
 }
 
@@ -251,23 +246,8 @@ TEST(ChatTemplate, EnableThinkingOnlyWhenGiven) {
 
 // ---- qhx template ----
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-CliRun qhx_template(const std::string& args, const std::string& input) {
-  test::TempDir io;
-  std::ofstream(io.path() / "in", std::ios::binary) << input;
-  const std::string command = std::string(QHX_CLI_PATH) + " template " + args + " <" +
-                              (io.path() / "in").string() + " >" + (io.path() / "out").string() +
-                              " 2>" + (io.path() / "err").string();
-  const int status = std::system(command.c_str());
-  CliRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(io.path() / "out");
-  r.err = slurp(io.path() / "err");
-  return r;
+test::CliRun qhx_template(const std::string& args, const std::string& input) {
+  return test::run_qhx("template " + args, input);
 }
 
 TEST(ChatCli, PrintsTheRenderedTextExactly) {
@@ -281,7 +261,7 @@ TEST(ChatCli, PrintsTheRenderedTextExactly) {
       args += std::string(" --enable-thinking ") +
               (c["enable_thinking"].get<bool>() ? "true" : "false");
     }
-    const CliRun r = qhx_template(args, request.dump());
+    const test::CliRun r = qhx_template(args, request.dump());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, c.at("text").get<std::string>());
   }
@@ -294,7 +274,7 @@ TEST(ChatCli, RejectsBadInputWithOneLine) {
            {"not json", "invalid JSON"},
            {"{\"tools\": []}", "missing \"messages\""},
            {"{\"messages\": []}", "empty conversation"}}) {
-    const CliRun r = qhx_template(model, input);
+    const test::CliRun r = qhx_template(model, input);
     EXPECT_EQ(r.exit_code, 1) << input;
     EXPECT_EQ(r.out, "");
     EXPECT_NE(r.err.find(part), std::string::npos) << r.err;

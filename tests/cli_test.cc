@@ -1,7 +1,6 @@
 // The qhx command line as a user meets it: outputs in the documented shape, and for each kind
 // of malformed input a one-line error naming the file and the problem, exit code 1, no crash.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <fstream>
 #include <functional>
@@ -10,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cli_run.h"
 #include "support/fixtures.h"
 #include "support/raw_safetensors.h"
 #include "util/json_file.h"
@@ -19,31 +19,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out, err;
-};
+using test::CliRun;
+using test::read_file;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs `qhx <args>` through /bin/sh (args are shell words), optionally feeding `input`.
 CliRun qhx(const std::string& args, const std::string& input = "") {
-  test::TempDir io;
-  std::ofstream(io.path() / "in", std::ios::binary) << input;
-  const std::string command = std::string(QHX_CLI_PATH) + " " + args + " <" +
-                              (io.path() / "in").string() + " >" + (io.path() / "out").string() +
-                              " 2>" + (io.path() / "err").string();
-  const int status = std::system(command.c_str());
-  CliRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(io.path() / "out");
-  r.err = slurp(io.path() / "err");
-  return r;
+  return test::run_qhx(args, input);
 }
 
 const fs::path kSmallModel = test::source_dir() / "tests/fixtures/qwen3/gqa2_tied_bf16";
@@ -238,7 +218,7 @@ TEST_F(CliBrokenModel, BadJsonConfig) {
 }
 
 TEST_F(CliBrokenModel, TokenizerJsonWithoutModelSection) {
-  Json tok = Json::parse(slurp(kDefaultModel / "tokenizer.json"));
+  Json tok = Json::parse(read_file(kDefaultModel / "tokenizer.json"));
   tok.erase("model");
   std::ofstream(model() / "tokenizer.json") << tok.dump();
   expect_user_error(qhx("tokenize --model " + model().string(), "hi"), {"tokenizer.json", "model"});
@@ -251,7 +231,7 @@ class CliBrokenQwen3_5 : public CliBrokenModel {
     return test::source_dir() / "tests/fixtures/qwen3_5/gva2_tied";
   }
   void edit_config(const std::function<void(Json&)>& edit) {
-    Json config = Json::parse(slurp(model() / "config.json"));
+    Json config = Json::parse(read_file(model() / "config.json"));
     edit(config);
     std::ofstream(model() / "config.json") << config.dump(2);
   }
@@ -307,8 +287,8 @@ TEST(CliForge, ConvertVerifyGateAndRun) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("verified"), std::string::npos) << r.out;
   // The bundle keeps the checkpoint's generation_config.json (checksummed with the rest).
-  EXPECT_EQ(slurp(dir.path() / "b" / "generation_config.json"),
-            slurp(kSmallModel / "generation_config.json"));
+  EXPECT_EQ(read_file(dir.path() / "b" / "generation_config.json"),
+            read_file(kSmallModel / "generation_config.json"));
 
   r = qhx("generate --model " + b + " --prompt-ids 5,17,300 -n 4 --print-ids");
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace qhx::test {
@@ -26,6 +27,9 @@ inline std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1
   for (float& x : v) x = dist(rng);
   return v;
 }
+
+// The whole file as bytes ("" if it cannot be read).
+std::string read_file(const std::filesystem::path& path);
 
 // A fresh empty directory under the system temp dir, removed by the destructor.
 class TempDir {
