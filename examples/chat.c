@@ -41,6 +41,29 @@ static void append_json_string(char* out, size_t capacity, const char* text) {
   out[n] = '\0';
 }
 
+/* Appends a message to the conversation `messages` (a JSON array missing its closing "}]"), and
+ * makes the request for the conversation so far. */
+static void add_message(char* messages, size_t capacity, const char* role, const char* content,
+                        char* request, size_t request_capacity) {
+  strcat(messages, messages[0] == '\0' ? "[{\"role\": \"" : "}, {\"role\": \"");
+  strcat(messages, role);
+  strcat(messages, "\", \"content\": ");
+  append_json_string(messages, capacity, content);
+  snprintf(request, request_capacity, "{\"messages\": %s}]}", messages);
+}
+
+/* One user turn: the reply streams to stdout. */
+static qhx_status ask(qhx_session* session, char* messages, size_t capacity, const char* question,
+                      char* request, size_t request_capacity, const qhx_generate_options* options,
+                      qhx_generate_result* result) {
+  add_message(messages, capacity, "user", question, request, request_capacity);
+  printf("user: %s\nassistant: ", question);
+  const qhx_status status =
+      qhx_session_chat(session, request, NULL, options, print_piece, NULL, result);
+  printf("\n");
+  return status;
+}
+
 int main(int argc, char** argv) {
   const char* model_dir = argc > 1 ? argv[1] : "models/qwen3.5-kjv";
   qhx_model_options model_options;
@@ -58,31 +81,21 @@ int main(int argc, char** argv) {
 
   /* The conversation as a JSON array being built, and each request made from it. */
   static char messages[16384], request[16400];
-  const char* question = "And it came to pass";
-  strcpy(messages, "[{\"role\": \"user\", \"content\": ");
-  append_json_string(messages, sizeof messages, question);
-  snprintf(request, sizeof request, "{\"messages\": %s}]}", messages);
-  printf("user: %s\nassistant: ", question);
-  qhx_generate_result first;
-  if (qhx_session_chat(session, request, NULL, &options, print_piece, NULL, &first) != QHX_OK) {
+  qhx_generate_result first, second;
+  if (ask(session, messages, sizeof messages, "And it came to pass", request, sizeof request,
+          &options, &first) != QHX_OK) {
     return fail("turn 1");
   }
-  printf("\n[turn 1: %lld prompt tokens processed, %lld generated]\n",
-         (long long)first.n_processed, (long long)first.n_generated);
+  printf("[turn 1: %lld prompt tokens processed, %lld generated]\n", (long long)first.n_processed,
+         (long long)first.n_generated);
   if (qhx_session_save(session, "qhx_example_chat.state") != QHX_OK) return fail("save");
 
-  const char* follow_up = "What happened next?";
-  strcat(messages, "}, {\"role\": \"assistant\", \"content\": ");
-  append_json_string(messages, sizeof messages, first.text);
-  strcat(messages, "}, {\"role\": \"user\", \"content\": ");
-  append_json_string(messages, sizeof messages, follow_up);
-  snprintf(request, sizeof request, "{\"messages\": %s}]}", messages);
-  printf("user: %s\nassistant: ", follow_up);
-  qhx_generate_result second;
-  if (qhx_session_chat(session, request, NULL, &options, print_piece, NULL, &second) != QHX_OK) {
+  add_message(messages, sizeof messages, "assistant", first.text, request, sizeof request);
+  if (ask(session, messages, sizeof messages, "What happened next?", request, sizeof request,
+          &options, &second) != QHX_OK) {
     return fail("turn 2");
   }
-  printf("\n[turn 2: %lld of %lld prompt tokens reused, %lld processed]\n",
+  printf("[turn 2: %lld of %lld prompt tokens reused, %lld processed]\n",
          (long long)second.n_reused, (long long)second.n_prompt, (long long)second.n_processed);
 
   /* The saved state continues exactly as the live session did. */
