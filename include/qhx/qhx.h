@@ -138,8 +138,9 @@ typedef struct qhx_generate_options {
 qhx_status qhx_generate_options_default(const qhx_model* model, qhx_generate_options* options);
 
 /* Called for every generated token with the text it completes: UTF-8, possibly empty while a
- * multi-byte character or a possible stop string is held back. Return 0 to go on, anything
- * else to stop. `text` is valid during the call only. */
+ * multi-byte character or a possible stop string is held back (an eos or stop id adds no text).
+ * Text still held when generation ends comes in one last call with token -1. Return 0 to go on,
+ * anything else to stop. `text` is valid during the call only. */
 typedef int (*qhx_token_callback)(void* user_data, int32_t token, const char* text,
                                   size_t text_len);
 

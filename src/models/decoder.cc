@@ -22,6 +22,12 @@ class Decoder final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   const std::string& fingerprint() const override { return fingerprint_; }
+  int64_t weights_bytes() const override {
+    int64_t total = 0;
+    for (const auto& file : checkpoint_.files())
+      total += static_cast<int64_t>(file->bytes().size());
+    return total;
+  }
 
   std::unique_ptr<ModelState> new_state() const override {
     std::vector<LayerState> layers(weights_.layers.size());

@@ -68,6 +68,7 @@ class Model {
   // Identifies these weights (sha256 over the configuration, the tensor tables and samples of
   // every weight file), so that a saved state is never continued on another model.
   virtual const std::string& fingerprint() const = 0;
+  virtual int64_t weights_bytes() const = 0;  // of the mapped weight files
   virtual std::unique_ptr<ModelState> new_state() const = 0;
   // Processes `ids` at positions n_past(), n_past()+1, ... and appends them to `state`.
   // `logits` receives [1 or ids.size(), vocab_size] floats. Throws Error on an id outside the

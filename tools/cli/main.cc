@@ -17,6 +17,7 @@
 #include <thread>
 #include <tuple>
 
+#include "chat.h"
 #include "forge/convert.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
@@ -628,6 +629,23 @@ int main(int argc, char** argv) {
   generate->add_flag("--verify", gen.verify, "Bundles: check every file's sha256 before loading");
   add_threads_option(generate, gen.threads);
 
+  qhx::cli::ChatArgs chat_args;
+  CLI::App* chat = app.add_subcommand("chat", "Interactive chat in the terminal (/help inside)");
+  chat->add_option("--model,-m", chat_args.model, "Bundle, pack, or checkpoint directory")
+      ->required();
+  chat->add_option("--system", chat_args.system, "System prompt");
+  chat->add_option("-n,--max-new-tokens", chat_args.max_new_tokens, "Longest reply in tokens")
+      ->check(CLI::PositiveNumber);
+  chat->add_option("-c,--ctx-size", chat_args.context_length,
+                   "Context length (default: the model's, lowered to fit in memory)")
+      ->check(CLI::NonNegativeNumber);
+  chat->add_flag("--think,!--no-think", chat_args.thinking,
+                 "Thinking on or off (default: the chat template's)");
+  chat->add_flag("--greedy", chat_args.greedy, "Most likely tokens instead of sampling");
+  chat->add_option("--seed", chat_args.seed, "Random seed");
+  chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
+  add_threads_option(chat, chat_args.threads);
+
   std::string tokenize_model;
   CLI::App* tokenize =
       app.add_subcommand("tokenize", "Read UTF-8 text on stdin, print its token ids as JSON");
@@ -769,6 +787,7 @@ int main(int argc, char** argv) {
       qhx::set_kernel_threads(gen.threads);
       return run_generate(gen);
     }
+    if (chat->parsed()) return qhx::cli::run_chat(chat_args);
     if (convert->parsed()) return run_convert(forge_args);
     if (gate->parsed()) return run_gate(forge_args);
     if (synth->parsed()) return run_synth(synth_args);

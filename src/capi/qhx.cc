@@ -1,0 +1,478 @@
+// The C API (include/qhx/qhx.h) over the C++ runtime: handles own the C++ objects, every entry
+// point turns exceptions into a status and a per-thread message.
+#include "qhx/qhx.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/bundle.h"
+#include "io/pack.h"
+#include "kernels/thread_pool.h"
+#include "models/model.h"
+#include "runtime/memory.h"
+#include "runtime/session.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace fs = std::filesystem;
+
+struct qhx_model {
+  fs::path dir;
+  std::string name, family;
+  std::unique_ptr<qhx::Model> model;
+  std::optional<qhx::Tokenizer> tokenizer;
+  qhx::GenerationDefaults generation;
+  std::vector<int32_t> eos_ids;
+  std::unique_ptr<qhx::PrefixCache> prefix_cache;
+  int64_t context_length = 0;
+  int64_t memory_estimate = 0;
+  std::string admission_note;
+};
+
+struct qhx_session {
+  qhx_model* model = nullptr;
+  std::unique_ptr<qhx::Session> session;
+  std::atomic<bool> cancel{false};
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+qhx_status failed(qhx_status status, std::string message) {
+  last_error = std::move(message);
+  return status;
+}
+
+// Runs `body`; an exception becomes `status` (or what its kind says) and the message.
+template <typename Body>
+qhx_status guarded(qhx_status status, Body&& body) {
+  try {
+    body();
+    return QHX_OK;
+  } catch (const qhx::Error& e) {
+    switch (e.kind()) {
+      case qhx::ErrorKind::kContextFull:
+        return failed(QHX_ERROR_CONTEXT_FULL, e.what());
+      case qhx::ErrorKind::kOutOfMemory:
+        return failed(QHX_ERROR_OUT_OF_MEMORY, e.what());
+      case qhx::ErrorKind::kInvalidInput:
+        return failed(status, e.what());
+    }
+    return failed(status, e.what());
+  } catch (const std::bad_alloc&) {
+    return failed(QHX_ERROR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return failed(QHX_ERROR_INTERNAL, std::string("internal error: ") + e.what());
+  }
+}
+
+#define QHX_REQUIRE(pointer, function)                                              \
+  do {                                                                              \
+    if ((pointer) == nullptr) {                                                     \
+      return failed(QHX_ERROR_INVALID_ARGUMENT, function ": " #pointer " is NULL"); \
+    }                                                                               \
+  } while (false)
+
+const qhx::Tokenizer& tokenizer_of(const qhx_model* model) {
+  if (!model->tokenizer) qhx::fail(model->dir.string(), "no tokenizer.json: text is unavailable");
+  return *model->tokenizer;
+}
+
+char* copy_string(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, text.data(), text.size() + 1);
+  return out;
+}
+
+qhx::SamplingParams sampling_params(const qhx_sampling& s) {
+  qhx::SamplingParams p;
+  p.greedy = s.greedy != 0;
+  p.temperature = s.temperature;
+  p.top_k = s.top_k;
+  p.top_p = s.top_p;
+  p.seed = s.seed;
+  return p;
+}
+
+qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
+                          const qhx_generate_options* options, qhx_token_callback callback,
+                          void* user_data, qhx_generate_result* result) {
+  if (result != nullptr) *result = {};
+  qhx_generate_options defaults;
+  if (options == nullptr) {
+    if (qhx_status s = qhx_generate_options_default(session->model, &defaults); s != QHX_OK) {
+      return s;
+    }
+    options = &defaults;
+  }
+  if (options->n_stop_ids > 0 && options->stop_ids == nullptr) {
+    return failed(QHX_ERROR_INVALID_ARGUMENT, "generate options: stop_ids is NULL");
+  }
+  if (options->n_stop_strings > 0) {
+    return failed(QHX_ERROR_INVALID_ARGUMENT, "generate options: stop strings are not supported");
+  }
+  const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    qhx::TurnOptions turn;
+    turn.max_new_tokens = options->max_new_tokens;
+    turn.sampling = sampling_params(options->sampling);
+    turn.cancel = &session->cancel;
+    std::set<int32_t> stops(options->stop_ids, options->stop_ids + options->n_stop_ids);
+    if (options->stop_at_eos)
+      stops.insert(session->model->eos_ids.begin(), session->model->eos_ids.end());
+    turn.stop_ids.assign(stops.begin(), stops.end());
+
+    const qhx::Tokenizer* tokenizer =
+        session->model->tokenizer ? &*session->model->tokenizer : nullptr;
+    std::optional<qhx::StreamingDecoder> decoder;
+    if (tokenizer != nullptr) decoder.emplace(*tokenizer);
+    std::string text;
+    const qhx::TurnStats stats = session->session->generate(tokens, turn, [&](int32_t id) {
+      std::string piece;
+      const bool is_stop = stops.count(id) > 0;
+      if (decoder) piece = is_stop ? decoder->flush() : decoder->push(id);
+      text += piece;
+      if (callback != nullptr && callback(user_data, id, piece.c_str(), piece.size()) != 0) {
+        return false;
+      }
+      return true;
+    });
+    if (decoder && stats.stop != qhx::StopReason::kStopId) {
+      const std::string rest = decoder->flush();
+      if (!rest.empty()) {
+        text += rest;
+        if (callback != nullptr) callback(user_data, -1, rest.c_str(), rest.size());
+      }
+    }
+    if (result != nullptr) {
+      switch (stats.stop) {
+        case qhx::StopReason::kStopId:
+          result->stop_reason = QHX_STOP_EOS;
+          break;
+        case qhx::StopReason::kCallback:
+          result->stop_reason = QHX_STOP_CALLBACK;
+          break;
+        case qhx::StopReason::kCancelled:
+          result->stop_reason = QHX_STOP_CANCELLED;
+          break;
+        default:
+          result->stop_reason = QHX_STOP_LENGTH;
+      }
+      result->n_prompt = stats.n_prompt;
+      result->n_reused = stats.n_reused;
+      result->n_processed = stats.n_processed;
+      result->n_generated = stats.n_generated;
+      result->prefill_ms = stats.prefill_seconds * 1e3;
+      result->ttft_ms = stats.ttft_seconds * 1e3;
+      result->decode_ms = stats.decode_seconds * 1e3;
+      result->text = copy_string(text);
+    }
+  });
+  session->cancel.store(false);
+  return status;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* qhx_version(void) {
+  return QHX_VERSION_STRING;
+}
+
+const char* qhx_last_error(void) {
+  return last_error.c_str();
+}
+
+void qhx_string_free(char* text) {
+  std::free(text);
+}
+
+void qhx_model_options_default(qhx_model_options* options) {
+  if (options == nullptr) return;
+  *options = {};
+  options->max_sessions = 1;
+  options->check_memory = 1;
+}
+
+qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qhx_model** model) {
+  QHX_REQUIRE(path, "qhx_model_open");
+  QHX_REQUIRE(model, "qhx_model_open");
+  *model = nullptr;
+  qhx_model_options defaults;
+  if (options == nullptr) {
+    qhx_model_options_default(&defaults);
+    options = &defaults;
+  }
+  if (options->n_threads < 0 || options->max_sessions < 1 || options->context_length < 0 ||
+      options->prefix_cache_bytes < 0) {
+    return failed(QHX_ERROR_INVALID_ARGUMENT,
+                  "qhx_model_open: n_threads, context_length and prefix_cache_bytes must be >= 0, "
+                  "max_sessions >= 1");
+  }
+  auto opened = std::make_unique<qhx_model>();
+  const qhx_status status = guarded(QHX_ERROR_MODEL, [&] {
+    fs::path dir(path);
+    if (qhx::is_pack(dir)) dir = qhx::select_pack_bundle(dir);
+    opened->dir = dir;
+    opened->name = fs::path(path).filename().string();
+    if (opened->name.empty()) opened->name = fs::path(path).parent_path().filename().string();
+    if (options->n_threads > 0) {
+      qhx::set_kernel_threads(options->n_threads);
+    }
+    if (qhx::is_bundle(dir)) {
+      opened->generation =
+          qhx::open_bundle_manifest(dir, {.verify_sha256 = options->verify_sha256 != 0}).generation;
+    } else if (fs::exists(dir / "generation_config.json")) {
+      opened->generation = qhx::load_generation_defaults(dir / "generation_config.json");
+    }
+    opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0});
+    const qhx::ModelConfig& config = opened->model->config();
+    opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
+    if (fs::exists(dir / "tokenizer.json")) opened->tokenizer = qhx::Tokenizer::load(dir);
+
+    std::set<int32_t> eos(opened->generation.eos_token_ids.begin(),
+                          opened->generation.eos_token_ids.end());
+    eos.insert(config.eos_token_ids.begin(), config.eos_token_ids.end());
+    if (opened->tokenizer && opened->tokenizer->eos_id()) eos.insert(*opened->tokenizer->eos_id());
+    opened->eos_ids.assign(eos.begin(), eos.end());
+  });
+  if (status != QHX_OK) return status;
+  // What the caller asked for, rather than the model files, is at fault from here on.
+  const qhx_status admitted = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    const qhx::ModelConfig& config = opened->model->config();
+    opened->context_length =
+        options->context_length > 0 ? options->context_length : config.max_position_embeddings;
+    if (options->check_memory) {
+      qhx::MemoryRequest request;
+      request.weights_bytes = opened->model->weights_bytes();
+      request.sessions = options->max_sessions;
+      request.prefix_cache_bytes = options->prefix_cache_bytes;
+      opened->context_length =
+          qhx::admit_context(config, request, options->context_length,
+                             qhx::available_memory_bytes(), &opened->admission_note);
+      request.context_length = opened->context_length;
+      opened->memory_estimate = qhx::plan_memory(config, request).total();
+    } else if (opened->context_length > config.max_position_embeddings) {
+      qhx::fail("context_length", "exceeds the model's max_position_embeddings");
+    }
+    if (options->prefix_cache_bytes > 0) {
+      opened->prefix_cache = std::make_unique<qhx::PrefixCache>(options->prefix_cache_bytes);
+    }
+  });
+  if (admitted == QHX_OK) *model = opened.release();
+  return admitted;
+}
+
+void qhx_model_close(qhx_model* model) {
+  delete model;
+}
+
+qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
+  QHX_REQUIRE(model, "qhx_model_get_info");
+  QHX_REQUIRE(info, "qhx_model_get_info");
+  *info = {};
+  info->name = model->name.c_str();
+  info->family = model->family.c_str();
+  info->vocab_size = model->model->config().vocab_size;
+  info->context_length = model->context_length;
+  info->memory_estimate = model->memory_estimate;
+  info->admission_note = model->admission_note.c_str();
+  info->eos_ids = model->eos_ids.data();
+  info->n_eos_ids = model->eos_ids.size();
+  info->has_chat_template = model->tokenizer && !model->tokenizer->chat_template().empty();
+  return QHX_OK;
+}
+
+qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_len, int32_t* ids,
+                        size_t capacity, size_t* n_ids) {
+  QHX_REQUIRE(model, "qhx_tokenize");
+  QHX_REQUIRE(n_ids, "qhx_tokenize");
+  if (text == nullptr && text_len > 0) QHX_REQUIRE(text, "qhx_tokenize");
+  if (ids == nullptr && capacity > 0) QHX_REQUIRE(ids, "qhx_tokenize");
+  std::vector<int32_t> encoded;
+  const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    encoded =
+        tokenizer_of(model).encode(std::string_view(text == nullptr ? "" : text, text_len), "text");
+  });
+  if (status != QHX_OK) return status;
+  *n_ids = encoded.size();
+  if (encoded.size() > capacity) {
+    return failed(QHX_ERROR_BUFFER_TOO_SMALL, "qhx_tokenize: " + std::to_string(encoded.size()) +
+                                                  " ids do not fit in " + std::to_string(capacity));
+  }
+  std::copy(encoded.begin(), encoded.end(), ids);
+  return QHX_OK;
+}
+
+qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
+                          int32_t skip_special, char* text, size_t capacity, size_t* text_len) {
+  QHX_REQUIRE(model, "qhx_detokenize");
+  QHX_REQUIRE(text_len, "qhx_detokenize");
+  if (ids == nullptr && n_ids > 0) QHX_REQUIRE(ids, "qhx_detokenize");
+  if (text == nullptr && capacity > 0) QHX_REQUIRE(text, "qhx_detokenize");
+  std::string decoded;
+  const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    decoded = tokenizer_of(model).decode(std::span<const int32_t>(ids, n_ids), skip_special != 0);
+  });
+  if (status != QHX_OK) return status;
+  *text_len = decoded.size();
+  if (decoded.size() > capacity) {
+    return failed(QHX_ERROR_BUFFER_TOO_SMALL, "qhx_detokenize: " + std::to_string(decoded.size()) +
+                                                  " bytes do not fit in " +
+                                                  std::to_string(capacity));
+  }
+  std::memcpy(text, decoded.data(), decoded.size());
+  if (decoded.size() < capacity) text[decoded.size()] = '\0';
+  return QHX_OK;
+}
+
+void qhx_template_options_default(qhx_template_options* options) {
+  if (options == nullptr) return;
+  options->add_generation_prompt = 1;
+  options->enable_thinking = -1;
+}
+
+qhx_status qhx_apply_chat_template(const qhx_model* model, const char* request_json,
+                                   const qhx_template_options* options, char** text) {
+  QHX_REQUIRE(model, "qhx_apply_chat_template");
+  QHX_REQUIRE(request_json, "qhx_apply_chat_template");
+  QHX_REQUIRE(text, "qhx_apply_chat_template");
+  (void)options;
+  *text = nullptr;
+  return failed(QHX_ERROR_TEMPLATE, "qhx_apply_chat_template: chat templates are not built yet");
+}
+
+qhx_status qhx_generate_options_default(const qhx_model* model, qhx_generate_options* options) {
+  QHX_REQUIRE(model, "qhx_generate_options_default");
+  QHX_REQUIRE(options, "qhx_generate_options_default");
+  *options = {};
+  options->max_new_tokens = 256;
+  options->stop_at_eos = 1;
+  const qhx::GenerationDefaults& g = model->generation;
+  qhx_sampling& s = options->sampling;
+  s.greedy = !g.do_sample.value_or(false);
+  s.temperature = static_cast<float>(g.temperature.value_or(1.0));
+  s.top_k = static_cast<int32_t>(g.top_k.value_or(0));
+  s.top_p = static_cast<float>(g.top_p.value_or(1.0));
+  s.min_p = 0.0f;
+  s.repetition_penalty = 1.0f;
+  return QHX_OK;
+}
+
+void qhx_session_options_default(qhx_session_options* options) {
+  if (options == nullptr) return;
+  const qhx::SessionOptions defaults;
+  options->context_length = 0;
+  options->prefill_chunk = defaults.prefill_chunk;
+  options->max_checkpoints = static_cast<int32_t>(defaults.max_checkpoints);
+}
+
+qhx_status qhx_session_create(qhx_model* model, const qhx_session_options* options,
+                              qhx_session** session) {
+  QHX_REQUIRE(model, "qhx_session_create");
+  QHX_REQUIRE(session, "qhx_session_create");
+  *session = nullptr;
+  qhx_session_options defaults;
+  if (options == nullptr) {
+    qhx_session_options_default(&defaults);
+    options = &defaults;
+  }
+  if (options->context_length > model->context_length) {
+    return failed(QHX_ERROR_INVALID_ARGUMENT,
+                  "qhx_session_create: context_length " + std::to_string(options->context_length) +
+                      " exceeds the model's " + std::to_string(model->context_length));
+  }
+  auto created = std::make_unique<qhx_session>();
+  created->model = model;
+  const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    qhx::SessionOptions o;
+    o.context_length =
+        options->context_length > 0 ? options->context_length : model->context_length;
+    o.prefill_chunk = options->prefill_chunk;
+    o.max_checkpoints = options->max_checkpoints;
+    created->session = std::make_unique<qhx::Session>(*model->model, o, model->prefix_cache.get());
+  });
+  if (status == QHX_OK) *session = created.release();
+  return status;
+}
+
+void qhx_session_destroy(qhx_session* session) {
+  delete session;
+}
+
+qhx_status qhx_session_generate(qhx_session* session, const int32_t* tokens, size_t n_tokens,
+                                const qhx_generate_options* options, qhx_token_callback callback,
+                                void* user_data, qhx_generate_result* result) {
+  QHX_REQUIRE(session, "qhx_session_generate");
+  if (tokens == nullptr && n_tokens > 0) QHX_REQUIRE(tokens, "qhx_session_generate");
+  return run_generation(session, std::span<const int32_t>(tokens, n_tokens), options, callback,
+                        user_data, result);
+}
+
+qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
+                            const qhx_template_options* template_options,
+                            const qhx_generate_options* options, qhx_token_callback callback,
+                            void* user_data, qhx_generate_result* result) {
+  QHX_REQUIRE(session, "qhx_session_chat");
+  char* text = nullptr;
+  if (qhx_status s = qhx_apply_chat_template(session->model, request_json, template_options, &text);
+      s != QHX_OK) {
+    return s;
+  }
+  std::vector<int32_t> tokens;
+  const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    tokens = tokenizer_of(session->model).encode(text, "rendered chat");
+  });
+  qhx_string_free(text);
+  if (status != QHX_OK) return status;
+  return run_generation(session, tokens, options, callback, user_data, result);
+}
+
+void qhx_session_cancel(qhx_session* session) {
+  if (session != nullptr) session->cancel.store(true);
+}
+
+int64_t qhx_session_reusable(const qhx_session* session, const int32_t* tokens, size_t n_tokens) {
+  if (session == nullptr || (tokens == nullptr && n_tokens > 0)) return 0;
+  return session->session->reusable(std::span<const int32_t>(tokens, n_tokens));
+}
+
+qhx_status qhx_session_tokens(const qhx_session* session, const int32_t** tokens,
+                              size_t* n_tokens) {
+  QHX_REQUIRE(session, "qhx_session_tokens");
+  QHX_REQUIRE(tokens, "qhx_session_tokens");
+  QHX_REQUIRE(n_tokens, "qhx_session_tokens");
+  const auto held = session->session->tokens();
+  *tokens = held.data();
+  *n_tokens = held.size();
+  return QHX_OK;
+}
+
+qhx_status qhx_session_reset(qhx_session* session) {
+  QHX_REQUIRE(session, "qhx_session_reset");
+  session->session->reset();
+  return QHX_OK;
+}
+
+qhx_status qhx_session_save(const qhx_session* session, const char* path) {
+  QHX_REQUIRE(session, "qhx_session_save");
+  QHX_REQUIRE(path, "qhx_session_save");
+  return guarded(QHX_ERROR_STATE_FILE, [&] { session->session->save(path); });
+}
+
+qhx_status qhx_session_load(qhx_session* session, const char* path) {
+  QHX_REQUIRE(session, "qhx_session_load");
+  QHX_REQUIRE(path, "qhx_session_load");
+  return guarded(QHX_ERROR_STATE_FILE, [&] { session->session->load(path); });
+}
+
+}  // extern "C"

@@ -1,0 +1,260 @@
+// The C API: statuses and messages, buffers, generation through sessions, cancellation, state
+// files. Generation results are checked against the C++ Session they wrap.
+#include "qhx/qhx.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models/model.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+
+namespace {
+
+const std::string kModel = (qhx::test::source_dir() / "models" / "qwen3.5-kjv").string();
+
+struct ModelHandle {
+  qhx_model* model = nullptr;
+  explicit ModelHandle(const qhx_model_options* options = nullptr) {
+    EXPECT_EQ(qhx_model_open(kModel.c_str(), options, &model), QHX_OK) << qhx_last_error();
+  }
+  ~ModelHandle() { qhx_model_close(model); }
+};
+
+struct SessionHandle {
+  qhx_session* session = nullptr;
+  explicit SessionHandle(qhx_model* model) {
+    EXPECT_EQ(qhx_session_create(model, nullptr, &session), QHX_OK) << qhx_last_error();
+  }
+  ~SessionHandle() { qhx_session_destroy(session); }
+};
+
+std::vector<int32_t> tokenize(qhx_model* model, const std::string& text) {
+  size_t n = 0;
+  EXPECT_EQ(qhx_tokenize(model, text.data(), text.size(), nullptr, 0, &n),
+            text.empty() ? QHX_OK : QHX_ERROR_BUFFER_TOO_SMALL);
+  std::vector<int32_t> ids(n);
+  EXPECT_EQ(qhx_tokenize(model, text.data(), text.size(), ids.data(), ids.size(), &n), QHX_OK);
+  return ids;
+}
+
+struct Collected {
+  std::vector<int32_t> ids;
+  std::string text;
+  int stop_after = -1;  // stop via the callback after this many tokens
+};
+
+int collect(void* user, int32_t token, const char* text, size_t len) {
+  auto* c = static_cast<Collected*>(user);
+  if (token >= 0) c->ids.push_back(token);
+  c->text.append(text, len);
+  return c->stop_after >= 0 && static_cast<int>(c->ids.size()) >= c->stop_after;
+}
+
+qhx_generate_options greedy(qhx_model* model, int64_t n) {
+  qhx_generate_options options;
+  EXPECT_EQ(qhx_generate_options_default(model, &options), QHX_OK);
+  options.sampling.greedy = 1;
+  options.max_new_tokens = n;
+  return options;
+}
+
+TEST(CApiTest, OpeningAMissingModelNamesIt) {
+  qhx_model* model = reinterpret_cast<qhx_model*>(1);
+  EXPECT_EQ(qhx_model_open("/nonexistent/model", nullptr, &model), QHX_ERROR_MODEL);
+  EXPECT_EQ(model, nullptr);
+  EXPECT_NE(std::string(qhx_last_error()).find("/nonexistent/model"), std::string::npos)
+      << qhx_last_error();
+  EXPECT_EQ(qhx_model_open(nullptr, nullptr, &model), QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("path is NULL"), std::string::npos);
+}
+
+TEST(CApiTest, ModelInfo) {
+  ModelHandle m;
+  qhx_model_info info;
+  ASSERT_EQ(qhx_model_get_info(m.model, &info), QHX_OK);
+  EXPECT_STREQ(info.name, "qwen3.5-kjv");
+  EXPECT_STREQ(info.family, "qwen3_5");
+  EXPECT_GT(info.vocab_size, 150000);
+  EXPECT_GT(info.context_length, 0);
+  EXPECT_GT(info.memory_estimate, 0);
+  ASSERT_GE(info.n_eos_ids, 1u);
+  EXPECT_EQ(info.has_chat_template, 1);
+}
+
+TEST(CApiTest, TokenizeAndDetokenizeRoundTripWithBufferSizes) {
+  ModelHandle m;
+  const std::string text = "In the beginning God created the heaven and the earth. ✝";
+  const std::vector<int32_t> ids = tokenize(m.model, text);
+  ASSERT_FALSE(ids.empty());
+  size_t len = 0;
+  EXPECT_EQ(qhx_detokenize(m.model, ids.data(), ids.size(), 0, nullptr, 0, &len),
+            QHX_ERROR_BUFFER_TOO_SMALL);
+  EXPECT_EQ(len, text.size());
+  std::string out(len + 1, '?');
+  ASSERT_EQ(qhx_detokenize(m.model, ids.data(), ids.size(), 0, out.data(), out.size(), &len),
+            QHX_OK);
+  EXPECT_EQ(out.c_str(), text);
+  const std::string bad = "bad \xff utf-8";
+  size_t n = 0;
+  EXPECT_EQ(qhx_tokenize(m.model, bad.data(), bad.size(), nullptr, 0, &n),
+            QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("invalid UTF-8"), std::string::npos);
+}
+
+TEST(CApiTest, GenerationMatchesTheSessionItWraps) {
+  ModelHandle m;
+  SessionHandle s(m.model);
+  const std::vector<int32_t> prompt = tokenize(m.model, "And it came to pass");
+  const qhx_generate_options options = greedy(m.model, 16);
+  Collected got;
+  qhx_generate_result result;
+  ASSERT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, collect, &got,
+                                 &result),
+            QHX_OK)
+      << qhx_last_error();
+
+  const auto model = qhx::load_model(kModel);
+  qhx::Session session(*model);
+  qhx::TurnOptions turn;
+  turn.max_new_tokens = 16;
+  std::vector<int32_t> expected;
+  session.generate(prompt, turn, [&](int32_t id) {
+    expected.push_back(id);
+    return true;
+  });
+  EXPECT_EQ(got.ids, expected);
+  EXPECT_EQ(result.n_generated, 16);
+  EXPECT_EQ(result.n_prompt, static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(result.stop_reason, QHX_STOP_LENGTH);
+  EXPECT_EQ(got.text, result.text);
+  size_t len = 0;
+  std::string decoded(4096, '\0');
+  qhx_detokenize(m.model, expected.data(), expected.size(), 0, decoded.data(), decoded.size(),
+                 &len);
+  EXPECT_EQ(std::string(result.text), decoded.substr(0, len));
+  qhx_string_free(result.text);
+}
+
+TEST(CApiTest, CallbackAndCancelStopGeneration) {
+  ModelHandle m;
+  SessionHandle s(m.model);
+  const std::vector<int32_t> prompt = tokenize(m.model, "And the LORD spake");
+  const qhx_generate_options options = greedy(m.model, 40);
+  Collected got;
+  got.stop_after = 3;
+  qhx_generate_result result;
+  ASSERT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, collect, &got,
+                                 &result),
+            QHX_OK);
+  EXPECT_EQ(result.stop_reason, QHX_STOP_CALLBACK);
+  EXPECT_EQ(got.ids.size(), 3u);
+  qhx_string_free(result.text);
+
+  // A cancel before the call stops it before its first token, and then is forgotten.
+  qhx_session_cancel(s.session);
+  Collected none;
+  ASSERT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, collect, &none,
+                                 &result),
+            QHX_OK);
+  EXPECT_EQ(result.stop_reason, QHX_STOP_CANCELLED);
+  EXPECT_LE(none.ids.size(), 1u);
+  qhx_string_free(result.text);
+
+  // From another thread, mid-generation.
+  struct Slow {
+    Collected collected;
+    std::atomic<int> seen{0};
+  } slow;
+  std::thread canceller([&] {
+    while (slow.seen.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    qhx_session_cancel(s.session);
+  });
+  const auto count = [](void* user, int32_t, const char*, size_t) {
+    auto* w = static_cast<Slow*>(user);
+    ++w->seen;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return 0;
+  };
+  ASSERT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, count, &slow,
+                                 &result),
+            QHX_OK);
+  canceller.join();
+  EXPECT_EQ(result.stop_reason, QHX_STOP_CANCELLED);
+  EXPECT_LT(result.n_generated, 40);
+  qhx_string_free(result.text);
+}
+
+TEST(CApiTest, ContextLimitAndBadOptionsAreErrorsNotCrashes) {
+  qhx_model_options mo;
+  qhx_model_options_default(&mo);
+  mo.context_length = 32;
+  ModelHandle m(&mo);
+  SessionHandle s(m.model);
+  const std::vector<int32_t> prompt(30, 9707);
+  qhx_generate_options options = greedy(m.model, 8);
+  EXPECT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, nullptr,
+                                 nullptr, nullptr),
+            QHX_ERROR_CONTEXT_FULL);
+  EXPECT_NE(std::string(qhx_last_error()).find("context limit of 32"), std::string::npos);
+  options.sampling.greedy = 0;
+  options.sampling.temperature = -1;
+  EXPECT_EQ(qhx_session_generate(s.session, prompt.data(), 4, &options, nullptr, nullptr, nullptr),
+            QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("temperature"), std::string::npos);
+  EXPECT_EQ(qhx_session_generate(s.session, nullptr, 3, &options, nullptr, nullptr, nullptr),
+            QHX_ERROR_INVALID_ARGUMENT);
+  const int32_t outside = 1 << 30;
+  options.sampling.greedy = 1;
+  EXPECT_EQ(qhx_session_generate(s.session, &outside, 1, &options, nullptr, nullptr, nullptr),
+            QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("outside the vocabulary"), std::string::npos);
+
+  mo.context_length = 1 << 30;
+  qhx_model* too_long = nullptr;
+  EXPECT_EQ(qhx_model_open(kModel.c_str(), &mo, &too_long), QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("max_position_embeddings"), std::string::npos);
+}
+
+TEST(CApiTest, SavedSessionContinuesLikeTheOriginal) {
+  ModelHandle m;
+  qhx::test::TempDir tmp;
+  const std::string path = (tmp.path() / "session.qhxs").string();
+  std::vector<int32_t> history = tokenize(m.model, "And God said, Let there be light");
+  const qhx_generate_options options = greedy(m.model, 8);
+  SessionHandle original(m.model);
+  Collected first;
+  ASSERT_EQ(qhx_session_generate(original.session, history.data(), history.size(), &options,
+                                 collect, &first, nullptr),
+            QHX_OK);
+  ASSERT_EQ(qhx_session_save(original.session, path.c_str()), QHX_OK) << qhx_last_error();
+  history.insert(history.end(), first.ids.begin(), first.ids.end());
+  const std::vector<int32_t> more = tokenize(m.model, " and there was");
+  history.insert(history.end(), more.begin(), more.end());
+  Collected continued;
+  ASSERT_EQ(qhx_session_generate(original.session, history.data(), history.size(), &options,
+                                 collect, &continued, nullptr),
+            QHX_OK);
+
+  SessionHandle restored(m.model);
+  ASSERT_EQ(qhx_session_load(restored.session, path.c_str()), QHX_OK) << qhx_last_error();
+  EXPECT_EQ(qhx_session_reusable(restored.session, history.data(), history.size()),
+            static_cast<int64_t>(history.size() - more.size() - 1));
+  Collected after;
+  qhx_generate_result result;
+  ASSERT_EQ(qhx_session_generate(restored.session, history.data(), history.size(), &options,
+                                 collect, &after, &result),
+            QHX_OK);
+  EXPECT_EQ(after.ids, continued.ids);
+  EXPECT_EQ(result.n_processed, static_cast<int64_t>(more.size()) + 1);
+  qhx_string_free(result.text);
+
+  EXPECT_EQ(qhx_session_load(restored.session, "/nonexistent/state"), QHX_ERROR_STATE_FILE);
+  EXPECT_NE(std::string(qhx_last_error()).find("/nonexistent/state"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,201 @@
+#include "chat.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "qhx/qhx.h"
+
+namespace qhx::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+// Ctrl-C while a reply streams stops that reply; at the prompt it ends the program.
+std::atomic<qhx_session*> replying{nullptr};
+
+extern "C" void on_interrupt(int) {
+  if (qhx_session* s = replying.load()) {
+    qhx_session_cancel(s);
+  } else {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+  }
+}
+
+class ChatError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void check(qhx_status status) {
+  if (status != QHX_OK) throw ChatError(qhx_last_error());
+}
+
+int print_piece(void*, int32_t, const char* text, size_t len) {
+  std::fwrite(text, 1, len, stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+const char* const kHelp =
+    "commands: /reset  /regen  /save FILE  /load FILE  /think on|off|default  /stats on|off  "
+    "/exit\n";
+
+class Chat {
+ public:
+  explicit Chat(const ChatArgs& args) : args_(args), thinking_(args.thinking) {
+    qhx_model_options mo;
+    qhx_model_options_default(&mo);
+    mo.n_threads = args.threads;
+    mo.context_length = args.context_length;
+    check(qhx_model_open(args.model.c_str(), &mo, &model_));
+    qhx_model_info info;
+    check(qhx_model_get_info(model_, &info));
+    if (!info.has_chat_template) {
+      throw ChatError(args.model + ": the tokenizer has no chat template");
+    }
+    if (*info.admission_note != '\0') std::fprintf(stderr, "qhx: %s\n", info.admission_note);
+    check(qhx_session_create(model_, nullptr, &session_));
+    check(qhx_generate_options_default(model_, &generate_));
+    generate_.max_new_tokens = args.max_new_tokens;
+    if (args.greedy) generate_.sampling.greedy = 1;
+    generate_.sampling.seed = args.seed.value_or(std::random_device{}());
+    start_over();
+  }
+  ~Chat() {
+    qhx_session_destroy(session_);
+    qhx_model_close(model_);
+  }
+
+  // Handles one line of input; false ends the chat.
+  bool handle(const std::string& line) {
+    if (line.empty()) return true;
+    if (line[0] != '/') {
+      messages_.push_back({{"role", "user"}, {"content", line}});
+      reply();
+      return true;
+    }
+    std::istringstream words(line);
+    std::string command, argument;
+    words >> command >> argument;
+    if (command == "/exit" || command == "/quit") return false;
+    if (command == "/reset") {
+      start_over();
+      check(qhx_session_reset(session_));
+    } else if (command == "/regen") {
+      if (messages_.empty() || messages_.back()["role"] != "assistant") {
+        std::fprintf(stderr, "nothing to regenerate\n");
+      } else {
+        messages_.erase(messages_.end() - 1);
+        reply();
+      }
+    } else if (command == "/save" && !argument.empty()) {
+      check(qhx_session_save(session_, argument.c_str()));
+      std::ofstream(argument + ".json") << Json{{"messages", messages_}}.dump(1) << "\n";
+      std::fprintf(stderr, "saved %s and %s.json\n", argument.c_str(), argument.c_str());
+    } else if (command == "/load" && !argument.empty()) {
+      load(argument);
+    } else if (command == "/think" && (argument == "on" || argument == "off" ||
+                                      argument == "default")) {
+      thinking_ = argument == "default" ? std::nullopt : std::optional<bool>(argument == "on");
+    } else if (command == "/stats" && (argument == "on" || argument == "off")) {
+      stats_ = argument == "on";
+    } else {
+      std::fprintf(stderr, "%s", kHelp);
+    }
+    return true;
+  }
+
+ private:
+  void start_over() {
+    messages_ = Json::array();
+    if (!args_.system.empty()) messages_.push_back({{"role", "system"}, {"content", args_.system}});
+  }
+
+  void load(const std::string& path) {
+    std::ifstream in(path + ".json");
+    Json saved = Json::parse(in, nullptr, false);
+    if (saved.is_discarded() || !saved.contains("messages") || !saved["messages"].is_array()) {
+      throw ChatError(path + ".json: not a saved chat (expected {\"messages\": [...]})");
+    }
+    check(qhx_session_load(session_, path.c_str()));
+    messages_ = saved["messages"];
+    std::fprintf(stderr, "loaded %zu messages\n", messages_.size());
+  }
+
+  void reply() {
+    qhx_template_options template_options;
+    qhx_template_options_default(&template_options);
+    if (thinking_) template_options.enable_thinking = *thinking_ ? 1 : 0;
+    const std::string request = Json{{"messages", messages_}}.dump();
+    qhx_generate_result result{};
+    replying = session_;
+    const qhx_status status = qhx_session_chat(session_, request.c_str(), &template_options,
+                                               &generate_, print_piece, nullptr, &result);
+    replying = nullptr;
+    std::printf("\n");
+    if (status != QHX_OK) {
+      messages_.erase(messages_.end() - 1);  // the turn did not happen
+      throw ChatError(qhx_last_error());
+    }
+    messages_.push_back({{"role", "assistant"}, {"content", result.text}});
+    if (result.stop_reason == QHX_STOP_CANCELLED) std::fprintf(stderr, "[stopped]\n");
+    if (stats_) {
+      const double decode_tps =
+          result.n_generated > 1 ? (result.n_generated - 1) / (result.decode_ms / 1e3) : 0.0;
+      std::fprintf(stderr,
+                   "[prompt %lld tokens: %lld reused, %lld processed in %.0f ms | reply %lld "
+                   "tokens, %.1f tok/s | TTFT %.0f ms]\n",
+                   static_cast<long long>(result.n_prompt),
+                   static_cast<long long>(result.n_reused),
+                   static_cast<long long>(result.n_processed), result.prefill_ms,
+                   static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms);
+    }
+    qhx_string_free(result.text);
+  }
+
+  ChatArgs args_;
+  qhx_model* model_ = nullptr;
+  qhx_session* session_ = nullptr;
+  qhx_generate_options generate_{};
+  std::optional<bool> thinking_;
+  bool stats_ = args_.stats;
+  Json messages_;
+};
+
+}  // namespace
+
+int run_chat(const ChatArgs& args) {
+  const bool interactive = isatty(STDIN_FILENO) != 0;
+  try {
+    Chat chat(args);
+    std::signal(SIGINT, on_interrupt);
+    if (interactive) std::fprintf(stderr, "%s", kHelp);
+    std::string line;
+    while (true) {
+      if (interactive) std::fprintf(stderr, "> ");
+      if (!std::getline(std::cin, line)) break;
+      try {
+        if (!chat.handle(line)) break;
+      } catch (const ChatError& e) {
+        // A failed turn or command leaves the chat as it was; the next line may work.
+        std::fprintf(stderr, "qhx: error: %s\n", e.what());
+        if (!interactive) return 1;
+      }
+    }
+  } catch (const ChatError& e) {
+    std::fprintf(stderr, "qhx: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace qhx::cli
