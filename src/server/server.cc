@@ -149,7 +149,9 @@ std::optional<int64_t> integer_field(const Json& body, const char* name, int64_t
   };
   if (v->is_number_unsigned()) {
     const uint64_t x = v->get<uint64_t>();
-    if (x > static_cast<uint64_t>(hi)) throw out_of_range();
+    if (x > static_cast<uint64_t>(hi) || (lo > 0 && x < static_cast<uint64_t>(lo))) {
+      throw out_of_range();
+    }
     return static_cast<int64_t>(x);
   }
   if (v->is_number_integer()) {
@@ -322,7 +324,7 @@ struct Server::Impl {
   int submit(const std::shared_ptr<Job>& job);
   void dispatch();  // under `mutex`
   void work(Slot& slot);
-  void run(Slot& slot, Job& job);
+  Outcome run(Slot& slot, Job& job);
   void abandon(const std::shared_ptr<Job>& job);
   void finish(Job& job, Outcome outcome);
   Json health();
@@ -434,11 +436,15 @@ void Server::Impl::work(Slot& slot) {
     if (slot.job == nullptr) return;  // stopping
     const std::shared_ptr<Job> job = slot.job;
     lock.unlock();
-    run(slot, *job);
+    Outcome outcome = run(slot, *job);
     lock.lock();
     slot.job = nullptr;
     slot.last_used = ++clock;
     dispatch();
+    // The slot is idle before the client hears the answer: its next request finds it free.
+    lock.unlock();
+    finish(*job, std::move(outcome));
+    lock.lock();
   }
 }
 
@@ -463,7 +469,7 @@ int on_token(void* user_data, int32_t /*token*/, const char* text, size_t text_l
   return ctx.job->abandoned ? 1 : 0;
 }
 
-void Server::Impl::run(Slot& slot, Job& job) {
+Outcome Server::Impl::run(Slot& slot, Job& job) {
   {
     std::lock_guard lock(slot.cancel_mutex);
     slot.running = &job;
@@ -496,7 +502,7 @@ void Server::Impl::run(Slot& slot, Job& job) {
     slot.running = nullptr;
     slot.in_prefill = false;
   }
-  finish(job, std::move(outcome));
+  return outcome;
 }
 
 void Server::Impl::finish(Job& job, Outcome outcome) {
@@ -717,6 +723,8 @@ void Server::Impl::parse_completion(const Json& body, Completion& c) const {
   c.options.stop_strings = c.stop_pointers.data();
   c.options.n_stop_strings = c.stop_pointers.size();
 
+  // vLLM's and llama.cpp's extension: go on past the model's end-of-sequence tokens.
+  if (bool_field(body, "ignore_eos").value_or(false)) c.options.stop_at_eos = 0;
   c.stream = bool_field(body, "stream").value_or(false);
   if (const Json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw wrong_type("stream_options", "an object");
