@@ -23,7 +23,8 @@ using Json = nlohmann::json;
 using namespace std::chrono_literals;
 
 const std::string kModelDir = (test::source_dir() / "models/qwen3.5-kjv").string();
-constexpr int64_t kContext = 1024;
+// The model's whole context: a generation that is not cancelled takes ~4000 tokens to end.
+constexpr int64_t kContext = 4096;
 
 // One model for the whole suite, with no shared prefix cache: reuse then comes only from a
 // slot's own state, which is what the slot choice is tested on.
@@ -379,7 +380,7 @@ TEST_F(ServerTest, HangingUpFreesOnlyThatSlot) {
   other.join();
   EXPECT_EQ(other_text, text_of(want));
   qhx_string_free(want.text);
-  // ~1000 tokens would take far longer than this if the generation went on.
+  // ~4000 tokens would take far longer than this if the generation went on.
   EXPECT_TRUE(wait_for_health([](const Json& h) { return h["slots_idle"] == 2; }, 3s)) << health();
   const auto next = post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 2}});
   EXPECT_EQ(next.first, 200) << next.second;
@@ -423,7 +424,7 @@ TEST_F(ServerTest, FullQueueAnswers429) {
 }
 
 TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
-  start(1, 8, 16384);
+  start(1, 8, 65536);
   expect_error(post("/v1/completions", std::string("{\"prompt\": ")), 400);
   expect_error(post("/v1/completions", std::string("[1, 2]")), 400);
   expect_error(post("/v1/completions", std::string(200, '[') + std::string(200, ']')), 400);
@@ -452,8 +453,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
                "prompt", "context_length_exceeded");
   expect_error(post("/v1/completions", Json{{"prompt", std::vector<int32_t>(kContext + 1, 785)}}),
                400, "prompt", "context_length_exceeded");
-  // The body limit (16 KiB here), and routes that do not exist.
-  expect_error(post("/v1/completions", Json{{"prompt", std::string(20000, 'a')}}), 413);
+  // The body limit (64 KiB here), and routes that do not exist.
+  expect_error(post("/v1/completions", Json{{"prompt", std::string(70000, 'a')}}), 413);
   auto c = client();
   const auto missing = c.Get("/v1/nothing");
   ASSERT_TRUE(missing);

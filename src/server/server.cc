@@ -352,7 +352,8 @@ Server::Impl::Impl(qhx_model* m, const ServerOptions& o) : model(m), options(o) 
     throw std::runtime_error(qhx_last_error());
   }
   started_at = static_cast<int64_t>(std::time(nullptr));
-  id_salt = std::random_device{}();
+  std::random_device entropy;
+  id_salt = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
 
   qhx_session_options session_options;
   qhx_session_options_default(&session_options);
