@@ -5,8 +5,10 @@
 
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "support/fixtures.h"
 #include "support/raw_safetensors.h"
@@ -75,6 +77,82 @@ TEST(Cli, GeneratesTextFromTheDefaultModel) {
   const CliRun again = qhx("generate --model " + kDefaultModel.string() +
                            " --prompt 'Once upon a time' -n 16 --seed 3");
   EXPECT_EQ(r.out, again.out) << "same seed, same text";
+}
+
+// The ids of a --print-ids run's one line.
+std::vector<std::string> ids_of(const CliRun& r) {
+  std::vector<std::string> ids;
+  std::stringstream in(r.out.substr(0, r.out.find('\n')));
+  for (std::string id; std::getline(in, id, ',');) ids.push_back(id);
+  return ids;
+}
+
+TEST(Cli, StopStringEndsTheTextBeforeIt) {
+  const std::string run = "generate --model " + kDefaultModel.string() +
+                          " --prompt 'And it came to pass' -n 40 --greedy";
+  const CliRun full = qhx(run);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  ASSERT_GT(full.out.size(), 60u) << full.out;
+  // A stretch from the middle of the greedy text, which spans several tokens.
+  const std::string stop = full.out.substr(30, 12);
+  ASSERT_EQ(stop.find('\''), std::string::npos);
+  const CliRun cut = qhx(run + " --stop 'never appears' --stop '" + stop + "'");
+  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  EXPECT_EQ(cut.out, full.out.substr(0, full.out.find(stop)) + "\n");
+  EXPECT_EQ(cut.err.find("decode: 40 tokens"), std::string::npos) << "did not stop: " << cut.err;
+  expect_user_error(qhx(run + " --stop x --print-ids"), {"--stop", "--print-ids"});
+}
+
+TEST(Cli, LogitBiasAndPenaltiesChangeTheTokens) {
+  const std::string run =
+      "generate --model " + kSmallModel.string() + " --prompt-ids 5,17,300 --greedy --print-ids";
+  const CliRun plain = qhx(run + " -n 12");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::vector<std::string> ids = ids_of(plain);
+  ASSERT_EQ(ids.size(), 12u);
+  ASSERT_LT(std::set<std::string>(ids.begin(), ids.end()).size(), ids.size()) << "no repeats";
+  const CliRun banned = qhx(run + " -n 1 --logit-bias " + ids[0] + "=-inf --logit-bias 0=0.5");
+  ASSERT_EQ(banned.exit_code, 0) << banned.err;
+  EXPECT_NE(ids_of(banned).at(0), ids[0]);
+  // A presence penalty this large forbids any repeat among the generated tokens.
+  const CliRun fresh = qhx(run + " -n 12 --presence-penalty 1000");
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  const std::vector<std::string> fresh_ids = ids_of(fresh);
+  EXPECT_EQ(std::set<std::string>(fresh_ids.begin(), fresh_ids.end()).size(), fresh_ids.size())
+      << fresh.out;
+  for (const char* flag : {"--repeat-penalty 1.3", "--frequency-penalty 0.5", "--min-p 0.1"}) {
+    const CliRun r = qhx(run + " -n 4 " + flag);
+    EXPECT_EQ(r.exit_code, 0) << flag << ": " << r.err;
+  }
+  expect_user_error(qhx(run + " -n 1 --logit-bias 5"), {"--logit-bias", "ID=BIAS"});
+  expect_user_error(qhx(run + " -n 1 --logit-bias 999999999=1"),
+                    {"logit_bias", "outside the vocabulary"});
+  expect_user_error(qhx(run + " -n 1 --repeat-penalty 0"), {"repetition_penalty"});
+}
+
+TEST(Cli, DefaultsComeFromGenerationConfig) {
+  // The shipped model's generation_config.json samples; --greedy overrides it.
+  const std::string run = "generate --model " + kDefaultModel.string() + " --prompt 'And' -n 2";
+  CliRun r = qhx(run);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("sampled, seed"), std::string::npos) << r.err;
+  r = qhx(run + " --greedy");
+  EXPECT_NE(r.err.find("| greedy"), std::string::npos) << r.err;
+
+  test::TempDir dir;
+  test::copy_dir(kSmallModel, dir.path());
+  const std::string small =
+      "generate --model " + dir.path().string() + " --prompt-ids 5 --print-ids";
+  r = qhx(small);  // transformers' minimal file: greedy, -n 64
+  EXPECT_NE(r.err.find("| greedy"), std::string::npos) << r.err;
+  EXPECT_EQ(ids_of(r).size(), 64u);
+  std::ofstream(dir.path() / "generation_config.json") << R"({"do_sample": true, "top_k": 3,
+      "max_new_tokens": 5})";
+  r = qhx(small);
+  EXPECT_NE(r.err.find("sampled, seed"), std::string::npos) << r.err;
+  EXPECT_EQ(ids_of(r).size(), 5u);
+  std::ofstream(dir.path() / "generation_config.json") << R"({"num_beams": 4})";
+  expect_user_error(qhx(small), {"generation_config.json", "num_beams", "not supported"});
 }
 
 // qhx's perplexity of the shipped model on its held-out text equals the one transformers measured
@@ -228,6 +306,9 @@ TEST(CliForge, ConvertVerifyGateAndRun) {
   r = qhx("verify " + b);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("verified"), std::string::npos) << r.out;
+  // The bundle keeps the checkpoint's generation_config.json (checksummed with the rest).
+  EXPECT_EQ(slurp(dir.path() / "b" / "generation_config.json"),
+            slurp(kSmallModel / "generation_config.json"));
 
   r = qhx("generate --model " + b + " --prompt-ids 5,17,300 -n 4 --print-ids");
   EXPECT_EQ(r.exit_code, 0) << r.err;

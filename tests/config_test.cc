@@ -1,4 +1,4 @@
-// config.json / generation_config.json parsing: flat and nested layouts, documented defaults,
+// config.json parsing: flat and nested layouts, documented defaults,
 // and clear errors for unknown, missing or unsupported keys.
 #include <gtest/gtest.h>
 
@@ -188,19 +188,6 @@ TEST_F(ConfigTest, BadJsonNamesTheFile) {
   std::ofstream(path()) << "{\"vocab_size\": 12,";
   expect_error([&] { load_model_config(path()); }, {path().string(), "invalid JSON"});
   expect_error([&] { load_model_config(dir_.path() / "nope.json"); }, {"nope.json", "cannot open"});
-}
-
-TEST_F(ConfigTest, GenerationDefaults) {
-  const auto p = dir_.path() / "generation_config.json";
-  std::ofstream(p) << R"({"bos_token_id": 151643, "do_sample": true,
-      "eos_token_id": [151645, 151643], "pad_token_id": 151643, "temperature": 0.6,
-      "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"})";
-  const GenerationDefaults d = load_generation_defaults(p);
-  EXPECT_EQ(d.eos_token_ids, (std::vector<int32_t>{151645, 151643}));
-  EXPECT_TRUE(*d.do_sample);
-  EXPECT_DOUBLE_EQ(*d.temperature, 0.6);
-  EXPECT_EQ(*d.top_k, 20);
-  EXPECT_FALSE(load_generation_defaults(dir_.path() / "absent.json").do_sample.has_value());
 }
 
 }  // namespace

@@ -1,12 +1,10 @@
-// Reference kernels against straightforward double-precision formulas, and the sampler.
+// Reference kernels against straightforward double-precision formulas.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <random>
 #include <string_view>
 #include <vector>
 
@@ -15,7 +13,6 @@
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "kernels/thread_pool.h"
-#include "runtime/sampler.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
 
@@ -399,52 +396,6 @@ TEST(Kernels, GatedDeltaRuleRecurrentAndChunkedMatchTheDefinition) {
     for (size_t i = 0; i < state.size(); ++i)
       ASSERT_NEAR(state[i], expected_state[i], 1e-5) << chunk;
   }
-}
-
-TEST(Sampler, ArgmaxTakesTheFirstOfTies) {
-  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
-  EXPECT_EQ(argmax(logits), 1);
-}
-
-TEST(Sampler, TopKAndTopPLimitTheCandidates) {
-  const std::vector<float> logits = {0.1f, 3.0f, 2.9f, -2.0f, 2.8f, 0.0f};
-  SamplingParams p;
-  p.greedy = false;
-  p.temperature = 1.0f;
-  p.top_k = 2;
-  p.seed = 7;
-  Sampler top2(p);
-  std::map<int32_t, int> seen;
-  for (int i = 0; i < 2000; ++i) ++seen[top2.sample(logits)];
-  EXPECT_EQ(seen.size(), 2u);
-  EXPECT_GT(seen[1], seen[2]);
-  EXPECT_GT(seen[2], 600);
-
-  p.top_k = 0;
-  p.top_p = 0.3f;  // token 1 alone holds ~0.35 of the mass
-  Sampler nucleus(p);
-  for (int i = 0; i < 200; ++i) EXPECT_EQ(nucleus.sample(logits), 1);
-}
-
-TEST(Sampler, SameSeedSameTokens) {
-  const std::vector<float> logits = random_vector(500, 9, 2.0f);
-  SamplingParams p;
-  p.greedy = false;
-  p.temperature = 0.8f;
-  p.top_p = 0.95f;
-  p.seed = 1234;
-  Sampler a(p), b(p);
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
-}
-
-TEST(Sampler, RejectsBadParameters) {
-  SamplingParams p;
-  p.greedy = false;
-  p.temperature = 0.0f;
-  test::expect_error([&] { Sampler s(p); }, {"temperature"});
-  p.temperature = 1.0f;
-  p.top_p = 1.5f;
-  test::expect_error([&] { Sampler s(p); }, {"top_p"});
 }
 
 }  // namespace

@@ -191,7 +191,10 @@ TEST_P(Parity, GreedyContinuationMatchesReference) {
     GenerateOptions options;
     options.max_new_tokens = static_cast<int64_t>(p.greedy.size());
     std::vector<int32_t> generated;
-    generate(*model_, *state, p.ids, options, [&](int32_t id) { generated.push_back(id); });
+    generate(*model_, *state, p.ids, options, [&](int32_t id) {
+      generated.push_back(id);
+      return true;
+    });
     EXPECT_EQ(generated, p.greedy) << "prompt " << p.name;
   }
 }

@@ -12,12 +12,15 @@
 #include <thread>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "io/bundle.h"
 #include "io/pack.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
+#include "runtime/generation_config.h"
 #include "runtime/memory.h"
 #include "runtime/session.h"
+#include "runtime/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -28,6 +31,7 @@ struct qhx_model {
   std::string name, family;
   std::unique_ptr<qhx::Model> model;
   std::optional<qhx::Tokenizer> tokenizer;
+  std::optional<qhx::ChatTemplate> chat_template;
   qhx::GenerationDefaults generation;
   std::vector<int32_t> eos_ids;
   std::unique_ptr<qhx::PrefixCache> prefix_cache;
@@ -94,13 +98,35 @@ char* copy_string(const std::string& text) {
 }
 
 qhx::SamplingParams sampling_params(const qhx_sampling& s) {
+  if (s.n_logit_bias > 0 && (s.logit_bias_ids == nullptr || s.logit_bias_values == nullptr)) {
+    qhx::fail("sampling: logit_bias", "ids or values are NULL");
+  }
   qhx::SamplingParams p;
   p.greedy = s.greedy != 0;
   p.temperature = s.temperature;
   p.top_k = s.top_k;
   p.top_p = s.top_p;
+  p.min_p = s.min_p;
+  p.repetition_penalty = s.repetition_penalty;
+  p.presence_penalty = s.presence_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  for (size_t i = 0; i < s.n_logit_bias; ++i) {
+    p.logit_bias.emplace_back(s.logit_bias_ids[i], s.logit_bias_values[i]);
+  }
   p.seed = s.seed;
   return p;
+}
+
+std::vector<std::string> stop_strings(const qhx_generate_options& o) {
+  if (o.n_stop_strings > 0 && o.stop_strings == nullptr) {
+    qhx::fail("generate options", "stop_strings is NULL");
+  }
+  std::vector<std::string> stops;
+  for (size_t i = 0; i < o.n_stop_strings; ++i) {
+    if (o.stop_strings[i] == nullptr) qhx::fail("generate options", "a stop string is NULL");
+    stops.emplace_back(o.stop_strings[i]);
+  }
+  return stops;
 }
 
 qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
@@ -117,9 +143,6 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
   if (options->n_stop_ids > 0 && options->stop_ids == nullptr) {
     return failed(QHX_ERROR_INVALID_ARGUMENT, "generate options: stop_ids is NULL");
   }
-  if (options->n_stop_strings > 0) {
-    return failed(QHX_ERROR_INVALID_ARGUMENT, "generate options: stop strings are not supported");
-  }
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
     qhx::TurnOptions turn;
     turn.max_new_tokens = options->max_new_tokens;
@@ -132,21 +155,31 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
 
     const qhx::Tokenizer* tokenizer =
         session->model->tokenizer ? &*session->model->tokenizer : nullptr;
+    qhx::StopStringMatcher stop_text(stop_strings(*options));
+    if (tokenizer == nullptr && options->n_stop_strings > 0) {
+      qhx::fail(session->model->dir.string(), "no tokenizer.json: stop strings need text");
+    }
     std::optional<qhx::StreamingDecoder> decoder;
     if (tokenizer != nullptr) decoder.emplace(*tokenizer);
     std::string text;
+    // The text each token completes, with anything that could begin a stop string held back.
+    const auto emit = [&](int32_t id, const std::string& piece) {
+      const qhx::StopStringMatcher::Piece shown = stop_text.push(piece);
+      text += shown.text;
+      const bool go_on = callback == nullptr ||
+                         callback(user_data, id, shown.text.c_str(), shown.text.size()) == 0;
+      return go_on && !shown.stopped;
+    };
     const qhx::TurnStats stats = session->session->generate(tokens, turn, [&](int32_t id) {
-      std::string piece;
+      // An eos or stop id adds no text of its own but ends what was held.
       const bool is_stop = stops.count(id) > 0;
-      if (decoder) piece = is_stop ? decoder->flush() : decoder->push(id);
-      text += piece;
-      if (callback != nullptr && callback(user_data, id, piece.c_str(), piece.size()) != 0) {
-        return false;
-      }
-      return true;
+      const std::string piece = !decoder ? "" : is_stop ? decoder->flush() : decoder->push(id);
+      return emit(id, piece);
     });
-    if (decoder && stats.stop != qhx::StopReason::kStopId) {
-      const std::string rest = decoder->flush();
+    if (decoder && !stop_text.stopped()) {
+      std::string rest = stats.stop == qhx::StopReason::kStopId ? "" : decoder->flush();
+      rest = stop_text.push(rest).text;
+      if (!stop_text.stopped()) rest += stop_text.flush();
       if (!rest.empty()) {
         text += rest;
         if (callback != nullptr) callback(user_data, -1, rest.c_str(), rest.size());
@@ -158,7 +191,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
           result->stop_reason = QHX_STOP_EOS;
           break;
         case qhx::StopReason::kCallback:
-          result->stop_reason = QHX_STOP_CALLBACK;
+          result->stop_reason = stop_text.stopped() ? QHX_STOP_STRING : QHX_STOP_CALLBACK;
           break;
         case qhx::StopReason::kCancelled:
           result->stop_reason = QHX_STOP_CANCELLED;
@@ -228,20 +261,25 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     if (options->n_threads > 0) {
       qhx::set_kernel_threads(options->n_threads);
     }
+    std::set<int32_t> eos;
     if (qhx::is_bundle(dir)) {
-      opened->generation =
-          qhx::open_bundle_manifest(dir, {.verify_sha256 = options->verify_sha256 != 0}).generation;
-    } else if (fs::exists(dir / "generation_config.json")) {
-      opened->generation = qhx::load_generation_defaults(dir / "generation_config.json");
+      // Bundles made before they kept generation_config.json list their stop ids.
+      const auto manifest =
+          qhx::open_bundle_manifest(dir, {.verify_sha256 = options->verify_sha256 != 0});
+      eos.insert(manifest.stop_ids.begin(), manifest.stop_ids.end());
     }
     opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0});
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
-    if (fs::exists(dir / "tokenizer.json")) opened->tokenizer = qhx::Tokenizer::load(dir);
-
-    std::set<int32_t> eos(opened->generation.eos_token_ids.begin(),
-                          opened->generation.eos_token_ids.end());
-    eos.insert(config.eos_token_ids.begin(), config.eos_token_ids.end());
+    opened->generation = qhx::load_generation_config(dir, config);
+    if (fs::exists(dir / "tokenizer.json")) {
+      opened->tokenizer = qhx::Tokenizer::load(dir);
+      if (!opened->tokenizer->chat_template().empty()) {
+        opened->chat_template =
+            qhx::ChatTemplate::from_tokenizer(*opened->tokenizer, (dir / "chat_template").string());
+      }
+    }
+    eos.insert(opened->generation.eos_ids.begin(), opened->generation.eos_ids.end());
     if (opened->tokenizer && opened->tokenizer->eos_id()) eos.insert(*opened->tokenizer->eos_id());
     opened->eos_ids.assign(eos.begin(), eos.end());
   });
@@ -288,7 +326,7 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->admission_note = model->admission_note.c_str();
   info->eos_ids = model->eos_ids.data();
   info->n_eos_ids = model->eos_ids.size();
-  info->has_chat_template = model->tokenizer && !model->tokenizer->chat_template().empty();
+  info->has_chat_template = model->chat_template.has_value();
   return QHX_OK;
 }
 
@@ -341,30 +379,58 @@ void qhx_template_options_default(qhx_template_options* options) {
   options->enable_thinking = -1;
 }
 
+namespace {
+
+// Renders a chat request: a malformed request is the caller's error, a failing template the
+// template's.
+qhx_status render_chat(const qhx_model* model, const char* request_json,
+                       const qhx_template_options* options, std::string& text) {
+  qhx_template_options defaults;
+  if (options == nullptr) {
+    qhx_template_options_default(&defaults);
+    options = &defaults;
+  }
+  qhx::ChatTemplateInputs inputs;
+  const qhx_status parsed = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    if (!model->chat_template) qhx::fail(model->dir.string(), "the tokenizer has no chat template");
+    inputs = qhx::parse_chat_request(request_json, "chat request");
+  });
+  if (parsed != QHX_OK) return parsed;
+  inputs.add_generation_prompt = options->add_generation_prompt != 0;
+  if (options->enable_thinking >= 0) inputs.enable_thinking = options->enable_thinking != 0;
+  return guarded(QHX_ERROR_TEMPLATE, [&] { text = model->chat_template->render(inputs); });
+}
+
+}  // namespace
+
 qhx_status qhx_apply_chat_template(const qhx_model* model, const char* request_json,
                                    const qhx_template_options* options, char** text) {
   QHX_REQUIRE(model, "qhx_apply_chat_template");
   QHX_REQUIRE(request_json, "qhx_apply_chat_template");
   QHX_REQUIRE(text, "qhx_apply_chat_template");
-  (void)options;
   *text = nullptr;
-  return failed(QHX_ERROR_TEMPLATE, "qhx_apply_chat_template: chat templates are not built yet");
+  std::string rendered;
+  if (qhx_status s = render_chat(model, request_json, options, rendered); s != QHX_OK) return s;
+  return guarded(QHX_ERROR_INTERNAL, [&] { *text = copy_string(rendered); });
 }
 
 qhx_status qhx_generate_options_default(const qhx_model* model, qhx_generate_options* options) {
   QHX_REQUIRE(model, "qhx_generate_options_default");
   QHX_REQUIRE(options, "qhx_generate_options_default");
   *options = {};
-  options->max_new_tokens = 256;
-  options->stop_at_eos = 1;
   const qhx::GenerationDefaults& g = model->generation;
+  options->max_new_tokens = g.max_new_tokens.value_or(256);
+  options->stop_at_eos = 1;
   qhx_sampling& s = options->sampling;
-  s.greedy = !g.do_sample.value_or(false);
-  s.temperature = static_cast<float>(g.temperature.value_or(1.0));
-  s.top_k = static_cast<int32_t>(g.top_k.value_or(0));
-  s.top_p = static_cast<float>(g.top_p.value_or(1.0));
-  s.min_p = 0.0f;
-  s.repetition_penalty = 1.0f;
+  s.greedy = g.sampling.greedy;
+  s.temperature = g.sampling.temperature;
+  s.top_k = static_cast<int32_t>(g.sampling.top_k);
+  s.top_p = g.sampling.top_p;
+  s.min_p = g.sampling.min_p;
+  s.repetition_penalty = g.sampling.repetition_penalty;
+  s.presence_penalty = g.sampling.presence_penalty;
+  s.frequency_penalty = g.sampling.frequency_penalty;
+  s.seed = g.sampling.seed;
   return QHX_OK;
 }
 
@@ -423,8 +489,9 @@ qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
                             const qhx_generate_options* options, qhx_token_callback callback,
                             void* user_data, qhx_generate_result* result) {
   QHX_REQUIRE(session, "qhx_session_chat");
-  char* text = nullptr;
-  if (qhx_status s = qhx_apply_chat_template(session->model, request_json, template_options, &text);
+  QHX_REQUIRE(request_json, "qhx_session_chat");
+  std::string text;
+  if (qhx_status s = render_chat(session->model, request_json, template_options, text);
       s != QHX_OK) {
     return s;
   }
@@ -432,7 +499,6 @@ qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
     tokens = tokenizer_of(session->model).encode(text, "rendered chat");
   });
-  qhx_string_free(text);
   if (status != QHX_OK) return status;
   return run_generation(session, tokens, options, callback, user_data, result);
 }

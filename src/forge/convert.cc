@@ -19,6 +19,7 @@
 #include "kernels/quant.h"
 #include "models/model.h"
 #include "models/weights.h"
+#include "runtime/generation_config.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/sha256.h"
@@ -326,19 +327,26 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       tokenizer_files.push_back(f);
     }
   }
-  const GenerationDefaults generation = load_generation_defaults(hf_dir / "generation_config.json");
-  std::set<int32_t> stops(generation.eos_token_ids.begin(), generation.eos_token_ids.end());
+  // The bundle keeps the checkpoint's generation_config.json (load_generation_config reads it
+  // from either); the manifest records what it resolves to.
+  const GenerationDefaults generation = load_generation_config(hf_dir, config);
+  std::vector<std::string> extra_files;
+  if (fs::exists(hf_dir / "generation_config.json")) {
+    fs::copy_file(hf_dir / "generation_config.json", temp / "generation_config.json");
+    extra_files.push_back("generation_config.json");
+  }
+  std::set<int32_t> stops(generation.eos_ids.begin(), generation.eos_ids.end());
   stops.insert(config.eos_token_ids.begin(), config.eos_token_ids.end());
-  Json sampling = Json::object();
-  if (generation.do_sample) sampling["do_sample"] = *generation.do_sample;
-  if (generation.temperature) sampling["temperature"] = *generation.temperature;
-  if (generation.top_k) sampling["top_k"] = *generation.top_k;
-  if (generation.top_p) sampling["top_p"] = *generation.top_p;
+  const SamplingParams& sp = generation.sampling;
+  const Json sampling = {{"do_sample", !sp.greedy}, {"temperature", sp.temperature},
+                         {"top_k", sp.top_k},       {"top_p", sp.top_p},
+                         {"min_p", sp.min_p},       {"repetition_penalty", sp.repetition_penalty}};
 
   Json files = Json::array();
   std::vector<std::string> listed = {"embed.qhxt", "output.qhxt"};
   for (const auto& s : shards_json) listed.push_back(s["file"]);
   listed.insert(listed.end(), tokenizer_files.begin(), tokenizer_files.end());
+  listed.insert(listed.end(), extra_files.begin(), extra_files.end());
   for (const auto& f : listed) {
     files.push_back(
         {{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});

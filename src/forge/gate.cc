@@ -34,7 +34,10 @@ std::vector<int32_t> greedy(const Model& model, const std::vector<int32_t>& prom
   GenerateOptions options;
   options.max_new_tokens = n;
   std::vector<int32_t> out;
-  generate(model, *state, prompt, options, [&](int32_t id) { out.push_back(id); });
+  generate(model, *state, prompt, options, [&](int32_t id) {
+    out.push_back(id);
+    return true;
+  });
   return out;
 }
 

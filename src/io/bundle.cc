@@ -13,10 +13,6 @@ namespace {
 const char* const kTargets[] = {"generic",       "x86_64",  "x86_64-avx2",
                                 "x86_64-avx512", "aarch64", "aarch64-dotprod"};
 
-std::string field(const std::string& where, std::string_view key) {
-  return where + ": " + std::string(key);
-}
-
 const Json& object_field(const Json& j, std::string_view key, const std::string& where) {
   const Json& v = require_field(j, key, where);
   if (!v.is_object()) fail(field(where, key), "expected an object");
@@ -116,18 +112,10 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
       fail(field(ow, "stop_ids"), "expected token ids");
     }
-    m.generation.eos_token_ids.push_back(id.get<int32_t>());
+    m.stop_ids.push_back(id.get<int32_t>());
   }
-  if (auto it = op.find("sampling"); it != op.end() && it->is_object()) {
-    const std::string sw = field(ow, "sampling");
-    if (auto d = it->find("do_sample"); d != it->end()) {
-      if (!d->is_boolean()) fail(field(sw, "do_sample"), "expected true or false");
-      m.generation.do_sample = d->get<bool>();
-    }
-    if (it->contains("temperature"))
-      m.generation.temperature = require_number(*it, "temperature", sw);
-    if (it->contains("top_k")) m.generation.top_k = require_int(*it, "top_k", sw);
-    if (it->contains("top_p")) m.generation.top_p = require_number(*it, "top_p", sw);
+  if (auto it = op.find("sampling"); it != op.end() && !it->is_object()) {
+    fail(field(ow, "sampling"), "expected an object");
   }
 
   const Json& tok = object_field(j, "tokenizer", where);

@@ -39,7 +39,7 @@ struct BundleManifest {
   std::vector<BundleShard> shards;
   std::string output_file;  // final norm and (unless tied) lm_head
   std::vector<std::string> tokenizer_files;
-  GenerationDefaults generation;  // the generate host-op's stop ids and sampling defaults
+  std::vector<int32_t> stop_ids;  // the generate host-op's (sampling: generation_config.json)
   Json precision_policy;
   std::vector<BundleFile> files;
   Json gate;  // the oracle gate certificate, null when the bundle was not gated

@@ -1,5 +1,6 @@
 #include "io/hf_config.h"
 
+#include <cstdint>
 #include <set>
 #include <string_view>
 
@@ -57,30 +58,10 @@ const std::set<std::string_view> kWrapperKeys = {"text_config",           "visio
                                                  "image_token_id",        "video_token_id",
                                                  "vision_start_token_id", "vision_end_token_id"};
 
-std::string field(const std::string& where, std::string_view key) {
-  return where + ": " + std::string(key);
-}
-
 int64_t positive_int(const Json& cfg, std::string_view key, const std::string& where) {
   const int64_t v = require_int(cfg, key, where);
   if (v <= 0) fail(field(where, key), "must be positive, got " + std::to_string(v));
   return v;
-}
-
-std::vector<int32_t> token_ids(const Json& value, const std::string& where) {
-  std::vector<int32_t> ids;
-  if (value.is_null()) return ids;
-  if (value.is_number_integer()) {
-    ids.push_back(value.get<int32_t>());
-  } else if (value.is_array()) {
-    for (const Json& v : value) {
-      if (!v.is_number_integer()) fail(where, "expected an integer or a list of integers");
-      ids.push_back(v.get<int32_t>());
-    }
-  } else {
-    fail(where, "expected an integer or a list of integers");
-  }
-  return ids;
 }
 
 void require_value(const Json& cfg, std::string_view key, const Json& allowed,
@@ -275,7 +256,7 @@ ModelConfig parse_model_config(const Json& root, const std::string& root_where) 
     c.bos_token_id = cfg["bos_token_id"].get<int32_t>();
   }
   if (cfg.contains("eos_token_id")) {
-    c.eos_token_ids = token_ids(cfg["eos_token_id"], field(where, "eos_token_id"));
+    c.eos_token_ids = parse_token_ids(cfg["eos_token_id"], field(where, "eos_token_id"));
   }
 
   require_value(cfg, "hidden_act", "silu", where, "only silu is implemented");
@@ -285,28 +266,21 @@ ModelConfig parse_model_config(const Json& root, const std::string& root_where) 
   return c;
 }
 
-GenerationDefaults load_generation_defaults(const std::filesystem::path& path) {
-  GenerationDefaults d;
-  if (!std::filesystem::exists(path)) return d;
-  const Json cfg = read_json_file(path);
-  const std::string where = path.string();
-  if (!cfg.is_object()) fail(where, "expected a JSON object");
-  if (auto it = cfg.find("do_sample"); it != cfg.end() && it->is_boolean()) {
-    d.do_sample = it->get<bool>();
+std::vector<int32_t> parse_token_ids(const Json& value, const std::string& where) {
+  std::vector<int32_t> ids;
+  if (value.is_null()) return ids;
+  const auto add = [&](const Json& v) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+      fail(where, "expected a token id or a list of token ids");
+    }
+    ids.push_back(v.get<int32_t>());
+  };
+  if (value.is_array()) {
+    for (const Json& v : value) add(v);
+  } else {
+    add(value);
   }
-  if (auto it = cfg.find("temperature"); it != cfg.end() && !it->is_null()) {
-    d.temperature = require_number(cfg, "temperature", where);
-  }
-  if (auto it = cfg.find("top_k"); it != cfg.end() && !it->is_null()) {
-    d.top_k = require_int(cfg, "top_k", where);
-  }
-  if (auto it = cfg.find("top_p"); it != cfg.end() && !it->is_null()) {
-    d.top_p = require_number(cfg, "top_p", where);
-  }
-  if (auto it = cfg.find("eos_token_id"); it != cfg.end()) {
-    d.eos_token_ids = token_ids(*it, field(where, "eos_token_id"));
-  }
-  return d;
+  return ids;
 }
 
 }  // namespace qhx

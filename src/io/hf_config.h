@@ -1,4 +1,5 @@
-// Hugging Face config.json / generation_config.json → the plain structs the runtime uses.
+// Hugging Face config.json → the plain structs the runtime uses (generation_config.json:
+// runtime/generation_config.h).
 #pragma once
 
 #include <cstdint>
@@ -55,14 +56,7 @@ ModelConfig load_model_config(const std::filesystem::path& config_json);
 // The same from an already parsed config object; `where` names it in errors.
 ModelConfig parse_model_config(const nlohmann::json& root, const std::string& where);
 
-// Sampling defaults and stop ids from generation_config.json (all optional).
-struct GenerationDefaults {
-  std::optional<bool> do_sample;
-  std::optional<double> temperature;
-  std::optional<int64_t> top_k;
-  std::optional<double> top_p;
-  std::vector<int32_t> eos_token_ids;
-};
-GenerationDefaults load_generation_defaults(const std::filesystem::path& generation_config_json);
+// An eos_token_id-style value: an id, a list of ids, or null (none); `where` names it in errors.
+std::vector<int32_t> parse_token_ids(const nlohmann::json& value, const std::string& where);
 
 }  // namespace qhx

@@ -25,11 +25,15 @@ struct GenerateStats {
   double ttft_seconds = 0;     // prompt in → first token chosen
   double decode_seconds = 0;   // all later tokens
   bool stopped_at_stop_id = false;
+  bool stopped_by_caller = false;  // on_token returned false
 };
 
-// Calls on_token(id) for every generated token (a stop id included, then generation ends).
+// Calls on_token(id) for every generated token (a stop id included, then generation ends);
+// on_token returns false to end generation after that token (the CLI's stop strings).
+// The sampler's repetition penalty sees `prompt` and the generated tokens, not tokens that were
+// already in `state`.
 GenerateStats generate(const Model& model, ModelState& state, std::span<const int32_t> prompt,
                        const GenerateOptions& options,
-                       const std::function<void(int32_t)>& on_token);
+                       const std::function<bool(int32_t)>& on_token);
 
 }  // namespace qhx

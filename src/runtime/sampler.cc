@@ -2,10 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 
 #include "util/error.h"
 
 namespace qhx {
+namespace {
+
+void require_not_nan(float value, const char* field) {
+  if (std::isnan(value)) fail(std::string("sampling: ") + field, "is NaN");
+}
+
+}  // namespace
 
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
@@ -16,52 +25,184 @@ int32_t argmax(std::span<const float> logits) {
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
-  if (params.greedy) return;
-  if (!(params.temperature > 0.0f)) fail("sampling", "temperature must be > 0 (or use greedy)");
-  if (params.top_k < 0) fail("sampling", "top_k must be >= 0");
-  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) fail("sampling", "top_p must be in (0, 1]");
+  const SamplingParams& p = params;
+  require_not_nan(p.temperature, "temperature");
+  require_not_nan(p.top_p, "top_p");
+  require_not_nan(p.min_p, "min_p");
+  require_not_nan(p.repetition_penalty, "repetition_penalty");
+  require_not_nan(p.presence_penalty, "presence_penalty");
+  require_not_nan(p.frequency_penalty, "frequency_penalty");
+  if (!p.greedy && !(p.temperature > 0.0f && std::isfinite(p.temperature))) {
+    fail("sampling: temperature", "must be > 0 (or use greedy)");
+  }
+  if (p.top_k < 0) fail("sampling: top_k", "must be >= 0");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("sampling: top_p", "must be in (0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p < 1.0f)) fail("sampling: min_p", "must be in [0, 1)");
+  if (!(p.repetition_penalty > 0.0f && std::isfinite(p.repetition_penalty))) {
+    fail("sampling: repetition_penalty", "must be > 0 and finite");
+  }
+  if (!std::isfinite(p.presence_penalty)) fail("sampling: presence_penalty", "must be finite");
+  if (!std::isfinite(p.frequency_penalty)) fail("sampling: frequency_penalty", "must be finite");
+  for (const auto& [id, bias] : p.logit_bias) {
+    // -inf bans a token; +inf or NaN would make the probabilities undefined.
+    if (std::isnan(bias) || bias == std::numeric_limits<float>::infinity()) {
+      fail("sampling: logit_bias", "bias of id " + std::to_string(id) + " must be finite or -inf");
+    }
+    if (id < 0) fail("sampling: logit_bias", "id " + std::to_string(id) + " is negative");
+  }
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  if (params_.greedy) return argmax(logits);
-  // Same order as transformers' logits processors: temperature, then top-k, then top-p.
-  candidates_.resize(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    candidates_[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};
-  }
-  const auto by_logit = [](const Candidate& a, const Candidate& b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-  };
-  size_t keep = candidates_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
-    keep = static_cast<size_t>(params_.top_k);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
-  }
-  candidates_.resize(keep);
-
-  std::vector<double> probs(keep);
-  double sum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp(static_cast<double>(candidates_[i].logit - candidates_[0].logit));
-    sum += probs[i];
-  }
-  if (params_.top_p < 1.0f) {
-    // Keep the smallest prefix whose mass reaches top_p (at least one token).
-    double cumulative = 0.0;
-    size_t cut = keep;
-    for (size_t i = 0; i < keep; ++i) {
-      cumulative += probs[i] / sum;
-      if (cumulative >= params_.top_p) {
-        cut = i + 1;
-        break;
+void Sampler::apply_penalties(std::span<const int32_t> prompt, std::span<const int32_t> generated) {
+  const auto vocab = static_cast<int64_t>(scratch_.size());
+  const bool additive = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  const bool repetition = params_.repetition_penalty != 1.0f;
+  if (!additive && !repetition) return;
+  const auto check = [&](std::span<const int32_t> ids, const char* what) {
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= vocab) {
+        fail(std::string("sampling: ") + what, "token id " + std::to_string(id) +
+                                                   " is outside the vocabulary (" +
+                                                   std::to_string(vocab) + " tokens)");
       }
     }
-    probs.resize(cut);
+  };
+  check(prompt, "prompt");
+  check(generated, "generated");
+  // counts_ is all zeros between calls; each pass below leaves it so.
+  if (counts_.size() != scratch_.size()) counts_.assign(scratch_.size(), 0);
+  if (additive) {
+    for (const int32_t id : generated) ++counts_[id];
+    for (const int32_t id : generated) {
+      if (counts_[id] == 0) continue;  // already applied
+      scratch_[id] -=
+          params_.frequency_penalty * static_cast<float>(counts_[id]) + params_.presence_penalty;
+      counts_[id] = 0;
+    }
   }
-  std::discrete_distribution<size_t> pick(probs.begin(), probs.end());
-  return candidates_[pick(rng_)].id;
+  if (repetition) {
+    const float r = params_.repetition_penalty;
+    const auto penalize = [&](std::span<const int32_t> ids) {
+      for (const int32_t id : ids) {
+        if (counts_[id] != 0) continue;  // once per distinct id, as transformers' gather/scatter
+        counts_[id] = 1;
+        float& l = scratch_[id];
+        l = l < 0.0f ? l * r : l / r;
+      }
+    };
+    penalize(prompt);
+    penalize(generated);
+    for (const int32_t id : prompt) counts_[id] = 0;
+    for (const int32_t id : generated) counts_[id] = 0;
+  }
+}
+
+void Sampler::keep_top_p() {
+  // transformers sorts ascending and drops tokens while the cumulative probability, the token
+  // itself included, is <= 1 - top_p; the most likely token always stays.
+  std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) {
+    return a.logit < b.logit || (a.logit == b.logit && a.id > b.id);
+  });
+  const double total = weigh(candidates_.back().logit);
+  const double drop_mass = 1.0 - static_cast<double>(params_.top_p);
+  double cumulative = 0.0;
+  size_t first_kept = 0;
+  while (first_kept + 1 < candidates_.size()) {
+    cumulative += weights_[first_kept] / total;
+    if (cumulative > drop_mass) break;
+    ++first_kept;
+  }
+  candidates_.erase(candidates_.begin(), candidates_.begin() + static_cast<ptrdiff_t>(first_kept));
+  std::sort(candidates_.begin(), candidates_.end(),
+            [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+}
+
+float Sampler::process(std::span<const float> logits, std::span<const int32_t> prompt,
+                       std::span<const int32_t> generated) {
+  if (logits.empty()) fail("logits", "empty row");
+  scratch_.assign(logits.begin(), logits.end());
+  for (size_t i = 0; i < scratch_.size(); ++i) {
+    if (std::isnan(scratch_[i])) fail("logits", "NaN at id " + std::to_string(i));
+  }
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (static_cast<size_t>(id) >= scratch_.size()) {
+      fail("sampling: logit_bias", "id " + std::to_string(id) + " is outside the vocabulary (" +
+                                       std::to_string(scratch_.size()) + " tokens)");
+    }
+    scratch_[id] += bias;
+  }
+  apply_penalties(prompt, generated);
+
+  const int32_t best = argmax(scratch_);
+  const float max_logit = scratch_[best];
+  if (max_logit == -std::numeric_limits<float>::infinity()) {
+    fail("logits", "every token has a logit of -inf after logit_bias");
+  }
+  if (params_.greedy) {
+    candidates_.assign(1, {max_logit, best});
+    return max_logit;
+  }
+
+  const float t = params_.temperature;
+  candidates_.clear();
+  for (size_t i = 0; i < scratch_.size(); ++i) {
+    const float l = scratch_[i] / t;
+    if (l != -std::numeric_limits<float>::infinity()) {
+      candidates_.push_back({l, static_cast<int32_t>(i)});
+    }
+  }
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < candidates_.size()) {
+    // Every token tied with the k-th largest logit stays, as in transformers' TopKLogitsWarper.
+    std::vector<Candidate> order = candidates_;
+    const auto kth = order.begin() + (params_.top_k - 1);
+    std::nth_element(order.begin(), kth, order.end(),
+                     [](const Candidate& a, const Candidate& b) { return a.logit > b.logit; });
+    const float threshold = kth->logit;
+    std::erase_if(candidates_, [&](const Candidate& c) { return c.logit < threshold; });
+  }
+  if (params_.top_p < 1.0f) keep_top_p();
+  float top = -std::numeric_limits<float>::infinity();
+  for (const Candidate& c : candidates_) top = std::max(top, c.logit);
+  if (params_.min_p > 0.0f) {
+    // p / p_max = exp(l - l_max): the softmax's normalization cancels.
+    const double min_p = params_.min_p;
+    std::erase_if(candidates_, [&](const Candidate& c) {
+      return std::exp(static_cast<double>(c.logit) - top) < min_p;
+    });
+  }
+  return top;
+}
+
+double Sampler::weigh(double top) {
+  weights_.resize(candidates_.size());
+  double total = 0.0;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    weights_[i] = std::exp(static_cast<double>(candidates_[i].logit) - top);
+    total += weights_[i];
+  }
+  return total;
+}
+
+std::vector<TokenProb> Sampler::distribution(std::span<const float> logits,
+                                             std::span<const int32_t> prompt,
+                                             std::span<const int32_t> generated) {
+  const double total = weigh(process(logits, prompt, generated));
+  std::vector<TokenProb> out(candidates_.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = {candidates_[i].id, weights_[i] / total};
+  return out;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
+                        std::span<const int32_t> generated) {
+  const double top = process(logits, prompt, generated);
+  if (params_.greedy) return candidates_[0].id;
+  const double total = weigh(top);
+  const double target = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    cumulative += weights_[i];
+    if (cumulative > target) return candidates_[i].id;
+  }
+  return candidates_.back().id;  // rounding left the target at the very top
 }
 
 }  // namespace qhx

@@ -1,37 +1,77 @@
-// Picks the next token from a row of logits: greedy, or temperature / top-k / top-p sampling.
+// Picks the next token from a row of logits: logit bias and penalties, then greedy, or
+// temperature / top-k / top-p / min-p sampling in the order transformers' generate() applies them.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace qhx {
 
 struct SamplingParams {
-  bool greedy = true;
+  bool greedy = true;  // argmax of the processed logits (penalties and bias still apply)
   float temperature = 1.0f;
-  int64_t top_k = 0;   // 0: no limit
-  float top_p = 1.0f;  // 1: no limit
+  int64_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
+  float repetition_penalty = 1.0f;  // HF/CTRL style over prompt + generated tokens
+  float presence_penalty = 0.0f;    // OpenAI style, over generated tokens
+  float frequency_penalty = 0.0f;   // OpenAI style, over generated tokens
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logit of that id
   uint64_t seed = 0;
 };
 
 // Index of the largest logit; the first one on ties (as torch.argmax).
 int32_t argmax(std::span<const float> logits);
 
+struct TokenProb {
+  int32_t id;
+  double prob;
+};
+
+// Per token, in this order (transformers' LogitsProcessorList as generate() builds it, with the
+// OpenAI-style additive terms first, as vLLM applies them):
+//   1. logit_bias, then -= frequency_penalty·count + presence_penalty·[count > 0] over `generated`
+//   2. repetition penalty over prompt ∪ generated: l < 0 ? l·r : l/r (once per distinct id)
+//   3. greedy: argmax. Sampling: l / temperature; top_k (ties with the k-th kept); top_p (drop the
+//      least likely tokens whose cumulative mass is ≤ 1 - top_p); min_p (drop p < min_p·p_max)
+//   4. softmax over the survivors and one draw.
+// The draw is specified exactly, so a seed gives the same tokens on every platform: each sampled
+// token takes one std::mt19937_64 output, u = its top 53 bits / 2^53, and picks the first
+// survivor, in ascending id order, whose cumulative weight exp(l - l_max) exceeds u · Σ weights.
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);  // throws Error on out-of-range parameters
-  int32_t sample(std::span<const float> logits);
+  explicit Sampler(const SamplingParams& params);  // throws Error naming the bad field
+  // `prompt` and `generated` are the sequence so far (for the penalties).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> prompt,
+                 std::span<const int32_t> generated);
+  // The distribution sample() draws from (ascending ids, probabilities summing to 1; greedy: the
+  // argmax alone). Does not advance the random state.
+  std::vector<TokenProb> distribution(std::span<const float> logits,
+                                      std::span<const int32_t> prompt,
+                                      std::span<const int32_t> generated);
 
  private:
   struct Candidate {
     float logit;
     int32_t id;
   };
+  // Steps 1-3 into candidates_ (ascending ids, finite logits); returns the largest logit.
+  float process(std::span<const float> logits, std::span<const int32_t> prompt,
+                std::span<const int32_t> generated);
+  void apply_penalties(std::span<const int32_t> prompt, std::span<const int32_t> generated);
+  void keep_top_p();
+  // weights_[i] = exp(logit_i - top) over candidates_; returns their sum.
+  double weigh(double top);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<Candidate> candidates_;
+  std::vector<float> scratch_;         // the logits being processed
+  std::vector<int32_t> counts_;        // per id, zero between calls
+  std::vector<Candidate> candidates_;  // the survivors
+  std::vector<double> weights_;
 };
 
 }  // namespace qhx

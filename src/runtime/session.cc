@@ -211,7 +211,11 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   stats.prefill_seconds = seconds_since(start);
   if (options.max_new_tokens <= 0) return stats;
 
-  int32_t token = sampler.sample(logits_);
+  // Penalties see the whole conversation as the prompt, and this turn's tokens as generated.
+  const auto generated = [&] {
+    return std::span<const int32_t>(history_).subspan(static_cast<size_t>(n_tokens));
+  };
+  int32_t token = sampler.sample(logits_, tokens, generated());
   stats.ttft_seconds = seconds_since(start);
   const auto decode_start = std::chrono::steady_clock::now();
   while (true) {
@@ -235,7 +239,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       break;
     }
     forward(std::span<const int32_t>(&token, 1), nullptr);
-    token = sampler.sample(logits_);
+    token = sampler.sample(logits_, tokens, generated());
   }
   stats.decode_seconds = seconds_since(decode_start);
   return stats;

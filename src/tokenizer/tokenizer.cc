@@ -389,6 +389,7 @@ struct Tokenizer::Impl {
   std::string chat_template;
   std::optional<int32_t> eos, pad, bos;
   bool add_bos = false;
+  std::vector<std::pair<std::string, std::string>> special_token_strings;
 
   void set_token(int32_t id, std::string token_bytes, Kind kind) {
     if (static_cast<size_t>(id) >= bytes.size()) {
@@ -616,6 +617,16 @@ void Tokenizer::Impl::load_config(const std::filesystem::path& dir) {
       if (!id) fail_field(file, key, "unknown token '" + name + "'");
       return id;
     };
+    // The named special tokens transformers hands to chat templates, in its order.
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                            "cls_token", "mask_token"}) {
+      const Json* value = optional_member(config, "", key, file);
+      if (value && value->is_string()) {
+        special_token_strings.emplace_back(key, value->get<std::string>());
+      } else if (value && value->is_object()) {
+        special_token_strings.emplace_back(key, string_member(*value, key, "content", file));
+      }
+    }
     eos = special("eos_token");
     pad = special("pad_token");
     bos = special("bos_token");
@@ -836,6 +847,9 @@ std::optional<int32_t> Tokenizer::bos_id() const {
 }
 bool Tokenizer::add_bos_token() const {
   return impl_->add_bos;
+}
+const std::vector<std::pair<std::string, std::string>>& Tokenizer::special_token_strings() const {
+  return impl_->special_token_strings;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace qhx {
@@ -44,6 +45,9 @@ class Tokenizer {
   std::optional<int32_t> pad_id() const;     // tokenizer_config pad_token
   std::optional<int32_t> bos_id() const;     // tokenizer_config bos_token
   bool add_bos_token() const;                // tokenizer_config add_bos_token (default false)
+  // tokenizer_config's named special tokens that are set (bos_token, eos_token, unk_token,
+  // sep_token, pad_token, cls_token, mask_token, in that order) with their text.
+  const std::vector<std::pair<std::string, std::string>>& special_token_strings() const;
 
  private:
   friend class StreamingDecoder;

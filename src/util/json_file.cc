@@ -25,6 +25,10 @@ Json parse_json(std::string_view text, std::string_view where) {
   }
 }
 
+std::string field(std::string_view where, std::string_view key) {
+  return std::string(where) + ": " + std::string(key);
+}
+
 const Json& require_field(const Json& object, std::string_view key, std::string_view where) {
   if (!object.is_object()) fail(where, "expected a JSON object");
   auto it = object.find(key);

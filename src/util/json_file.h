@@ -15,6 +15,9 @@ Json read_json_file(const std::filesystem::path& path);
 // Parses text that came from `where` (a file name or "stdin").
 Json parse_json(std::string_view text, std::string_view where);
 
+// "<where>: <key>", the way errors name a field.
+std::string field(std::string_view where, std::string_view key);
+
 // Field access that reports "<where>: <key>: ..." on a missing key or a wrong type.
 const Json& require_field(const Json& object, std::string_view key, std::string_view where);
 std::string require_string(const Json& object, std::string_view key, std::string_view where);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "io/hf_config.h"
+#include "runtime/generation_config.h"
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -21,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const qhx::Error&) {
   }
   try {
-    qhx::load_generation_defaults(path);
+    qhx::parse_generation_config(qhx::read_json_file(path), path.string(), qhx::ModelConfig{});
   } catch (const qhx::Error&) {
   }
   return 0;

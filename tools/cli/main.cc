@@ -1,4 +1,5 @@
-// qhx command line: generate, tokenize, score (perplexity), forge/verify/pack bundles, serve.
+// qhx command line: generate, tokenize, render chat templates, score (perplexity),
+// forge/verify/pack bundles, serve.
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -18,6 +19,7 @@
 #include <tuple>
 
 #include "chat.h"
+#include "chat/chat_template.h"
 #include "forge/convert.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
@@ -29,7 +31,9 @@
 #include "qhx_version.h"
 #include "runtime/bench.h"
 #include "runtime/generate.h"
+#include "runtime/generation_config.h"
 #include "runtime/perplexity.h"
+#include "runtime/stop_strings.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -66,6 +70,24 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& f
   return ids;
 }
 
+// --logit-bias ID=BIAS: a token id and the number added to its logit ("-inf" bans it).
+std::pair<int32_t, float> parse_logit_bias(const std::string& item) {
+  const size_t eq = item.find('=');
+  if (eq == std::string::npos) qhx::fail("--logit-bias", "'" + item + "' is not ID=BIAS");
+  const int32_t id = parse_id_list(item.substr(0, eq), "--logit-bias").at(0);
+  size_t used = 0;
+  float bias = 0.0f;
+  try {
+    bias = std::stof(item.substr(eq + 1), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != item.size() - eq - 1) {
+    qhx::fail("--logit-bias", "'" + item.substr(eq + 1) + "' is not a number");
+  }
+  return {id, bias};
+}
+
 // -t / --threads for the commands that run a model: default, every hardware thread.
 int default_threads() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -86,11 +108,17 @@ struct GenerateArgs {
   std::string model;
   std::string prompt;
   std::string prompt_ids;
-  int64_t n = 64;
+  std::optional<int64_t> n;  // default: generation_config.json's max_new_tokens, else 64
   bool greedy = false;
   std::optional<float> temperature;
   std::optional<int64_t> top_k;
   std::optional<float> top_p;
+  std::optional<float> min_p;
+  std::optional<float> repeat_penalty;
+  std::optional<float> presence_penalty;
+  std::optional<float> frequency_penalty;
+  std::vector<std::string> logit_bias;  // ID=BIAS
+  std::vector<std::string> stop;
   std::optional<uint64_t> seed;
   bool print_ids = false;
   bool ignore_eos = false;
@@ -127,31 +155,44 @@ int run_generate(const GenerateArgs& args) {
                                           ? tokenizer->encode(args.prompt, "--prompt")
                                           : parse_id_list(args.prompt_ids, "--prompt-ids");
 
-  qhx::GenerationDefaults defaults;
+  std::vector<int32_t> bundle_stop_ids;
   if (qhx::is_bundle(dir)) {
     const auto manifest = qhx::open_bundle_manifest(dir, {.verify_sha256 = args.verify});
     std::fprintf(stderr, "%s\n", describe_bundle(manifest).c_str());
-    defaults = manifest.generation;
-  } else {
-    defaults = qhx::load_generation_defaults(dir / "generation_config.json");
+    bundle_stop_ids = manifest.stop_ids;  // bundles made before they kept generation_config.json
   }
   const auto model = qhx::load_model(dir, {.verify_sha256 = args.verify});
+  const qhx::GenerationDefaults defaults = qhx::load_generation_config(dir, model->config());
 
   qhx::GenerateOptions options;
-  options.max_new_tokens = args.n;
+  options.max_new_tokens = args.n.value_or(defaults.max_new_tokens.value_or(64));
+  // The checkpoint's defaults, as transformers' generate() would use them; a sampling flag turns
+  // sampling on (with the file's other values), --greedy turns it off.
   qhx::SamplingParams& s = options.sampling;
-  s.greedy = args.greedy || (!defaults.do_sample.value_or(false) && !args.temperature &&
-                             !args.top_k && !args.top_p);
-  s.temperature = args.temperature.value_or(static_cast<float>(defaults.temperature.value_or(1.0)));
-  s.top_k = args.top_k.value_or(defaults.top_k.value_or(0));
-  s.top_p = args.top_p.value_or(static_cast<float>(defaults.top_p.value_or(1.0)));
+  s = defaults.sampling;
+  if (args.greedy) {
+    s.greedy = true;
+  } else if (args.temperature || args.top_k || args.top_p || args.min_p) {
+    s.greedy = false;
+  }
+  s.temperature = args.temperature.value_or(s.temperature);
+  s.top_k = args.top_k.value_or(s.top_k);
+  s.top_p = args.top_p.value_or(s.top_p);
+  s.min_p = args.min_p.value_or(s.min_p);
+  s.repetition_penalty = args.repeat_penalty.value_or(s.repetition_penalty);
+  s.presence_penalty = args.presence_penalty.value_or(s.presence_penalty);
+  s.frequency_penalty = args.frequency_penalty.value_or(s.frequency_penalty);
+  for (const std::string& item : args.logit_bias) s.logit_bias.push_back(parse_logit_bias(item));
   s.seed = args.seed.value_or(std::random_device{}());
   if (!args.ignore_eos) {
-    std::set<int32_t> stops(defaults.eos_token_ids.begin(), defaults.eos_token_ids.end());
-    stops.insert(model->config().eos_token_ids.begin(), model->config().eos_token_ids.end());
+    std::set<int32_t> stops(defaults.eos_ids.begin(), defaults.eos_ids.end());
+    stops.insert(bundle_stop_ids.begin(), bundle_stop_ids.end());
     if (tokenizer && tokenizer->eos_id()) stops.insert(*tokenizer->eos_id());
     options.stop_ids.assign(stops.begin(), stops.end());
   }
+  if (!args.stop.empty() && args.print_ids)
+    qhx::fail("--stop", "needs text output, not --print-ids");
+  qhx::StopStringMatcher stop_strings(args.stop);
 
   std::vector<int32_t> generated;
   std::optional<qhx::StreamingDecoder> text_out;
@@ -159,15 +200,18 @@ int run_generate(const GenerateArgs& args) {
   const auto state = model->new_state();
   const qhx::GenerateStats stats = qhx::generate(*model, *state, prompt, options, [&](int32_t id) {
     generated.push_back(id);
-    if (text_out) {
-      std::cout << text_out->push(id) << std::flush;
-    }
+    if (!text_out) return true;
+    const auto piece = stop_strings.push(text_out->push(id));
+    std::cout << piece.text << std::flush;
+    return !piece.stopped;
   });
   if (args.print_ids) {
     for (size_t i = 0; i < generated.size(); ++i) std::cout << (i ? "," : "") << generated[i];
     std::cout << "\n";
+  } else if (stop_strings.stopped()) {
+    std::cout << "\n";
   } else {
-    std::cout << text_out->flush() << "\n";
+    std::cout << stop_strings.push(text_out->flush()).text << stop_strings.flush() << "\n";
   }
   std::cout.flush();
 
@@ -601,6 +645,27 @@ int run_serve(const ServeArgs& args) {
   return status;
 }
 
+struct TemplateArgs {
+  std::string model;
+  bool no_generation_prompt = false;
+  std::optional<bool> enable_thinking;
+};
+
+// stdin holds {"messages": [...], "tools": [...]}; prints the template's text as it is.
+int run_template(const TemplateArgs& args) {
+  const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(args.model);
+  const std::string origin = (fs::path(args.model) / "chat_template").string();
+  const qhx::ChatTemplate chat = qhx::ChatTemplate::from_tokenizer(tokenizer, origin);
+  const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                          std::istreambuf_iterator<char>());
+  qhx::ChatTemplateInputs inputs = qhx::parse_chat_request(input, "stdin");
+  inputs.add_generation_prompt = !args.no_generation_prompt;
+  inputs.enable_thinking = args.enable_thinking;
+  const std::string text = chat.render(inputs);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -616,12 +681,29 @@ int main(int argc, char** argv) {
   auto* ids_opt =
       generate->add_option("--prompt-ids", gen.prompt_ids, "Prompt as comma-separated token ids");
   prompt_opt->excludes(ids_opt);
-  generate->add_option("-n,--n-predict", gen.n, "Tokens to generate")
+  generate
+      ->add_option("-n,--n-predict", gen.n,
+                   "Tokens to generate (default: generation_config.json's max_new_tokens, or 64)")
       ->check(CLI::NonNegativeNumber);
-  generate->add_flag("--greedy", gen.greedy, "Pick the most likely token (no sampling)");
+  generate->add_flag("--greedy", gen.greedy,
+                     "Pick the most likely token (default unless generation_config.json samples)");
   generate->add_option("--temperature", gen.temperature, "Sampling temperature");
   generate->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens (0: all)");
   generate->add_option("--top-p", gen.top_p, "Sample from the smallest set with this mass");
+  generate->add_option("--min-p", gen.min_p,
+                       "Drop tokens less likely than this fraction of the most likely one");
+  generate->add_option("--repeat-penalty", gen.repeat_penalty,
+                       "Repetition penalty over prompt and output (HF style; 1: off)");
+  generate->add_option("--presence-penalty", gen.presence_penalty,
+                       "Subtracted from the logit of every token already generated");
+  generate->add_option("--frequency-penalty", gen.frequency_penalty,
+                       "Subtracted from a token's logit once per time it was generated");
+  generate
+      ->add_option("--logit-bias", gen.logit_bias,
+                   "ID=BIAS added to that token's logit (repeatable)")
+      ->allow_extra_args(false);
+  generate->add_option("--stop", gen.stop, "Stop before this text (repeatable)")
+      ->allow_extra_args(false);
   generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)");
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated ids, comma-separated, on one line instead of text");
@@ -650,6 +732,18 @@ int main(int argc, char** argv) {
   CLI::App* tokenize =
       app.add_subcommand("tokenize", "Read UTF-8 text on stdin, print its token ids as JSON");
   tokenize->add_option("--model,-m", tokenize_model, "Directory with tokenizer.json")->required();
+
+  TemplateArgs template_args;
+  CLI::App* template_cmd = app.add_subcommand(
+      "template", "Render the chat template for {\"messages\", \"tools\"} JSON on stdin");
+  template_cmd->add_option("--model,-m", template_args.model, "Directory with the tokenizer")
+      ->required();
+  template_cmd->add_flag("--no-generation-prompt", template_args.no_generation_prompt,
+                         "Do not open an assistant turn at the end");
+  template_cmd
+      ->add_option("--enable-thinking", template_args.enable_thinking,
+                   "Pass enable_thinking (true or false) to the template")
+      ->transform(CLI::IsMember({"true", "false"}));
 
   ForgeArgs forge_args;
   CLI::App* forge = app.add_subcommand("forge", "Build bundles from Hugging Face checkpoints");
@@ -802,6 +896,7 @@ int main(int argc, char** argv) {
     }
     if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
     if (serve->parsed()) return run_serve(serve_args);
+    if (template_cmd->parsed()) return run_template(template_args);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {
     std::cout.flush();
