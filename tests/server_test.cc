@@ -245,6 +245,30 @@ TEST_F(ServerTest, CompletionMatchesTheCApi) {
   qhx_string_free(want.text);
 }
 
+// A stop string cuts the text where it first appears and is not in it; a seed repeats a sample.
+TEST_F(ServerTest, StopStringsAndSeeds) {
+  start();
+  const std::string prompt = "And the LORD said unto Moses,";
+  const qhx_generate_result free_run = direct(tokenize(prompt), 16);
+  const std::string text = text_of(free_run);
+  qhx_string_free(free_run.text);
+  ASSERT_GE(text.size(), 8u) << text;
+  const std::string stop = text.substr(text.size() / 2, 3);
+  const auto [status, body] = post(
+      "/v1/completions",
+      Json{{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"stop", {"@@@", stop}}});
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+
+  const Json sampled = {
+      {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 1.5}, {"seed", 1234}};
+  const auto first = post("/v1/completions", sampled);
+  const auto again = post("/v1/completions", sampled);
+  ASSERT_EQ(first.first, 200) << first.second;
+  EXPECT_EQ(first.second["choices"][0]["text"], again.second["choices"][0]["text"]);
+}
+
 TEST_F(ServerTest, StreamedCompletionCarriesTheSameText) {
   start();
   const Json request = {{"prompt", "In the beginning"}, {"max_tokens", 10}, {"temperature", 0}};
@@ -314,6 +338,18 @@ TEST_F(ServerTest, ChatMatchesTheCApiAndStreams) {
   EXPECT_EQ(text, choice["message"]["content"]);
   EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"],
             choice["finish_reason"]);
+
+  // The next turn resends the history: only what follows the first prompt is processed.
+  Json history = messages;
+  history.push_back(choice["message"]);
+  history.push_back({{"role", "user"}, {"content", "And Seth?"}});
+  const auto next = post("/v1/chat/completions",
+                         Json{{"messages", history}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(next.first, 200) << next.second;
+  const Json& t = next.second["timings"];
+  EXPECT_GE(t["cache_n"].get<int64_t>(), static_cast<int64_t>(prompt->size()));
+  EXPECT_EQ(t["prompt_n"].get<int64_t>() + t["cache_n"].get<int64_t>(),
+            next.second["usage"]["prompt_tokens"].get<int64_t>());
 }
 
 TEST_F(ServerTest, EightConcurrentStreamsAllComplete) {
