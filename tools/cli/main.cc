@@ -1,5 +1,6 @@
 // qhx command line: generate, tokenize, render chat templates, score (perplexity),
-// forge/verify/pack bundles.
+// forge/verify/pack bundles, serve.
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +34,7 @@
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
 #include "runtime/stop_strings.h"
+#include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/json_file.h"
@@ -586,6 +588,63 @@ int run_tokenize(const std::string& model_dir) {
   return 0;
 }
 
+struct ServeArgs {
+  int threads = default_threads();
+  std::string model;
+  int64_t ctx_size = 0;
+  int64_t cache_mb = 256;
+  qhx::server::ServerOptions server;
+};
+
+// The OpenAI-compatible server (src/server), on the C API like any other embedder of qhx.
+int run_serve(const ServeArgs& args) {
+  qhx_model_options options;
+  qhx_model_options_default(&options);
+  options.n_threads = args.threads;
+  options.context_length = args.ctx_size;
+  options.max_sessions = args.server.parallel;
+  options.prefix_cache_bytes = args.cache_mb << 20;
+  qhx_model* model = nullptr;
+  if (qhx_model_open(args.model.c_str(), &options, &model) != QHX_OK) {
+    std::fprintf(stderr, "qhx: error: %s\n", qhx_last_error());
+    return 1;
+  }
+  qhx_model_info info{};
+  qhx_model_get_info(model, &info);
+  std::fprintf(stderr,
+               "model %s (%s): context %lld tokens x %d sessions, memory estimate %.1f MB%s%s\n",
+               info.name, info.family, static_cast<long long>(info.context_length),
+               args.server.parallel, static_cast<double>(info.memory_estimate) / (1 << 20),
+               *info.admission_note != '\0' ? " | " : "", info.admission_note);
+  // SIGINT and SIGTERM stop the server cleanly: they are blocked here (and so in every thread
+  // started from now on) and waited for by one thread.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  int status = 0;
+  try {
+    qhx::server::Server server(model, args.server);
+    const int port = server.start();
+    std::fprintf(stderr, "listening on http://%s:%d (%d slots, queue %d)\n",
+                 args.server.host.c_str(), port, args.server.parallel, args.server.queue);
+    std::thread stopper([&] {
+      int signal_number = 0;
+      sigwait(&stop_signals, &signal_number);
+      std::fprintf(stderr, "stopping (signal %d)\n", signal_number);
+      server.stop();
+    });
+    server.wait();
+    stopper.join();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qhx: error: %s\n", e.what());
+    status = 1;
+  }
+  qhx_model_close(model);
+  return status;
+}
+
 struct TemplateArgs {
   std::string model;
   bool no_generation_prompt = false;
@@ -788,6 +847,33 @@ int main(int argc, char** argv) {
   pack->add_option("-o,--output", pack_out, "Pack directory to create")->required();
   pack->add_flag("--force", pack_force, "Replace an existing pack");
 
+  ServeArgs serve_args;
+  CLI::App* serve = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
+  serve->add_option("--model,-m", serve_args.model, "Bundle, pack, or checkpoint directory")
+      ->required();
+  serve->add_option("--host", serve_args.server.host, "Address to listen on");
+  serve->add_option("--port", serve_args.server.port, "Port (0: any free one)")
+      ->check(CLI::Range(0, 65535));
+  serve->add_option("--parallel", serve_args.server.parallel, "Sessions served at once (slots)")
+      ->check(CLI::Range(1, 256));
+  serve
+      ->add_option("--queue", serve_args.server.queue,
+                   "Requests that may wait for a slot; past them, 429")
+      ->check(CLI::Range(0, 4096));
+  serve
+      ->add_option("--ctx-size,-c", serve_args.ctx_size,
+                   "Tokens per session (default: as many as the model and memory allow)")
+      ->check(CLI::NonNegativeNumber);
+  serve->add_option("--cache-mb", serve_args.cache_mb, "Prefix cache shared by the slots, MB")
+      ->check(CLI::Range(0, 1 << 20));
+  serve
+      ->add_option("--max-request-bytes", serve_args.server.max_request_bytes,
+                   "Larger request bodies get 413")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--alias", serve_args.server.alias,
+                    "Model id for clients (default: the model directory's name)");
+  add_threads_option(serve, serve_args.threads);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (generate->parsed()) {
@@ -811,6 +897,7 @@ int main(int argc, char** argv) {
       return run_bench(bench_args);
     }
     if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
+    if (serve->parsed()) return run_serve(serve_args);
     if (template_cmd->parsed()) return run_template(template_args);
     return run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {

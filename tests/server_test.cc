@@ -1,0 +1,534 @@
+// qhx serve as an OpenAI client meets it: a server started in-process on a free port, spoken to
+// over HTTP. Answers have OpenAI's shape and the C API's tokens; streams carry the same text;
+// slots serve concurrent clients, free themselves when a client hangs up, and reuse a resent
+// conversation; every malformed request gets a 4xx with an OpenAI error body.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/fixtures.h"
+
+namespace qhx::server {
+namespace {
+
+using Json = nlohmann::json;
+using namespace std::chrono_literals;
+
+const std::string kModelDir = (test::source_dir() / "models/qwen3.5-kjv").string();
+// The model's whole context: a generation that is not cancelled takes ~4000 tokens to end.
+constexpr int64_t kContext = 4096;
+
+// One model for the whole suite, with no shared prefix cache: reuse then comes only from a
+// slot's own state, which is what the slot choice is tested on.
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    qhx_model_options options;
+    qhx_model_options_default(&options);
+    options.context_length = kContext;
+    options.max_sessions = 3;
+    ASSERT_EQ(qhx_model_open(kModelDir.c_str(), &options, &model_), QHX_OK) << qhx_last_error();
+  }
+  static void TearDownTestSuite() {
+    qhx_model_close(model_);
+    model_ = nullptr;
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    server_.reset();
+  }
+
+  void start(int parallel = 2, int queue = 8, size_t max_request_bytes = 1 << 20,
+             const std::string& alias = "") {
+    ServerOptions o;
+    o.port = 0;
+    o.parallel = parallel;
+    o.queue = queue;
+    o.max_request_bytes = max_request_bytes;
+    o.alias = alias;
+    server_ = std::make_unique<Server>(model_, o);
+    port_ = server_->start();
+  }
+
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120s);
+    return c;
+  }
+
+  // POST, answer parsed (status, body).
+  std::pair<int, Json> post(const std::string& path, const std::string& body) const {
+    auto c = client();
+    const auto r = c.Post(path.c_str(), body, "application/json");
+    if (!r) return {-1, Json()};
+    return {r->status, Json::parse(r->body, nullptr, false)};
+  }
+  std::pair<int, Json> post(const std::string& path, const Json& body) const {
+    return post(path, body.dump());
+  }
+
+  Json get(const std::string& path) const {
+    auto c = client();
+    const auto r = c.Get(path.c_str());
+    EXPECT_TRUE(r && r->status == 200) << path;
+    return r ? Json::parse(r->body, nullptr, false) : Json();
+  }
+
+  // A streamed request: the data of each event, in order. `keep_reading` may hang up early.
+  std::vector<std::string> stream(
+      const std::string& path, const Json& body,
+      const std::function<bool(size_t events)>& keep_reading = nullptr) const {
+    std::vector<std::string> events;
+    std::string buffer;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      buffer.append(data, n);
+      for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+        const std::string event = buffer.substr(0, end);
+        buffer.erase(0, end + 2);
+        EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+        events.push_back(event.substr(6));
+      }
+      return !keep_reading || keep_reading(events.size());
+    };
+    auto c = client();
+    c.send(req);
+    return events;
+  }
+
+  // The C API's answer to a prompt on a fresh session: greedy, `max_new` tokens.
+  static qhx_generate_result direct(const std::vector<int32_t>& prompt, int64_t max_new) {
+    qhx_session* session = nullptr;
+    EXPECT_EQ(qhx_session_create(model_, nullptr, &session), QHX_OK) << qhx_last_error();
+    qhx_generate_options options;
+    qhx_generate_options_default(model_, &options);
+    options.max_new_tokens = max_new;
+    options.sampling.greedy = 1;
+    qhx_generate_result result{};
+    EXPECT_EQ(qhx_session_generate(session, prompt.data(), prompt.size(), &options, nullptr,
+                                   nullptr, &result),
+              QHX_OK)
+        << qhx_last_error();
+    qhx_session_destroy(session);
+    return result;
+  }
+
+  static std::vector<int32_t> tokenize(const std::string& text) {
+    std::vector<int32_t> ids(text.size() + 16);
+    size_t n = 0;
+    EXPECT_EQ(qhx_tokenize(model_, text.data(), text.size(), ids.data(), ids.size(), &n), QHX_OK);
+    ids.resize(n);
+    return ids;
+  }
+
+  // The chat template rendered and tokenized, or nothing if this build has no template engine.
+  static std::optional<std::vector<int32_t>> chat_tokens(const Json& messages) {
+    char* text = nullptr;
+    qhx_template_options t;
+    qhx_template_options_default(&t);
+    const Json request = {{"messages", messages}};
+    if (qhx_apply_chat_template(model_, request.dump().c_str(), &t, &text) != QHX_OK) {
+      return std::nullopt;
+    }
+    std::vector<int32_t> ids = tokenize(text);
+    qhx_string_free(text);
+    return ids;
+  }
+
+  static std::string text_of(const qhx_generate_result& r) { return r.text ? r.text : ""; }
+
+  Json health() const { return get("/health"); }
+
+  // Polls /health until `pred` holds or `limit` passes.
+  bool wait_for_health(const std::function<bool(const Json&)>& pred,
+                       std::chrono::milliseconds limit) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pred(health())) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+  static inline qhx_model* model_ = nullptr;
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+};
+
+void expect_usage(const Json& usage, int64_t prompt, int64_t completion) {
+  ASSERT_TRUE(usage.is_object()) << usage;
+  EXPECT_EQ(usage["prompt_tokens"], prompt);
+  EXPECT_EQ(usage["completion_tokens"], completion);
+  EXPECT_EQ(usage["total_tokens"], prompt + completion);
+}
+
+void expect_error(const std::pair<int, Json>& answer, int status, const std::string& param = "",
+                  const std::string& code = "") {
+  EXPECT_EQ(answer.first, status) << answer.second;
+  const Json& body = answer.second;
+  ASSERT_TRUE(body.is_object() && body.contains("error")) << body;
+  const Json& e = body["error"];
+  EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << e;
+  EXPECT_TRUE(e["type"].is_string()) << e;
+  EXPECT_TRUE(e.contains("param") && e.contains("code")) << e;
+  if (!param.empty()) {
+    EXPECT_EQ(e["param"], param) << e;
+  }
+  if (!code.empty()) {
+    EXPECT_EQ(e["code"], code) << e;
+  }
+}
+
+TEST_F(ServerTest, HealthAndModels) {
+  start(2, 8, 1 << 20, "kjv");
+  const Json h = health();
+  EXPECT_EQ(h["status"], "ok");
+  EXPECT_EQ(h["slots_idle"], 2);
+  EXPECT_EQ(h["slots_processing"], 0);
+  EXPECT_EQ(h["queue_length"], 0);
+  const Json m = get("/v1/models");
+  EXPECT_EQ(m["object"], "list");
+  ASSERT_EQ(m["data"].size(), 1u);
+  EXPECT_EQ(m["data"][0]["id"], "kjv");
+  EXPECT_EQ(m["data"][0]["object"], "model");
+  EXPECT_TRUE(m["data"][0]["created"].is_number_integer());
+  // The alias is the model's name now; the directory's name is not.
+  expect_error(post("/v1/completions", Json{{"model", "qwen3.5-kjv"}, {"prompt", "And"}}), 404,
+               "model", "model_not_found");
+  const auto ok =
+      post("/v1/completions", Json{{"model", "kjv"}, {"prompt", "And"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.first, 200) << ok.second;
+}
+
+TEST_F(ServerTest, CompletionMatchesTheCApi) {
+  start();
+  const std::string prompt = "And it came to pass, when the king";
+  const auto [status, body] =
+      post("/v1/completions",
+           Json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"unknown_extra", 7}});
+  ASSERT_EQ(status, 200) << body;
+  const std::vector<int32_t> ids = tokenize(prompt);
+  const qhx_generate_result want = direct(ids, 12);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_TRUE(body["id"].is_string());
+  EXPECT_TRUE(body["created"].is_number_integer());
+  EXPECT_EQ(body["model"], "qwen3.5-kjv");
+  ASSERT_EQ(body["choices"].size(), 1u);
+  const Json& choice = body["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["text"], text_of(want));
+  EXPECT_EQ(choice["finish_reason"], want.stop_reason == QHX_STOP_LENGTH ? "length" : "stop");
+  expect_usage(body["usage"], static_cast<int64_t>(ids.size()), want.n_generated);
+  const Json& t = body["timings"];
+  EXPECT_EQ(t["prompt_n"].get<int64_t>() + t["cache_n"].get<int64_t>(),
+            static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(t["predicted_n"], want.n_generated);
+  EXPECT_TRUE(t["prompt_ms"].is_number() && t["predicted_per_second"].is_number()) << t;
+
+  // A prompt of token ids is the same request.
+  const auto by_ids =
+      post("/v1/completions", Json{{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(by_ids.first, 200) << by_ids.second;
+  EXPECT_EQ(by_ids.second["choices"][0]["text"], text_of(want));
+  qhx_string_free(want.text);
+}
+
+// A stop string cuts the text where it first appears and is not in it; a seed repeats a sample.
+TEST_F(ServerTest, StopStringsAndSeeds) {
+  start();
+  const std::string prompt = "And the LORD said unto Moses,";
+  const qhx_generate_result free_run = direct(tokenize(prompt), 16);
+  const std::string text = text_of(free_run);
+  qhx_string_free(free_run.text);
+  ASSERT_GE(text.size(), 8u) << text;
+  const std::string stop = text.substr(text.size() / 2, 3);
+  const auto [status, body] = post(
+      "/v1/completions",
+      Json{{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"stop", {"@@@", stop}}});
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+
+  const Json sampled = {
+      {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 1.5}, {"seed", 1234}};
+  const auto first = post("/v1/completions", sampled);
+  const auto again = post("/v1/completions", sampled);
+  ASSERT_EQ(first.first, 200) << first.second;
+  EXPECT_EQ(first.second["choices"][0]["text"], again.second["choices"][0]["text"]);
+}
+
+TEST_F(ServerTest, StreamedCompletionCarriesTheSameText) {
+  start();
+  const Json request = {{"prompt", "In the beginning"}, {"max_tokens", 10}, {"temperature", 0}};
+  const auto whole = post("/v1/completions", request);
+  ASSERT_EQ(whole.first, 200) << whole.second;
+
+  Json streamed_request = request;
+  streamed_request["stream"] = true;
+  streamed_request["stream_options"] = {{"include_usage", true}};
+  const std::vector<std::string> events = stream("/v1/completions", streamed_request);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  std::string finish;
+  Json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json chunk = Json::parse(events[i], nullptr, false);
+    ASSERT_TRUE(chunk.is_object()) << events[i];
+    EXPECT_EQ(chunk["object"], "text_completion");
+    EXPECT_EQ(chunk["id"], Json::parse(events[0])["id"]) << "one id for the whole stream";
+    if (chunk["choices"].empty()) {  // the usage chunk comes last
+      EXPECT_EQ(i + 2, events.size());
+      usage = chunk["usage"];
+      continue;
+    }
+    EXPECT_TRUE(finish.empty()) << "text after the finish reason";
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) {
+      finish = chunk["choices"][0]["finish_reason"];
+    }
+  }
+  EXPECT_EQ(text, whole.second["choices"][0]["text"]);
+  EXPECT_EQ(finish, whole.second["choices"][0]["finish_reason"]);
+  EXPECT_EQ(usage, whole.second["usage"]);
+}
+
+TEST_F(ServerTest, ChatMatchesTheCApiAndStreams) {
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Who begat Enos?"}}});
+  const auto prompt = chat_tokens(messages);
+  if (!prompt) GTEST_SKIP() << "no chat template engine in this build: " << qhx_last_error();
+  start();
+  const Json request = {{"messages", messages}, {"max_completion_tokens", 12}, {"temperature", 0}};
+  const auto [status, body] = post("/v1/chat/completions", request);
+  ASSERT_EQ(status, 200) << body;
+  const qhx_generate_result want = direct(*prompt, 12);
+  EXPECT_EQ(body["object"], "chat.completion");
+  const Json& choice = body["choices"][0];
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  EXPECT_EQ(choice["message"]["content"], text_of(want));
+  EXPECT_EQ(choice["finish_reason"], want.stop_reason == QHX_STOP_LENGTH ? "length" : "stop");
+  expect_usage(body["usage"], static_cast<int64_t>(prompt->size()), want.n_generated);
+  qhx_string_free(want.text);
+
+  Json streamed_request = request;
+  streamed_request["stream"] = true;
+  const std::vector<std::string> events = stream("/v1/chat/completions", streamed_request);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json first = Json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 1; i + 1 < events.size(); ++i) {
+    const Json delta = Json::parse(events[i])["choices"][0]["delta"];
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, choice["message"]["content"]);
+  EXPECT_EQ(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"],
+            choice["finish_reason"]);
+
+  // The next turn resends the history: only what follows the first prompt is processed.
+  Json history = messages;
+  history.push_back(choice["message"]);
+  history.push_back({{"role", "user"}, {"content", "And Seth?"}});
+  const auto next = post("/v1/chat/completions",
+                         Json{{"messages", history}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(next.first, 200) << next.second;
+  const Json& t = next.second["timings"];
+  EXPECT_GE(t["cache_n"].get<int64_t>(), static_cast<int64_t>(prompt->size()));
+  EXPECT_EQ(t["prompt_n"].get<int64_t>() + t["cache_n"].get<int64_t>(),
+            next.second["usage"]["prompt_tokens"].get<int64_t>());
+}
+
+TEST_F(ServerTest, EightConcurrentStreamsAllComplete) {
+  start(2, 8);
+  const std::vector<std::string> prompts = {"And God said",     "Blessed are the", "The LORD is my",
+                                            "In the beginning", "And Moses spake", "Thus saith the",
+                                            "And Jesus said",   "Now the serpent"};
+  std::vector<std::string> want;
+  for (const std::string& p : prompts) {
+    const qhx_generate_result r = direct(tokenize(p), 6);
+    want.push_back(text_of(r));
+    qhx_string_free(r.text);
+  }
+  std::vector<std::string> got(prompts.size());
+  std::vector<bool> done(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      const auto events = stream(
+          "/v1/completions",
+          Json{{"prompt", prompts[i]}, {"max_tokens", 6}, {"temperature", 0}, {"stream", true}});
+      done[i] = !events.empty() && events.back() == "[DONE]";
+      for (const std::string& e : events) {
+        const Json chunk = Json::parse(e, nullptr, false);
+        if (chunk.is_object() && !chunk["choices"].empty()) {
+          got[i] += chunk["choices"][0]["text"].get<std::string>();
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(done[i]) << prompts[i];
+    EXPECT_EQ(got[i], want[i]) << prompts[i];
+  }
+  EXPECT_EQ(health()["slots_idle"], 2);
+}
+
+// A long generation that only a hang-up ends early: eos ignored, the context's worth of tokens.
+Json endless(const std::string& prompt) {
+  return {{"prompt", prompt},
+          {"max_tokens", kContext - 16},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"stream", true}};
+}
+
+TEST_F(ServerTest, HangingUpFreesOnlyThatSlot) {
+  start(2, 8);
+  const std::string prompt = "And the earth was without form";
+  const qhx_generate_result want = direct(tokenize(prompt), 24);
+  // The other client streams to the end meanwhile, untouched by the hang-up.
+  std::string other_text;
+  std::thread other([&] {
+    for (const std::string& e : stream(
+             "/v1/completions",
+             Json{{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"stream", true}})) {
+      const Json chunk = Json::parse(e, nullptr, false);
+      if (chunk.is_object()) other_text += chunk["choices"][0]["text"].get<std::string>();
+    }
+  });
+  stream("/v1/completions", endless("And it came to pass"),
+         [](size_t events) { return events < 3; });
+  other.join();
+  EXPECT_EQ(other_text, text_of(want));
+  qhx_string_free(want.text);
+  // ~4000 tokens would take far longer than this if the generation went on.
+  EXPECT_TRUE(wait_for_health([](const Json& h) { return h["slots_idle"] == 2; }, 3s)) << health();
+  const auto next = post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 2}});
+  EXPECT_EQ(next.first, 200) << next.second;
+}
+
+TEST_F(ServerTest, NonStreamingClientThatLeavesFreesTheSlot) {
+  start(1, 8);
+  std::thread leaver([&] {
+    auto c = client();
+    c.set_read_timeout(300ms);  // gives up long before the answer
+    Json request = endless("And it came to pass");
+    request.erase("stream");
+    c.Post("/v1/completions", request.dump(), "application/json");
+  });
+  leaver.join();
+  EXPECT_TRUE(wait_for_health([](const Json& h) { return h["slots_idle"] == 1; }, 3s)) << health();
+}
+
+TEST_F(ServerTest, FullQueueAnswers429) {
+  start(1, 1);
+  std::atomic<bool> hang_up{false};
+  const auto until_hang_up = [&](size_t) { return !hang_up.load(); };
+  std::thread running([&] { stream("/v1/completions", endless("And God said"), until_hang_up); });
+  ASSERT_TRUE(wait_for_health([](const Json& h) { return h["slots_processing"] == 1; }, 10s));
+  std::thread queued([&] { stream("/v1/completions", endless("Thus saith"), until_hang_up); });
+  ASSERT_TRUE(wait_for_health([](const Json& h) { return h["queue_length"] == 1; }, 10s));
+
+  auto c = client();
+  const auto r = c.Post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 2}}.dump(),
+                        "application/json");
+  ASSERT_TRUE(r);
+  expect_error({r->status, Json::parse(r->body, nullptr, false)}, 429);
+  EXPECT_TRUE(r->has_header("Retry-After"));
+
+  hang_up = true;
+  running.join();
+  queued.join();
+  EXPECT_TRUE(wait_for_health(
+      [](const Json& h) { return h["slots_idle"] == 1 && h["queue_length"] == 0; }, 5s))
+      << health();
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
+  start(1, 8, 65536);
+  expect_error(post("/v1/completions", std::string("{\"prompt\": ")), 400);
+  expect_error(post("/v1/completions", std::string("[1, 2]")), 400);
+  expect_error(post("/v1/completions", std::string(200, '[') + std::string(200, ']')), 400);
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", "ten"}}), 400,
+               "max_tokens", "invalid_type");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 0}}), 400,
+               "max_tokens");
+  expect_error(post("/v1/chat/completions", Json{{"messages", 5}}), 400, "messages",
+               "invalid_type");
+  expect_error(post("/v1/chat/completions", Json{{"max_tokens", 3}}), 400, "messages");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"temperature", "hot"}}), 400,
+               "temperature", "invalid_type");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"top_p", 1.5}}), 400, "top_p");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"n", 2}}), 400, "n");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"stream", "yes"}}), 400, "stream");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"stop", 5}}), 400, "stop");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"logit_bias", {{"x", 1}}}}), 400,
+               "logit_bias");
+  expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"seed", 1.5}}), 400, "seed");
+  expect_error(post("/v1/completions", Json{{"prompt", Json::array({-1, 5})}}), 400, "prompt");
+  expect_error(post("/v1/completions", Json{{"prompt", {{"a", 1}}}}), 400, "prompt");
+  expect_error(post("/v1/completions", Json{{"prompt", ""}}), 400, "prompt");
+  // The prompt plus the tokens asked for must fit the context; a prompt alone over it too.
+  const std::vector<int32_t> long_prompt(kContext - 4, 785);
+  expect_error(post("/v1/completions", Json{{"prompt", long_prompt}, {"max_tokens", 8}}), 400,
+               "prompt", "context_length_exceeded");
+  expect_error(post("/v1/completions", Json{{"prompt", std::vector<int32_t>(kContext + 1, 785)}}),
+               400, "prompt", "context_length_exceeded");
+  // The body limit (64 KiB here), and routes that do not exist.
+  expect_error(post("/v1/completions", Json{{"prompt", std::string(70000, 'a')}}), 413);
+  auto c = client();
+  const auto missing = c.Get("/v1/nothing");
+  ASSERT_TRUE(missing);
+  expect_error({missing->status, Json::parse(missing->body, nullptr, false)}, 404);
+  // Still serving after all that.
+  EXPECT_EQ(post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 2}}).first, 200);
+  EXPECT_EQ(health()["slots_idle"], 1);
+}
+
+// A client that resends its conversation is served by the slot that holds it: only the new
+// tokens go through the model, even after another conversation took the other slot.
+TEST_F(ServerTest, ResentConversationReusesItsSlot) {
+  start(2, 8);
+  const auto turn = [&](const std::vector<int32_t>& prompt) {
+    const auto [status, body] =
+        post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}});
+    EXPECT_EQ(status, 200) << body;
+    return body;
+  };
+  const std::vector<int32_t> a = tokenize("And the LORD spake unto Moses, saying,");
+  const std::vector<int32_t> b = tokenize("Blessed are the poor in spirit: for theirs");
+  const Json a1 = turn(a);
+  const Json b1 = turn(b);
+  EXPECT_EQ(b1["timings"]["cache_n"], 0);
+  // b's second turn: its history, the reply, and more. The least recently used slot is a's.
+  std::vector<int32_t> b2 = b;
+  for (const int32_t id : tokenize(b1["choices"][0]["text"].get<std::string>())) b2.push_back(id);
+  for (const int32_t id : tokenize(" And he said")) b2.push_back(id);
+  const Json b2_answer = turn(b2);
+  const int64_t reused = b2_answer["timings"]["cache_n"];
+  EXPECT_GE(reused, static_cast<int64_t>(b.size()));
+  EXPECT_EQ(b2_answer["timings"]["prompt_n"], static_cast<int64_t>(b2.size()) - reused);
+  EXPECT_EQ(b2_answer["usage"]["prompt_tokens"], static_cast<int64_t>(b2.size()));
+  // a's slot still holds a.
+  std::vector<int32_t> a2 = a;
+  for (const int32_t id : tokenize(" Speak unto the children")) a2.push_back(id);
+  EXPECT_GE(turn(a2)["timings"]["cache_n"], static_cast<int64_t>(a.size()));
+}
+
+}  // namespace
+}  // namespace qhx::server
