@@ -189,8 +189,9 @@ qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
                             const qhx_template_options* template_options,
                             const qhx_generate_options* options, qhx_token_callback callback,
                             void* user_data, qhx_generate_result* result);
-/* Stops the generation running now at the next token or prefill chunk (result: cancelled); if
- * none is running, the next one stops before its first token. Any thread may call it. */
+/* Stops the generation running now at the next token or prefill chunk (result: cancelled). A
+ * call when none is running does nothing: every generation starts uncancelled, so a late cancel
+ * never stops the next request. Any thread may call it. */
 void qhx_session_cancel(qhx_session* session);
 
 /* Tokens of `tokens` the session could reuse without processing them. */

@@ -144,6 +144,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
   if (options->n_stop_ids > 0 && options->stop_ids == nullptr) {
     return failed(QHX_ERROR_INVALID_ARGUMENT, "generate options: stop_ids is NULL");
   }
+  session->cancel.store(false);
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
     qhx::TurnOptions turn;
     turn.max_new_tokens = options->max_new_tokens;
@@ -211,7 +212,6 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       result->text = copy_string(text);
     }
   });
-  session->cancel.store(false);
   return status;
 }
 
