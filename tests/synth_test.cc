@@ -103,6 +103,25 @@ TEST(Synth, WrittenCheckpointsLoadAndRun) {
   }
 }
 
+// The chat benchmark keeps the state: after the first turn only the user's tokens and the last
+// reply token run, whatever the history's length.
+TEST(Bench, ChatTurnsRunOnlyTheirNewTokens) {
+  SynthShape shape{"tiny", true, 512, 64, 128, 4, 4, 2, 32, 2, 4, 16, 256};
+  test::TempDir dir;
+  write_synthetic_checkpoint(shape, dir.path() / "ckpt", 3);
+  const auto model = load_model(dir.path() / "ckpt");
+  const std::vector<ChatBenchTurn> turns =
+      run_chat_bench(*model, {.turns = 3, .user_tokens = 10, .reply_tokens = 5});
+  ASSERT_EQ(turns.size(), 3u);
+  for (size_t t = 0; t < turns.size(); ++t) {
+    EXPECT_EQ(turns[t].n_prompt, static_cast<int64_t>(t * 15 + 10));
+    EXPECT_EQ(turns[t].n_processed, t == 0 ? 10 : 11);
+    EXPECT_GT(turns[t].ttft_fresh_ms, 0);
+  }
+  EXPECT_THROW(run_chat_bench(*model, {.turns = 100, .user_tokens = 10, .reply_tokens = 5}),
+               Error);
+}
+
 TEST(Bench, RefusesConfigurationsBeyondTheContext) {
   SynthShape shape{"tiny", false, 64, 32, 64, 1, 2, 1, 16, 0, 0, 0, 16};
   test::TempDir dir;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/sampler.h"
+#include "runtime/session.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -93,6 +94,56 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
   result.ttft_ms = Spread::of(ttft);
   result.decode_tok_s = Spread::of(decode);
   return result;
+}
+
+std::vector<ChatBenchTurn> run_chat_bench(const Model& model, const ChatBenchConfig& config) {
+  if (config.turns < 1 || config.user_tokens < 1 || config.reply_tokens < 1) {
+    fail("bench", "a chat needs at least one turn, user token and reply token");
+  }
+  const int64_t needed = config.turns * (config.user_tokens + config.reply_tokens);
+  if (needed > model.config().max_position_embeddings) {
+    fail("bench", "the chat needs " + std::to_string(needed) + " tokens, more than the model's " +
+                      "context of " + std::to_string(model.config().max_position_embeddings));
+  }
+  std::mt19937_64 rng(config.seed);
+  const int64_t vocab = model.config().vocab_size;
+  Session chat(model);
+  std::vector<int32_t> conversation;
+  std::vector<ChatBenchTurn> turns;
+  TurnOptions options;
+  options.max_new_tokens = config.reply_tokens;
+  TurnOptions first_token = options;
+  first_token.max_new_tokens = 1;
+  const auto keep = [&](int32_t id) {
+    conversation.push_back(id);
+    return true;
+  };
+  {  // Warm-up, untimed: touches every weight page and sizes the scratch buffers.
+    Session warm(model);
+    warm.generate(random_ids(config.user_tokens, vocab, rng), first_token,
+                  [](int32_t) { return true; });
+  }
+  for (int64_t t = 0; t < config.turns; ++t) {
+    const std::vector<int32_t> user = random_ids(config.user_tokens, vocab, rng);
+    conversation.insert(conversation.end(), user.begin(), user.end());
+    ChatBenchTurn turn;
+    turn.n_prompt = static_cast<int64_t>(conversation.size());
+    {
+      Session fresh(model);
+      turn.ttft_fresh_ms =
+          fresh.generate(conversation, first_token, [](int32_t) { return true; }).ttft_seconds *
+          1e3;
+    }
+    const std::vector<int32_t> prompt = conversation;
+    const TurnStats stats = chat.generate(prompt, options, keep);
+    turn.n_processed = stats.n_processed;
+    turn.ttft_ms = stats.ttft_seconds * 1e3;
+    turn.decode_tok_s = stats.n_generated > 1
+                            ? static_cast<double>(stats.n_generated - 1) / stats.decode_seconds
+                            : 0.0;
+    turns.push_back(turn);
+  }
+  return turns;
 }
 
 }  // namespace qhx

@@ -35,4 +35,25 @@ struct BenchResult {
 
 BenchResult run_bench(const Model& model, const BenchConfig& config);
 
+// A multi-turn chat at the token level: each turn adds `user_tokens` random tokens to the
+// conversation and generates `reply_tokens` greedily. The same conversation is timed through one
+// session (state kept between turns, runtime/session.h) and, per turn, from a fresh session given
+// the whole history, as a runtime without state reuse would run it.
+struct ChatBenchConfig {
+  int64_t turns = 5;
+  int64_t user_tokens = 64;
+  int64_t reply_tokens = 64;
+  uint64_t seed = 1;
+};
+
+struct ChatBenchTurn {
+  int64_t n_prompt = 0;      // the conversation so far, this turn's user tokens included
+  int64_t n_processed = 0;   // of those, run by the session that kept its state
+  double ttft_ms = 0;        // that session: turn in → first reply token
+  double ttft_fresh_ms = 0;  // a fresh session: the whole history → first reply token
+  double decode_tok_s = 0;
+};
+
+std::vector<ChatBenchTurn> run_chat_bench(const Model& model, const ChatBenchConfig& config);
+
 }  // namespace qhx

@@ -387,6 +387,7 @@ struct BenchArgs {
   std::string prompts = "512", depths = "0";
   int64_t n_gen = 128;
   int64_t repetitions = 5;
+  int64_t turns = 0;  // > 0: the multi-turn chat benchmark instead
   bool json = false;
 };
 
@@ -452,6 +453,46 @@ double weight_file_mb(const fs::path& dir) {
 }
 
 // llama-bench-like: one record per (prompt length, depth) configuration.
+// qhx bench --turns: per turn, the session that kept its state against a fresh one.
+int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::string& weights) {
+  qhx::ChatBenchConfig config;
+  config.turns = args.turns;
+  config.user_tokens = parse_count_list("-p", args.prompts).front();
+  config.reply_tokens = args.n_gen;
+  const std::vector<qhx::ChatBenchTurn> turns = qhx::run_chat_bench(model, config);
+  if (!args.json) {
+    std::printf("model %s | weights %s | threads %d | %lld user + %lld reply tokens a turn\n",
+                args.model.c_str(), weights.c_str(), qhx::kernel_threads(),
+                static_cast<long long>(config.user_tokens),
+                static_cast<long long>(config.reply_tokens));
+    std::printf("%5s %9s %10s %14s %14s %9s %13s\n", "turn", "n_prompt", "processed",
+                "TTFT kept ms", "TTFT fresh ms", "speedup", "decode tok/s");
+  }
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const qhx::ChatBenchTurn& t = turns[i];
+    if (args.json) {
+      std::cout << qhx::Json{{"model", args.model},
+                             {"weights", weights},
+                             {"threads", qhx::kernel_threads()},
+                             {"turn", i + 1},
+                             {"n_prompt", t.n_prompt},
+                             {"n_processed", t.n_processed},
+                             {"ttft_ms", t.ttft_ms},
+                             {"ttft_fresh_ms", t.ttft_fresh_ms},
+                             {"decode_tok_s", t.decode_tok_s},
+                             {"commit", QHX_GIT_COMMIT},
+                             {"date", utc_date()}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::printf("%5zu %9lld %10lld %14.1f %14.1f %8.1fx %13.1f\n", i + 1,
+                  static_cast<long long>(t.n_prompt), static_cast<long long>(t.n_processed),
+                  t.ttft_ms, t.ttft_fresh_ms, t.ttft_fresh_ms / t.ttft_ms, t.decode_tok_s);
+    }
+  }
+  return 0;
+}
+
 int run_bench(const BenchArgs& args) {
   fs::path dir(args.model);
   if (qhx::is_pack(dir)) dir = qhx::select_pack_bundle(dir);
@@ -465,6 +506,7 @@ int run_bench(const BenchArgs& args) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);
+  if (args.turns > 0) return run_chat_bench(args, *model, weights);
   if (!args.json) {
     std::printf(
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | commit "
@@ -723,7 +765,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   auto* think = chat->add_flag_callback(
       "--think", [&] { chat_args.thinking = true; }, "Thinking on (default: the template's)");
-  chat->add_flag_callback("--no-think", [&] { chat_args.thinking = false; }, "Thinking off")
+  chat->add_flag_callback(
+          "--no-think", [&] { chat_args.thinking = false; }, "Thinking off")
       ->excludes(think);
   chat->add_flag("--greedy", chat_args.greedy, "Most likely tokens instead of sampling");
   chat->add_option("--seed", chat_args.seed, "Random seed");
@@ -801,6 +844,11 @@ int main(int argc, char** argv) {
   bench->add_option("-d,--depth", bench_args.depths,
                     "Context tokens before the decode is timed, comma-separated");
   bench->add_option("-r,--repetitions", bench_args.repetitions, "Repetitions")
+      ->check(CLI::PositiveNumber);
+  bench
+      ->add_option("--turns", bench_args.turns,
+                   "Multi-turn chat instead: N turns of -p user tokens and -n reply tokens, "
+                   "TTFT with the state kept vs. a fresh session")
       ->check(CLI::PositiveNumber);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
   add_threads_option(bench, bench_args.threads);
