@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/chat_output.h"
 #include "support/fixtures.h"
 
 namespace qhx::server {
@@ -133,18 +134,24 @@ class ServerTest : public ::testing::Test {
     return ids;
   }
 
-  // The chat template rendered and tokenized, or nothing if this build has no template engine.
-  static std::optional<std::vector<int32_t>> chat_tokens(const Json& messages) {
+  // The chat template rendered, or nothing if this build has no template engine.
+  static std::optional<std::string> chat_text(const Json& messages, const Json& tools = nullptr) {
     char* text = nullptr;
     qhx_template_options t;
     qhx_template_options_default(&t);
-    const Json request = {{"messages", messages}};
+    Json request = {{"messages", messages}};
+    if (!tools.is_null()) request["tools"] = tools;
     if (qhx_apply_chat_template(model_, request.dump().c_str(), &t, &text) != QHX_OK) {
       return std::nullopt;
     }
-    std::vector<int32_t> ids = tokenize(text);
+    std::string rendered = text;
     qhx_string_free(text);
-    return ids;
+    return rendered;
+  }
+  static std::optional<std::vector<int32_t>> chat_tokens(const Json& messages) {
+    const auto text = chat_text(messages);
+    if (!text) return std::nullopt;
+    return tokenize(*text);
   }
 
   static std::string text_of(const qhx_generate_result& r) { return r.text ? r.text : ""; }
@@ -350,6 +357,145 @@ TEST_F(ServerTest, ChatMatchesTheCApiAndStreams) {
   EXPECT_GE(t["cache_n"].get<int64_t>(), static_cast<int64_t>(prompt->size()));
   EXPECT_EQ(t["prompt_n"].get<int64_t>() + t["cache_n"].get<int64_t>(),
             next.second["usage"]["prompt_tokens"].get<int64_t>());
+}
+
+// The KJV models never write <think> or <tool_call> of themselves: a logit bias makes them.
+constexpr const char* kThinkToken = "151667";     // "<think>" in the Qwen3 vocabulary
+constexpr const char* kToolCallToken = "151657";  // "<tool_call>"
+
+// A streamed chat answer, added up: reasoning, content, tool call deltas, the finish reason.
+struct StreamedChat {
+  std::string reasoning, content, finish;
+  Json tool_calls = Json::array();
+};
+
+StreamedChat add_up(const std::vector<std::string>& events) {
+  StreamedChat s;
+  EXPECT_FALSE(events.empty());
+  if (events.empty()) return s;
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t i = 1; i + 1 < events.size(); ++i) {
+    const Json choice = Json::parse(events[i])["choices"][0];
+    const Json& delta = choice["delta"];
+    EXPECT_TRUE(s.finish.empty()) << "a delta after the finish reason";
+    if (delta.contains("reasoning_content")) s.reasoning += delta["reasoning_content"];
+    if (delta.contains("content")) s.content += delta["content"];
+    if (delta.contains("tool_calls")) s.tool_calls.push_back(delta["tool_calls"][0]);
+    if (!choice["finish_reason"].is_null()) s.finish = choice["finish_reason"];
+  }
+  return s;
+}
+
+TEST_F(ServerTest, ReasoningIsSplitOff) {
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Who begat Enos?"}}});
+  if (!chat_tokens(messages)) GTEST_SKIP() << "no chat template engine in this build";
+  start(1);
+  // The Qwen3 template leaves the <think> to the model: the first one opens the block, and the
+  // answer is cut off inside it.
+  const Json request = {{"messages", messages},
+                        {"max_tokens", 3},
+                        {"temperature", 0},
+                        {"logit_bias", {{kThinkToken, 100}}}};
+  const auto [status, body] = post("/v1/chat/completions", request);
+  ASSERT_EQ(status, 200) << body;
+  const Json& message = body["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "<think><think>");
+  EXPECT_EQ(message["content"], "");
+  EXPECT_FALSE(message.contains("tool_calls"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+
+  Json raw = request;
+  raw["reasoning_format"] = "none";
+  const auto unsplit = post("/v1/chat/completions", raw);
+  ASSERT_EQ(unsplit.first, 200) << unsplit.second;
+  EXPECT_EQ(unsplit.second["choices"][0]["message"]["content"], "<think><think><think>");
+  EXPECT_FALSE(unsplit.second["choices"][0]["message"].contains("reasoning_content"));
+  expect_error(post("/v1/chat/completions", Json{{"messages", messages}, {"reasoning_format", 1}}),
+               400, "reasoning_format", "invalid_type");
+  expect_error(
+      post("/v1/chat/completions", Json{{"messages", messages}, {"reasoning_format", "x"}}), 400,
+      "reasoning_format", "invalid_value");
+
+  Json streamed = request;
+  streamed["stream"] = true;
+  const StreamedChat s = add_up(stream("/v1/chat/completions", streamed));
+  EXPECT_EQ(s.reasoning, message["reasoning_content"]);
+  EXPECT_EQ(s.content, "");
+  EXPECT_EQ(s.finish, "length");
+}
+
+// With tools, a <tool_call> that never closes is text, streamed or not.
+TEST_F(ServerTest, UnfinishedToolCallStaysContent) {
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Find Genesis 5."}}});
+  if (!chat_tokens(messages)) GTEST_SKIP() << "no chat template engine in this build";
+  start(1);
+  const Json tools = Json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "find_verse"}, {"parameters", {{"type", "object"}, {"properties", {}}}}}}}});
+  const Json request = {{"messages", messages},
+                        {"tools", tools},
+                        {"max_tokens", 3},
+                        {"temperature", 0},
+                        {"logit_bias", {{kToolCallToken, 100}}}};
+  const auto [status, body] = post("/v1/chat/completions", request);
+  ASSERT_EQ(status, 200) << body;
+  const Json& message = body["choices"][0]["message"];
+  EXPECT_EQ(message["content"], "<tool_call><tool_call><tool_call>");
+  EXPECT_FALSE(message.contains("tool_calls"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+
+  Json streamed = request;
+  streamed["stream"] = true;
+  const StreamedChat s = add_up(stream("/v1/chat/completions", streamed));
+  EXPECT_EQ(s.content, message["content"]);
+  EXPECT_TRUE(s.tool_calls.empty());
+  EXPECT_EQ(s.finish, "length");
+}
+
+// The tool call a client got back, and the tool's result, make the next turn's prompt: rendered
+// by the template with the call as the model wrote it.
+TEST_F(ServerTest, ToolResultTurnRendersThroughTheTemplate) {
+  const Json question = {{"role", "user"}, {"content", "Who begat Enos?"}};
+  if (!chat_tokens(Json::array({question}))) GTEST_SKIP() << "no chat template engine";
+  start(1);
+  const Json tools = Json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "find_verse"},
+          {"parameters",
+           {{"type", "object"},
+            {"properties",
+             {{"book", {{"type", "string"}}}, {"chapter", {{"type", "integer"}}}}}}}}}}});
+  OutputFormat format;
+  format.tool_calls = true;
+  format.tools = tools;
+  const std::string written =
+      "<tool_call>\n{\"name\": \"find_verse\", \"arguments\": {\"book\": \"Genesis\", "
+      "\"chapter\": 5}}\n</tool_call>";
+  // The server's own answer for that text.
+  const Json call_message = assistant_message(parse_chat_output(written, format), "chatcmpl-7");
+  ASSERT_TRUE(call_message["content"].is_null()) << call_message;
+  const Json history = Json::array({question,
+                                    call_message,
+                                    {{"role", "tool"},
+                                     {"tool_call_id", call_message["tool_calls"][0]["id"]},
+                                     {"content", "And Seth lived an hundred and five years"}}});
+  const auto [status, body] =
+      post("/v1/chat/completions",
+           Json{{"messages", history}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_TRUE(body["choices"][0]["message"]["content"].is_string()) << body;
+
+  // What the template should have seen: content "" and the arguments as an object.
+  Json expected = history;
+  expected[1]["content"] = "";
+  expected[1]["tool_calls"][0]["function"]["arguments"] = {{"book", "Genesis"}, {"chapter", 5}};
+  const auto rendered = chat_text(expected, tools);
+  ASSERT_TRUE(rendered) << qhx_last_error();
+  EXPECT_NE(rendered->find(written), std::string::npos) << *rendered;
+  EXPECT_NE(rendered->find("<tool_response>\nAnd Seth lived"), std::string::npos) << *rendered;
+  EXPECT_EQ(body["usage"]["prompt_tokens"], static_cast<int64_t>(tokenize(*rendered).size()));
 }
 
 TEST_F(ServerTest, EightConcurrentStreamsAllComplete) {

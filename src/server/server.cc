@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "server/chat_output.h"
+
 namespace qhx::server {
 namespace {
 
@@ -200,6 +202,28 @@ double per_second(int64_t n, double ms) {
   return ms > 0 ? static_cast<double>(n) * 1e3 / ms : 0.0;
 }
 
+// The history as the chat templates expect it. OpenAI clients send back an assistant turn that
+// called tools with `content: null` and the calls' arguments as JSON text; the templates test
+// the content as a string and print arguments as an object (vLLM and llama.cpp convert alike).
+Json template_messages(const Json& messages) {
+  Json out = messages;
+  for (Json& m : out) {
+    if (m["role"] != "assistant") continue;
+    if (m.contains("content") && m["content"].is_null()) m["content"] = "";
+    if (!m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+    for (Json& call : m["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+        continue;
+      }
+      Json& arguments = call["function"]["arguments"];
+      if (!arguments.is_string()) continue;
+      Json parsed = Json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object()) arguments = std::move(parsed);
+    }
+  }
+  return out;
+}
+
 // A completion request, parsed and checked: the prompt as tokens and the C API's options. The
 // options point into the vectors here, so it stays where it was made.
 struct Completion {
@@ -210,6 +234,7 @@ struct Completion {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
+  OutputFormat output;  // chat: how the answer's text is split
   std::vector<int32_t> prompt;
   qhx_generate_options options{};
   std::vector<int32_t> bias_ids;
@@ -582,10 +607,21 @@ void Server::Impl::parse_completion(const Json& body, Completion& c) const {
         throw wrong_type("messages[" + std::to_string(i) + "]", "an object with a string 'role'");
       }
     }
-    Json request = {{"messages", *messages}};
+    Json request = {{"messages", template_messages(*messages)}};
     if (const Json* tools = field(body, "tools")) {
       if (!tools->is_array()) throw wrong_type("tools", "an array");
       request["tools"] = *tools;
+      c.output.tool_calls = !tools->empty();
+      c.output.tools = *tools;
+    }
+    // llama.cpp's field: "none" leaves <think> blocks in the content.
+    if (const Json* format = field(body, "reasoning_format")) {
+      if (!format->is_string()) throw wrong_type("reasoning_format", "a string");
+      const std::string name = format->get<std::string>();
+      if (name != "none" && name != "auto" && name != "deepseek") {
+        throw bad_value("reasoning_format", "must be \"none\", \"auto\" or \"deepseek\"");
+      }
+      c.output.reasoning = name != "none";
     }
     qhx_template_options template_options;
     qhx_template_options_default(&template_options);
@@ -601,6 +637,7 @@ void Server::Impl::parse_completion(const Json& body, Completion& c) const {
     if (status != QHX_OK) throw api_failure(status, "messages");
     const std::string rendered = text;
     qhx_string_free(text);
+    c.output.think_open = prompt_opens_think(rendered);
     c.prompt = tokenize(model, rendered, "messages");
   } else {
     const Json* prompt = field(body, "prompt");
@@ -757,7 +794,10 @@ Json Server::Impl::answer(const Job& job) const {
   Json choice = {
       {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(o.stop_reason)}};
   if (job.request.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", o.text}};
+    const ChatOutput output = parse_chat_output(o.text, job.request.output);
+    choice["message"] = assistant_message(output, job.id);
+    choice["finish_reason"] =
+        chat_finish_reason(o.stop_reason == QHX_STOP_LENGTH, output.tool_calls.size());
   } else {
     choice["text"] = o.text;
   }
@@ -789,8 +829,9 @@ bool send_event(httplib::DataSink& sink, const Json& data) {
 
 }  // namespace
 
-// Server-sent events: a role delta first (chat), text deltas as tokens come, the finish reason,
-// the usage when asked for, [DONE].
+// Server-sent events: a role delta first (chat), text deltas as tokens come (chat: split into
+// reasoning, content and tool calls, each call once it closes), the finish reason, the usage when
+// asked for, [DONE].
 bool Server::Impl::stream_answer(Job& job, httplib::DataSink& sink) {
   const bool chat = job.request.chat;
   const auto delta = [&](Json d) {
@@ -805,6 +846,15 @@ bool Server::Impl::stream_answer(Job& job, httplib::DataSink& sink) {
   if (chat && !send_event(sink, chunk(job, delta({{"role", "assistant"}, {"content", ""}})))) {
     return false;
   }
+  OutputParser parser(job.request.output);
+  size_t n_calls = 0;
+  const auto send_deltas = [&](const std::vector<OutputDelta>& deltas) {
+    for (const OutputDelta& d : deltas) {
+      if (!send_event(sink, chunk(job, delta(delta_message(d, n_calls, job.id))))) return false;
+      n_calls += d.kind == OutputDelta::Kind::kToolCall;
+    }
+    return true;
+  };
   std::unique_lock lock(job.mutex);
   for (;;) {
     job.changed.wait_for(lock, kPollInterval, [&] { return job.done || !job.pending.empty(); });
@@ -813,7 +863,10 @@ bool Server::Impl::stream_answer(Job& job, httplib::DataSink& sink) {
     const bool done = job.done;
     lock.unlock();
     if (!piece.empty()) {
-      if (!send_event(sink, chunk(job, delta({{"content", piece}})))) return false;
+      if (chat ? !send_deltas(parser.push(piece))
+               : !send_event(sink, chunk(job, delta({{"content", piece}})))) {
+        return false;
+      }
     } else if (!done && !sink.is_writable()) {
       return false;
     }
@@ -827,8 +880,10 @@ bool Server::Impl::stream_answer(Job& job, httplib::DataSink& sink) {
     e.message = o.error;
     if (!send_event(sink, error_body(e))) return false;
   } else {
+    if (chat && !send_deltas(parser.finish())) return false;
     Json last = delta(Json::object());
-    last["finish_reason"] = finish_reason(o.stop_reason);
+    last["finish_reason"] = chat ? chat_finish_reason(o.stop_reason == QHX_STOP_LENGTH, n_calls)
+                                 : finish_reason(o.stop_reason);
     Json final_chunk = chunk(job, std::move(last));
     if (!send_event(sink, final_chunk)) return false;
     if (job.request.include_usage) {
