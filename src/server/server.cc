@@ -23,7 +23,7 @@
 namespace qhx::server {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;  // key order kept: templates render tools as sent
 using Clock = std::chrono::steady_clock;
 
 // How often a waiting HTTP thread checks that its client is still there.
