@@ -100,7 +100,9 @@ GenerationDefaults parse_generation_config(const Json& cfg, const std::string& w
   const std::set<std::string_view> read = {"do_sample",    "temperature",   "top_k",
                                            "top_p",        "min_p",         "repetition_penalty",
                                            "eos_token_id", "max_new_tokens"};
-  for (const auto& [key, value] : cfg.items()) {
+  for (const auto& item : cfg.items()) {
+    const std::string& key = item.key();
+    const Json& value = item.value();
     if (read.contains(key) || kIgnored.contains(key)) continue;
     const auto unsupported = std::find_if(std::begin(kUnsupported), std::end(kUnsupported),
                                           [&](const Neutral& n) { return n.key == key; });
