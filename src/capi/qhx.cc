@@ -85,6 +85,15 @@ qhx_status guarded(qhx_status status, Body&& body) {
     }                                                                               \
   } while (false)
 
+// A buffer may be NULL only when its size is 0.
+#define QHX_REQUIRE_BUFFER(pointer, size, function)                            \
+  do {                                                                         \
+    if ((pointer) == nullptr && (size) > 0) {                                  \
+      return failed(QHX_ERROR_INVALID_ARGUMENT,                                \
+                    function ": " #pointer " is NULL but " #size " is not 0"); \
+    }                                                                          \
+  } while (false)
+
 const qhx::Tokenizer& tokenizer_of(const qhx_model* model) {
   if (!model->tokenizer) qhx::fail(model->dir.string(), "no tokenizer.json: text is unavailable");
   return *model->tokenizer;
@@ -336,8 +345,8 @@ qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_le
                         size_t capacity, size_t* n_ids) {
   QHX_REQUIRE(model, "qhx_tokenize");
   QHX_REQUIRE(n_ids, "qhx_tokenize");
-  if (text == nullptr && text_len > 0) QHX_REQUIRE(text, "qhx_tokenize");
-  if (ids == nullptr && capacity > 0) QHX_REQUIRE(ids, "qhx_tokenize");
+  QHX_REQUIRE_BUFFER(text, text_len, "qhx_tokenize");
+  QHX_REQUIRE_BUFFER(ids, capacity, "qhx_tokenize");
   std::vector<int32_t> encoded;
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
     encoded =
@@ -357,8 +366,8 @@ qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_i
                           int32_t skip_special, char* text, size_t capacity, size_t* text_len) {
   QHX_REQUIRE(model, "qhx_detokenize");
   QHX_REQUIRE(text_len, "qhx_detokenize");
-  if (ids == nullptr && n_ids > 0) QHX_REQUIRE(ids, "qhx_detokenize");
-  if (text == nullptr && capacity > 0) QHX_REQUIRE(text, "qhx_detokenize");
+  QHX_REQUIRE_BUFFER(ids, n_ids, "qhx_detokenize");
+  QHX_REQUIRE_BUFFER(text, capacity, "qhx_detokenize");
   std::string decoded;
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
     decoded = tokenizer_of(model).decode(std::span<const int32_t>(ids, n_ids), skip_special != 0);
@@ -481,7 +490,7 @@ qhx_status qhx_session_generate(qhx_session* session, const int32_t* tokens, siz
                                 const qhx_generate_options* options, qhx_token_callback callback,
                                 void* user_data, qhx_generate_result* result) {
   QHX_REQUIRE(session, "qhx_session_generate");
-  if (tokens == nullptr && n_tokens > 0) QHX_REQUIRE(tokens, "qhx_session_generate");
+  QHX_REQUIRE_BUFFER(tokens, n_tokens, "qhx_session_generate");
   return run_generation(session, std::span<const int32_t>(tokens, n_tokens), {}, options, callback,
                         user_data, result);
 }
