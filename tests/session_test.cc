@@ -109,6 +109,28 @@ TEST_P(SessionTest, RegenerateAndEditGoBackWithoutRecomputingThePrefix) {
   }
 }
 
+// With few checkpoints, older turns are thinned out rather than dropped: editing the second of
+// six turns still resumes from a checkpoint, and matches a fresh run.
+TEST_P(SessionTest, EarlierTurnsStayReachableWithFewCheckpoints) {
+  Session session(*model_, {.max_checkpoints = 4});
+  std::vector<int32_t> history;
+  std::vector<size_t> turn_starts;
+  for (int t = 0; t < 6; ++t) {
+    turn_starts.push_back(history.size());
+    const std::vector<int32_t> added = user_turn(kUserTurns[t % 5], t == 0);
+    history.insert(history.end(), added.begin(), added.end());
+    const Turn reply = run_turn(session, history, 4);
+    history.insert(history.end(), reply.generated.begin(), reply.generated.end());
+  }
+  history.resize(turn_starts[1]);
+  const std::vector<int32_t> edited = user_turn("An edited question.", false);
+  history.insert(history.end(), edited.begin(), edited.end());
+  const Turn after_edit = run_turn(session, history, 4);
+  EXPECT_GT(after_edit.stats.n_reused, 0);
+  Session fresh(*model_);
+  EXPECT_EQ(after_edit.generated, run_turn(fresh, history, 4).generated);
+}
+
 TEST_P(SessionTest, RestoredStateContinuesAsIfNeverStopped) {
   test::TempDir tmp;
   const auto path = tmp.path() / "chat.qhxs";

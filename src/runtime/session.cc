@@ -152,8 +152,21 @@ void Session::remember_checkpoint() {
   const int64_t n = static_cast<int64_t>(history_.size());
   if (!checkpoints_.empty() && checkpoints_.back().state.n_past == n) return;
   checkpoints_.push_back({state_->checkpoint(), logits_});
+  // Over the limit, drop the checkpoint whose loss leaves the smallest gap between its
+  // neighbours, sparing the newest three (this turn's): older turns stay reachable, at spreading
+  // intervals, rather than only the last few.
   while (static_cast<int64_t>(checkpoints_.size()) > options_.max_checkpoints) {
-    checkpoints_.pop_front();
+    const int64_t candidates = static_cast<int64_t>(checkpoints_.size()) - 3;
+    int64_t drop = 0, smallest_gap = INT64_MAX;
+    for (int64_t i = 0; i < candidates; ++i) {
+      const int64_t before = i == 0 ? 0 : checkpoints_[i - 1].state.n_past;
+      const int64_t gap = checkpoints_[i + 1].state.n_past - before;
+      if (gap < smallest_gap) {
+        smallest_gap = gap;
+        drop = i;
+      }
+    }
+    checkpoints_.erase(checkpoints_.begin() + std::max<int64_t>(drop, 0));
   }
 }
 

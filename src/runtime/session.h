@@ -28,7 +28,8 @@ struct SessionOptions {
   int64_t context_length = 0;  // tokens the session may hold; 0: the model's maximum
   // Tokens per forward call in prefill: bounds the scratch memory a long prompt needs.
   int64_t prefill_chunk = 512;
-  int64_t max_checkpoints = 8;  // turn-boundary checkpoints kept, oldest dropped first
+  // Turn-boundary checkpoints kept; past it, older ones are thinned out evenly.
+  int64_t max_checkpoints = 8;
 };
 
 struct TurnOptions {
