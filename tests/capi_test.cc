@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -160,8 +161,8 @@ TEST(CApiTest, CallbackAndCancelStopGeneration) {
   // A cancel while nothing runs does not reach the next generation.
   qhx_session_cancel(s.session);
   Collected next;
-  ASSERT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, collect,
-                                 &next, &result),
+  ASSERT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options, collect, &next,
+                                 &result),
             QHX_OK);
   EXPECT_EQ(result.stop_reason, QHX_STOP_LENGTH);
   EXPECT_EQ(next.ids.size(), 40u);
@@ -327,16 +328,23 @@ INSTANTIATE_TEST_SUITE_P(CApiTest, FiveTurnChat, ::testing::Values(-1, 0), [](co
 });
 
 TEST(CApiTest, ChatTemplateRendersAndReportsErrors) {
-  ModelHandle m;
+  ModelHandle m;  // it ships the genuine Qwen3 template
   char* text = nullptr;
-  const std::string request = chat_request({{"user", "Hello!"}});
+  // Hugging Face's rendering of the same request (shared fixture, made by transformers).
+  std::ifstream cases(qhx::test::shared_dir() / "fixtures/tokenizer/qwen3/chat.jsonl");
+  nlohmann::json expected;
+  for (std::string line; std::getline(cases, line);) {
+    expected = nlohmann::json::parse(line);
+    if (expected["name"] == "user_gen_think_false") break;
+  }
+  ASSERT_EQ(expected["name"], "user_gen_think_false");
+  const std::string request = nlohmann::json{{"messages", expected["messages"]}}.dump();
   qhx_template_options options;
   qhx_template_options_default(&options);
   options.enable_thinking = 0;
   ASSERT_EQ(qhx_apply_chat_template(m.model, request.c_str(), &options, &text), QHX_OK)
       << qhx_last_error();
-  EXPECT_STREQ(
-      text, "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(std::string(text), expected["text"].get<std::string>());
   qhx_string_free(text);
   EXPECT_EQ(qhx_apply_chat_template(m.model, "{\"messages\": 5}", nullptr, &text),
             QHX_ERROR_INVALID_ARGUMENT);

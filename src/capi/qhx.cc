@@ -272,12 +272,10 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     if (options->n_threads > 0) {
       qhx::set_kernel_threads(options->n_threads);
     }
-    std::set<int32_t> eos;
+    std::vector<int32_t> bundle_stop_ids;
     if (qhx::is_bundle(dir)) {
-      // Bundles made before they kept generation_config.json list their stop ids.
-      const auto manifest =
-          qhx::open_bundle_manifest(dir, {.verify_sha256 = options->verify_sha256 != 0});
-      eos.insert(manifest.stop_ids.begin(), manifest.stop_ids.end());
+      bundle_stop_ids =
+          qhx::open_bundle_manifest(dir, {.verify_sha256 = options->verify_sha256 != 0}).stop_ids;
     }
     opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0});
     const qhx::ModelConfig& config = opened->model->config();
@@ -290,9 +288,9 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
             qhx::ChatTemplate::from_tokenizer(*opened->tokenizer, (dir / "chat_template").string());
       }
     }
-    eos.insert(opened->generation.eos_ids.begin(), opened->generation.eos_ids.end());
-    if (opened->tokenizer && opened->tokenizer->eos_id()) eos.insert(*opened->tokenizer->eos_id());
-    opened->eos_ids.assign(eos.begin(), eos.end());
+    opened->eos_ids =
+        qhx::default_stop_ids(opened->generation, bundle_stop_ids,
+                              opened->tokenizer ? opened->tokenizer->eos_id() : std::nullopt);
   });
   if (status != QHX_OK) return status;
   // What the caller asked for, rather than the model files, is at fault from here on.

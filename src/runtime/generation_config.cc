@@ -157,4 +157,15 @@ GenerationDefaults load_generation_config(const std::filesystem::path& model_dir
   return parse_generation_config(read_json_file(path), path.string(), config);
 }
 
+std::vector<int32_t> default_stop_ids(const GenerationDefaults& defaults,
+                                      std::span<const int32_t> bundle_stop_ids,
+                                      std::optional<int32_t> tokenizer_eos) {
+  std::vector<int32_t> ids(defaults.eos_ids.begin(), defaults.eos_ids.end());
+  ids.insert(ids.end(), bundle_stop_ids.begin(), bundle_stop_ids.end());
+  if (tokenizer_eos) ids.push_back(*tokenizer_eos);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 }  // namespace qhx

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,12 @@ struct GenerationDefaults {
 // (num_beams > 1, typical_p, bad_words_ids, ...) and unknown keys throw Error naming the field.
 GenerationDefaults load_generation_config(const std::filesystem::path& model_dir,
                                           const ModelConfig& config);
+// Every id generation stops on by default, sorted and without repeats: the defaults' eos ids, the
+// stop ids a bundle's manifest records (bundles made before they kept generation_config.json),
+// and the tokenizer's eos.
+std::vector<int32_t> default_stop_ids(const GenerationDefaults& defaults,
+                                      std::span<const int32_t> bundle_stop_ids,
+                                      std::optional<int32_t> tokenizer_eos);
 // The same from a parsed generation_config object; `where` names it in errors.
 GenerationDefaults parse_generation_config(const Json& cfg, const std::string& where,
                                            const ModelConfig& config);

@@ -247,9 +247,7 @@ struct Completion {
 struct Outcome {
   qhx_status status = QHX_OK;
   std::string error;
-  qhx_stop_reason stop_reason = QHX_STOP_LENGTH;
-  int64_t n_prompt = 0, n_reused = 0, n_processed = 0, n_generated = 0;
-  double prefill_ms = 0, ttft_ms = 0, decode_ms = 0;
+  qhx_generate_result result{};  // counts and timings; its text is moved into `text`
   std::string text;
   int slot = -1;
 };
@@ -305,9 +303,9 @@ struct RequestLog {
       const Outcome& o = job->outcome;
       std::snprintf(buf, sizeof buf,
                     "%s %s %d | prompt %lld (reused %lld) | completion %lld | slot %d | %.1f ms",
-                    method.c_str(), path.c_str(), status, static_cast<long long>(o.n_prompt),
-                    static_cast<long long>(o.n_reused), static_cast<long long>(o.n_generated),
-                    o.slot, ms);
+                    method.c_str(), path.c_str(), status, static_cast<long long>(o.result.n_prompt),
+                    static_cast<long long>(o.result.n_reused),
+                    static_cast<long long>(o.result.n_generated), o.slot, ms);
     } else {
       std::snprintf(buf, sizeof buf, "%s %s %d%s | %.1f ms", method.c_str(), path.c_str(), status,
                     job != nullptr ? " | client gone" : "", ms);
@@ -504,24 +502,17 @@ Outcome Server::Impl::run(Slot& slot, Job& job) {
   Outcome outcome;
   outcome.slot = slot.index;
   if (job.abandoned) {
-    outcome.stop_reason = QHX_STOP_CANCELLED;
+    outcome.result.stop_reason = QHX_STOP_CANCELLED;
   } else {
     TokenSink sink{&slot, &job};
-    qhx_generate_result result{};
     const Completion& c = job.request;
+    qhx_generate_result& result = outcome.result;
     outcome.status = qhx_session_generate(slot.session, c.prompt.data(), c.prompt.size(),
                                           &c.options, on_token, &sink, &result);
     if (outcome.status != QHX_OK) outcome.error = qhx_last_error();
-    outcome.stop_reason = result.stop_reason;
-    outcome.n_prompt = result.n_prompt;
-    outcome.n_reused = result.n_reused;
-    outcome.n_processed = result.n_processed;
-    outcome.n_generated = result.n_generated;
-    outcome.prefill_ms = result.prefill_ms;
-    outcome.ttft_ms = result.ttft_ms;
-    outcome.decode_ms = result.decode_ms;
     if (result.text != nullptr) outcome.text = result.text;
     qhx_string_free(result.text);
+    result.text = nullptr;
   }
   {
     std::lock_guard lock(slot.cancel_mutex);
@@ -771,33 +762,33 @@ void Server::Impl::parse_completion(const Json& body, Completion& c) const {
 }
 
 Json Server::Impl::usage(const Outcome& o) const {
-  return {{"prompt_tokens", o.n_prompt},
-          {"completion_tokens", o.n_generated},
-          {"total_tokens", o.n_prompt + o.n_generated}};
+  return {{"prompt_tokens", o.result.n_prompt},
+          {"completion_tokens", o.result.n_generated},
+          {"total_tokens", o.result.n_prompt + o.result.n_generated}};
 }
 
 // llama.cpp's names, so tools that read its timings read these.
 Json Server::Impl::timings(const Outcome& o) const {
-  return {
-      {"cache_n", o.n_reused},
-      {"prompt_n", o.n_processed},
-      {"prompt_ms", o.prefill_ms},
-      {"prompt_per_second", per_second(o.n_processed, o.prefill_ms)},
-      {"predicted_n", o.n_generated},
-      {"predicted_ms", o.decode_ms},
-      {"predicted_per_second", per_second(std::max<int64_t>(o.n_generated - 1, 0), o.decode_ms)},
-      {"ttft_ms", o.ttft_ms}};
+  return {{"cache_n", o.result.n_reused},
+          {"prompt_n", o.result.n_processed},
+          {"prompt_ms", o.result.prefill_ms},
+          {"prompt_per_second", per_second(o.result.n_processed, o.result.prefill_ms)},
+          {"predicted_n", o.result.n_generated},
+          {"predicted_ms", o.result.decode_ms},
+          {"predicted_per_second",
+           per_second(std::max<int64_t>(o.result.n_generated - 1, 0), o.result.decode_ms)},
+          {"ttft_ms", o.result.ttft_ms}};
 }
 
 Json Server::Impl::answer(const Job& job) const {
   const Outcome& o = job.outcome;
   Json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(o.stop_reason)}};
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(o.result.stop_reason)}};
   if (job.request.chat) {
     const ChatOutput output = parse_chat_output(o.text, job.request.output);
     choice["message"] = assistant_message(output, job.id);
     choice["finish_reason"] =
-        chat_finish_reason(o.stop_reason == QHX_STOP_LENGTH, output.tool_calls.size());
+        chat_finish_reason(o.result.stop_reason == QHX_STOP_LENGTH, output.tool_calls.size());
   } else {
     choice["text"] = o.text;
   }
@@ -882,8 +873,9 @@ bool Server::Impl::stream_answer(Job& job, httplib::DataSink& sink) {
   } else {
     if (chat && !send_deltas(parser.finish())) return false;
     Json last = delta(Json::object());
-    last["finish_reason"] = chat ? chat_finish_reason(o.stop_reason == QHX_STOP_LENGTH, n_calls)
-                                 : finish_reason(o.stop_reason);
+    last["finish_reason"] =
+        chat ? chat_finish_reason(o.result.stop_reason == QHX_STOP_LENGTH, n_calls)
+             : finish_reason(o.result.stop_reason);
     Json final_chunk = chunk(job, std::move(last));
     if (!send_event(sink, final_chunk)) return false;
     if (job.request.include_usage) {

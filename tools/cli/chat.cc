@@ -103,8 +103,8 @@ class Chat {
       std::fprintf(stderr, "saved %s and %s.json\n", argument.c_str(), argument.c_str());
     } else if (command == "/load" && !argument.empty()) {
       load(argument);
-    } else if (command == "/think" && (argument == "on" || argument == "off" ||
-                                      argument == "default")) {
+    } else if (command == "/think" &&
+               (argument == "on" || argument == "off" || argument == "default")) {
       thinking_ = argument == "default" ? std::nullopt : std::optional<bool>(argument == "on");
     } else if (command == "/stats" && (argument == "on" || argument == "off")) {
       stats_ = argument == "on";
@@ -122,6 +122,7 @@ class Chat {
 
   void load(const std::string& path) {
     std::ifstream in(path + ".json");
+    if (!in) throw ChatError(path + ".json: cannot open (a chat is saved as FILE and FILE.json)");
     Json saved = Json::parse(in, nullptr, false);
     if (saved.is_discarded() || !saved.contains("messages") || !saved["messages"].is_array()) {
       throw ChatError(path + ".json: not a saved chat (expected {\"messages\": [...]})");
@@ -154,8 +155,7 @@ class Chat {
       std::fprintf(stderr,
                    "[prompt %lld tokens: %lld reused, %lld processed in %.0f ms | reply %lld "
                    "tokens, %.1f tok/s | TTFT %.0f ms]\n",
-                   static_cast<long long>(result.n_prompt),
-                   static_cast<long long>(result.n_reused),
+                   static_cast<long long>(result.n_prompt), static_cast<long long>(result.n_reused),
                    static_cast<long long>(result.n_processed), result.prefill_ms,
                    static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms);
     }

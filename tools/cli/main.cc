@@ -12,7 +12,6 @@
 #include <iterator>
 #include <optional>
 #include <random>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -185,10 +184,8 @@ int run_generate(const GenerateArgs& args) {
   for (const std::string& item : args.logit_bias) s.logit_bias.push_back(parse_logit_bias(item));
   s.seed = args.seed.value_or(std::random_device{}());
   if (!args.ignore_eos) {
-    std::set<int32_t> stops(defaults.eos_ids.begin(), defaults.eos_ids.end());
-    stops.insert(bundle_stop_ids.begin(), bundle_stop_ids.end());
-    if (tokenizer && tokenizer->eos_id()) stops.insert(*tokenizer->eos_id());
-    options.stop_ids.assign(stops.begin(), stops.end());
+    options.stop_ids = qhx::default_stop_ids(defaults, bundle_stop_ids,
+                                             tokenizer ? tokenizer->eos_id() : std::nullopt);
   }
   if (!args.stop.empty() && args.print_ids)
     qhx::fail("--stop", "needs text output, not --print-ids");
