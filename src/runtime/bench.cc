@@ -1,7 +1,6 @@
 #include "runtime/bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -9,16 +8,11 @@
 
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace qhx {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::vector<int32_t> random_ids(int64_t n, int64_t vocab, std::mt19937_64& rng) {
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));

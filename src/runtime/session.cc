@@ -1,12 +1,12 @@
 #include "runtime/session.h"
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 
 #include "io/qhxt.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -14,10 +14,6 @@ namespace {
 
 constexpr const char* kStateKind = "qhx-session-state";
 constexpr const char* kStateVersion = "1";
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
@@ -51,22 +47,6 @@ std::span<const T> tensor_values(const QhxtFile& file, const std::string& name, 
 }
 
 }  // namespace
-
-const char* stop_reason_name(StopReason reason) {
-  switch (reason) {
-    case StopReason::kLength:
-      return "length";
-    case StopReason::kStopId:
-      return "stop";
-    case StopReason::kCallback:
-      return "callback";
-    case StopReason::kCancelled:
-      return "cancelled";
-    case StopReason::kContextFull:
-      return "context_full";
-  }
-  return "unknown";
-}
 
 Session::Session(const Model& model, SessionOptions options, PrefixCache* cache)
     : model_(model), options_(options), cache_(cache), state_(model.new_state()) {
@@ -216,7 +196,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   Sampler sampler(options.sampling);
   TurnStats stats;
   stats.n_prompt = n_tokens;
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
 
   rewind_for(tokens);
   stats.n_reused = static_cast<int64_t>(history_.size());
@@ -242,7 +222,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   };
   int32_t token = sampler.sample(logits_, tokens, generated());
   stats.ttft_seconds = seconds_since(start);
-  const auto decode_start = std::chrono::steady_clock::now();
+  const auto decode_start = Clock::now();
   while (true) {
     ++stats.n_generated;
     const bool go_on = on_token(token);

@@ -44,8 +44,8 @@ struct TurnOptions {
   std::vector<int64_t> checkpoint_at;
 };
 
-enum class StopReason { kLength, kStopId, kCallback, kCancelled, kContextFull };
-const char* stop_reason_name(StopReason reason);
+// Why generation ended. (A context too short for max_new_tokens is refused up front instead.)
+enum class StopReason { kLength, kStopId, kCallback, kCancelled };
 
 struct TurnStats {
   int64_t n_prompt = 0;     // tokens given

@@ -4,7 +4,6 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -35,6 +34,7 @@
 #include "runtime/stop_strings.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/json_file.h"
 
@@ -497,10 +497,9 @@ int run_bench(const BenchArgs& args) {
   const std::vector<int64_t> depths = parse_count_list("--depth", args.depths);
   qhx::Json gate;
   const std::string weights = weights_label(dir, gate);
-  const auto load_start = std::chrono::steady_clock::now();
+  const auto load_start = qhx::Clock::now();
   const auto model = qhx::load_model(dir);
-  const double load_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const double load_s = qhx::seconds_since(load_start);
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
@@ -593,14 +592,13 @@ int run_perplexity(const PerplexityArgs& args) {
     std::fprintf(stderr, "%s\n", describe_bundle(qhx::open_bundle_manifest(dir, {})).c_str());
   }
   const auto model = qhx::load_model(dir);
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = qhx::Clock::now();
   const qhx::PerplexityResult r =
       qhx::perplexity(*model, ids, args.window, [](int64_t done, int64_t total) {
         std::fprintf(stderr, "\rwindow %lld/%lld", static_cast<long long>(done),
                      static_cast<long long>(total));
       });
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = qhx::seconds_since(start);
   std::fprintf(stderr, "\n");
   if (args.json) {
     const qhx::Json out = {{"model", args.model},          {"file", args.file},
