@@ -173,8 +173,9 @@ TEST(Int8Activations, ReferenceStaysWithinTheRoundingOfTheActivations) {
   }
 }
 
-// The fast kernels against the reference on shapes that hit the row and token tile tails and,
-// for W8, a row ending half-way through a 64-column vector; and each token computed alone
+// The fast kernels against the reference on shapes that hit the row and token tile tails, rows
+// ending half-way through a vector (W8: 64 columns, W4: 128), and W4 groups that straddle
+// vectors; and each token computed alone
 // equal bitwise to its row of the batch, on any number of threads.
 TEST(Int8Activations, FastMatmulMatchesTheReference) {
   struct Shape {
@@ -182,7 +183,7 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
     int64_t rows, cols, group;
   } shapes[] = {{DType::kW8, 13, 96, 0},   {DType::kW8, 4, 32, 0},    {DType::kW8, 9, 1024, 0},
                 {DType::kW8, 67, 160, 0},  {DType::kW4, 13, 192, 64}, {DType::kW4, 5, 256, 128},
-                {DType::kW4, 67, 128, 64}, {DType::kW4, 1, 64, 64}};
+                {DType::kW4, 67, 128, 64}, {DType::kW4, 1, 64, 64},   {DType::kW4, 7, 384, 192}};
   std::printf("int8 kernel path: %s\n", matmul_int8_kernel_path());
   for (const Shape& s : shapes) {
     for (const int64_t tokens : {1, 5, 13}) {
@@ -236,9 +237,7 @@ bool same_bits(float a, float b) {
 // sum without offsets. So they must quantize to the reference's bits: ties to even, extreme
 // magnitudes, all-zero and non-finite blocks (whose NaN scale reaches every output of the token).
 TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
-  // The x86 kernels add an offset to the weights and take it off again, rounding twice.
   const std::string path = matmul_int8_kernel_path();
-  if (path == "avx512-vnni") GTEST_SKIP() << "the AVX-512 VNNI kernels offset W8 and W4";
   constexpr int64_t n = 4 * kActivationBlock;  // rows = cols
   constexpr int64_t tokens = 6;
   std::vector<float> x = activations(tokens * n, 11);
@@ -257,7 +256,9 @@ TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
   x[5 * n + 7] = std::numeric_limits<float>::quiet_NaN();
 
   for (const DType dtype : {DType::kW8, DType::kW4}) {
-    if (path == "avx2" && dtype == DType::kW4) continue;  // offset, unlike AVX2's W8
+    // AVX-512 VNNI offsets W8 weights and takes the offset off in float32, rounding twice (W4
+    // offsets are taken off in integers).
+    if (path == "avx512-vnni" && dtype == DType::kW8) continue;
     SCOPED_TRACE(dtype_name(dtype));
     std::vector<int8_t> q8(n * n, 0);
     std::vector<uint8_t> q4(n * n / 2, 0);

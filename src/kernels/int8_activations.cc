@@ -15,20 +15,21 @@ int64_t column_of_byte(int64_t chunk, int64_t i) {
 }  // namespace
 
 void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_tokens, int64_t cols,
-                         int64_t chunk, bool nibble_split, float lane_offset, bool token_offset,
+                         int64_t chunk, bool nibble_split, int32_t nibble_offset, bool token_offset,
                          Int8Activations& a) {
   const int64_t n_blocks = cols / kActivationBlock;
   a.cols = cols;
-  a.q.resize(n_tokens * cols);
+  a.stride = nibble_split ? (cols + chunk - 1) / chunk * chunk : cols;
+  a.q.resize(n_tokens * a.stride);
   a.block_stride = n_blocks + 16;
   a.block_scales.assign(n_tokens * a.block_stride, 0.0f);
-  a.lanes = lane_offset != 0.0f ? cols / 4 : 0;
-  a.lane_offsets.resize(n_tokens * a.lanes);
+  a.pairs = nibble_offset != 0 ? a.stride / 8 : 0;
+  a.pair_corrections.resize(n_tokens * a.pairs);
   a.token_offsets.resize(token_offset ? n_tokens : 0);
   auto prepare = [&](int64_t t) {
     thread_local std::vector<int8_t> split;
     float* sx = a.block_scales.data() + t * a.block_stride;
-    int8_t* q = a.q.data() + t * cols;
+    int8_t* q = a.q.data() + t * a.stride;
     // Quantized in place when the kernel reads the columns in order; else reordered from a copy.
     int8_t* quantized = q;
     if (nibble_split) {
@@ -37,18 +38,20 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
     }
     quantize(x + t * cols, cols, quantized, sx);
     if (nibble_split) {
-      for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
-        for (int64_t i = 0; i < chunk; ++i) q[c0 + i] = quantized[c0 + column_of_byte(chunk, i)];
+      for (int64_t c0 = 0; c0 < a.stride; c0 += chunk) {
+        for (int64_t i = 0; i < chunk; ++i) {
+          const int64_t c = c0 + column_of_byte(chunk, i);
+          q[c0 + i] = c < cols ? quantized[c] : int8_t{0};
+        }
       }
     }
-    // Both layouts keep each 4-byte lane inside one block.
-    for (int64_t lane = 0; lane < a.lanes; ++lane) {
-      const int64_t c0 = 4 * lane / chunk * chunk;
-      const int64_t first_column =
-          c0 + (nibble_split ? column_of_byte(chunk, 4 * lane - c0) : 4 * lane - c0);
-      float sum = 0.0f;
-      for (int64_t i = 4 * lane; i < 4 * lane + 4; ++i) sum += q[i];
-      a.lane_offsets[t * a.lanes + lane] = lane_offset * sx[first_column / kActivationBlock] * sum;
+    for (int64_t pair = 0; pair < a.pairs; ++pair) {
+      // Pair k of the chunk at c0: bytes 4k.. of its even half and 4k.. of its odd half.
+      const int64_t c0 = 8 * pair / chunk * chunk, k = pair - c0 / 8;
+      const int8_t* even = q + c0 + 4 * k;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < 4; ++i) sum += even[i] + even[chunk / 2 + i];
+      a.pair_corrections[t * a.pairs + pair] = -nibble_offset * sum;
     }
     if (token_offset) {
       float total = 0.0f;

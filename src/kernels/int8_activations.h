@@ -15,31 +15,35 @@ namespace qhx {
 // block's scale and the corrections for weights that enter the integer multiply-adds offset.
 struct Int8Activations {
   int64_t cols = 0;
-  std::vector<int8_t> q;  // [n_tokens, cols], in kernel order
+  int64_t stride = 0;     // bytes of q per token: cols, padded to whole chunks when nibble-split
+  std::vector<int8_t> q;  // [n_tokens, stride], in kernel order, zeros past the last column
   // [n_tokens, block_stride]: each block's scale, then zeros up to block_stride, so a 16-float
   // load from any block stays inside the array (kernels spread them over their lanes).
   std::vector<float> block_scales;
   int64_t block_stride = 0;
-  // W4 on x86: [n_tokens, lanes], per 4-byte lane (one 32-bit lane of the multiply-adds) of
-  // kernel-ordered q, offset · scale · Σ the lane's q_x; lanes = cols / 4.
-  std::vector<float> lane_offsets;
-  int64_t lanes = 0;
+  // W4 on x86: [n_tokens, stride / 8], for each lane pair of a chunk (the 4 bytes of lane i in
+  // its even-column half and the 4 of lane i in its odd-column half, which a kernel sums into
+  // one 32-bit lane) −nibble_offset · Σ of their 8 q_x: the integer multiply-adds start from it,
+  // so offset nibbles come out as exact sums of q_w · q_x.
+  std::vector<int32_t> pair_corrections;
+  int64_t pairs = 0;
   std::vector<float> token_offsets;  // W8 with VNNI: [n_tokens], Σ_b sx_b · Σ_{c∈b} q_x
 
-  const int8_t* q_of(int64_t t) const { return q.data() + t * cols; }
+  const int8_t* q_of(int64_t t) const { return q.data() + t * stride; }
   const float* block_scales_of(int64_t t) const { return block_scales.data() + t * block_stride; }
-  const float* offsets_of(int64_t t) const { return lane_offsets.data() + t * lanes; }
+  const int32_t* corrections_of(int64_t t) const { return pair_corrections.data() + t * pairs; }
 };
 
 // ref::quantize_activations for one token (same signature and bits).
 using QuantizeToken = void (*)(const float* x, int64_t cols, int8_t* q, float* scales);
 
 // Quantizes every token with `quantize` and lays it out for a kernel reading `chunk`-byte vectors
-// (a multiple of kActivationBlock), with the per-token (W8 offset, token_offset) or per-lane (W4
-// offset, lane_offset ≠ 0) corrections. nibble_split (W4) orders each chunk as its even columns,
-// then its odd ones, matching weights unpacked as all low nibbles then all high nibbles.
+// (a multiple of kActivationBlock), with the per-token (W8 offset, token_offset) or per-lane-pair
+// (W4 offset, nibble_offset ≠ 0) corrections. nibble_split (W4) orders each chunk as its even
+// columns, then its odd ones, matching weights unpacked as all low nibbles then all high nibbles;
+// a last, partial chunk is padded with zeros to the whole chunk, in both halves.
 void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_tokens, int64_t cols,
-                         int64_t chunk, bool nibble_split, float lane_offset, bool token_offset,
+                         int64_t chunk, bool nibble_split, int32_t nibble_offset, bool token_offset,
                          Int8Activations& a);
 
 // One tile of MR rows from r0 × NR tokens from t0 of a W8 or W4 matrix, written into y: the row

@@ -10,8 +10,9 @@
 // offset to unsigned and the offset is subtracted after scaling:
 //   W8, AVX-512 VNNI: (q_w + 128) · q_x, the 128 · Σ q_x term removed once per token;
 //   W8, AVX2:        |q_w| · (q_x with q_w's sign) (cannot overflow 16 bits, so no offset);
-//   W4, both:        (q_w + 8) · q_x — the nibble XOR 8 — removed per block, since W4 scales
-//                    change along the row.
+//   W4, both:        (q_w + 8) · q_x — the nibble XOR 8 — with each 32-bit lane starting from
+//                    −8 · Σ its q_x, so the lane is exact before it is scaled (W4 scales
+//                    change along the row, so the offset cannot be removed per token).
 #include "kernels/matmul_int8.h"
 
 #include "kernels/int8_activations.h"
@@ -86,6 +87,26 @@ QHX_AVX2 void quantize_token(const float* x, int64_t cols, int8_t* q, float* sca
   }
 }
 
+// The groups of a W4 row, walked 64 columns at a time: a group is a whole number of 64-column
+// halves (uses_int8_activations), counted rather than divided out of the column, since a 64-bit
+// division per chunk costs more than the chunk's multiply-adds.
+class GroupCounter {
+ public:
+  explicit GroupCounter(int64_t group_size) : halves_per_group_(group_size / 64) {}
+  // The group of the next 64 columns.
+  int64_t next() {
+    const int64_t group = group_;
+    if (++half_ == halves_per_group_) {
+      half_ = 0;
+      ++group_;
+    }
+    return group;
+  }
+
+ private:
+  int64_t halves_per_group_, group_ = 0, half_ = 0;
+};
+
 // ---- AVX-512 VNNI: 64 columns per vector, 16 lanes of 4 bytes ----
 
 template <bool kFull>
@@ -135,50 +156,88 @@ QHX_AVX512 void w8_tile_vnni(const int8_t* const* w, const Int8Activations& a, i
   }
 }
 
-// W4: weights unpacked as 32 low nibbles then 32 high nibbles, XOR 8 (= q + 8, unsigned);
-// out = Σ_chunks sw_group · Σ lanes (sx · Σ_4 (q_w + 8) q_x − lane offset).
+// W4 tiles convert their rows' f16 group scales to f32 up to this many groups at a time.
+constexpr int64_t kScaleSegment = 128;
+
+// 128 columns from c of a W4 tile (kFull), or its last 64 (their 32 bytes loaded under a mask,
+// the other lanes zero). 64 packed bytes XOR 0x88 turn each two's complement nibble q into q + 8;
+// the low nibbles are the chunk's even columns, the high ones its odd columns. Lane i of both
+// halves covers columns 8i..8i+7 (block i / 4), so the two multiply-adds share one 32-bit
+// accumulator, which starts from the pair's correction −8 · Σ q_x: the lane is the exact
+// Σ q_w · q_x, scaled once by sx · sw. Lanes 0-7 take group scale sw[r][group], lanes 8-15
+// sw[r][group + 1], or sw[r][group] too when both halves lie in one group (one_group).
+template <int MR, int NR, bool kFull>
+QHX_AVX512 inline void w4_chunk_vnni(const uint8_t* const* w, const float (*sw)[kScaleSegment + 1],
+                                     int64_t group, bool one_group, const Int8Activations& a,
+                                     int64_t t0, int64_t c, __m512 (&acc)[MR][NR]) {
+  constexpr __mmask64 kHalf = 0xFFFFFFFF;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  const __m512i bias =
+      kFull ? _mm512_set1_epi8(static_cast<char>(0x88))
+            : _mm512_maskz_mov_epi8(kHalf, _mm512_set1_epi8(static_cast<char>(0x88)));
+  const __m512i scale_lanes =
+      one_group ? _mm512_setzero_si512()
+                : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512i even[MR], odd[MR];
+  __m512 row_scales[MR];
+  for (int r = 0; r < MR; ++r) {
+    const __m512i packed =
+        _mm512_xor_si512(load64<kFull>(reinterpret_cast<const int8_t*>(w[r]) + c / 2, kHalf), bias);
+    even[r] = _mm512_and_si512(packed, low_nibbles);
+    odd[r] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+    const __m128 two =
+        _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&sw[r][group])));
+    row_scales[r] = _mm512_permutexvar_ps(scale_lanes, _mm512_castps128_ps512(two));
+  }
+  for (int t = 0; t < NR; ++t) {
+    const int8_t* xq = a.q_of(t0 + t) + c;
+    const __m512i x_even = _mm512_loadu_si512(xq);
+    const __m512i x_odd = _mm512_loadu_si512(xq + 64);
+    const __m512i correction = _mm512_loadu_si512(a.corrections_of(t0 + t) + c / 8);
+    const __m512 sx =
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                              _mm512_loadu_ps(a.block_scales_of(t0 + t) + c / kActivationBlock));
+    for (int r = 0; r < MR; ++r) {
+      const __m512i dot =
+          _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(correction, even[r], x_even), odd[r], x_odd);
+      acc[r][t] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sx, row_scales[r]), acc[r][t]);
+    }
+  }
+}
+
+// W4 tile: out = Σ lanes Σ_chunks sx · sw · (exact Σ q_w · q_x of the lane). The group scales
+// are widened to f32 a segment of kScaleSegment groups at a time (a multiple of 128 columns,
+// since kScaleSegment is even), so a chunk takes its two as one 8-byte load.
 template <int MR, int NR>
 QHX_AVX512 void w4_tile_vnni(const uint8_t* const* w, const uint16_t* const* scales,
                              int64_t group_size, const Int8Activations& a, int64_t t0,
                              float (*out)[NR]) {
-  const int64_t cols = a.cols;
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
-  const __m512i eight = _mm512_set1_epi8(8);
   __m512 acc[MR][NR];
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  // The group is counted, not divided out of the column: a 64-bit division per chunk cost more
-  // than the chunk's arithmetic (measured: W4 decode up to 1.25× faster with the count).
-  const int64_t chunks_per_group = group_size / 64;
-  for (int64_t c = 0, g = 0, chunk_in_group = 0; c < cols; c += 64) {
-    __m512i wv[MR];
-    __m512 sw[MR];
+  const int64_t groups = a.cols / group_size;
+  alignas(64) float sw[MR][kScaleSegment + 1];  // + 1: the second of a pair may be past the end
+  for (int64_t g0 = 0; g0 < groups; g0 += kScaleSegment) {
+    const int64_t n = std::min(kScaleSegment, groups - g0);
     for (int r = 0; r < MR; ++r) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + c / 2));
-      const __m256i low = _mm256_and_si256(packed, low_nibbles);
-      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
-      wv[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), eight);
-      sw[r] = _mm512_set1_ps(_cvtsh_ss(scales[r][g]));
-    }
-    if (++chunk_in_group == chunks_per_group) {
-      chunk_in_group = 0;
-      ++g;
-    }
-    for (int t = 0; t < NR; ++t) {
-      const __m512i xv = _mm512_loadu_si512(a.q_of(t0 + t) + c);
-      // Lanes 0-3 and 8-11 hold the chunk's first block (its even and odd columns), the rest
-      // its second.
-      const __m512 sx =
-          _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1),
-                                _mm512_loadu_ps(a.block_scales_of(t0 + t) + c / kActivationBlock));
-      const __m512 offsets = _mm512_loadu_ps(a.offsets_of(t0 + t) + c / 4);
-      for (int r = 0; r < MR; ++r) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
-        const __m512 block = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot), sx, offsets);
-        acc[r][t] = _mm512_fmadd_ps(block, sw[r], acc[r][t]);
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mask = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+        _mm512_mask_storeu_ps(&sw[r][i], mask,
+                              _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales[r] + g0 + i)));
       }
+      sw[r][n] = 0.0f;
     }
+    GroupCounter counter(group_size);
+    const int64_t end = std::min(a.cols, (g0 + n) * group_size);
+    int64_t c = g0 * group_size;
+    for (; c + 128 <= end; c += 128) {
+      const int64_t first = counter.next();
+      w4_chunk_vnni<MR, NR, true>(w, sw, first, counter.next() == first, a, t0, c, acc);
+    }
+    // 64 columns left; the absent second half reads a zero scale.
+    if (c < end) w4_chunk_vnni<MR, NR, false>(w, sw, counter.next(), false, a, t0, c, acc);
   }
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
@@ -221,38 +280,46 @@ QHX_AVX2 void w8_tile_avx2(const int8_t* const* w, const Int8Activations& a, int
   }
 }
 
+// W4, 64 columns (32 packed bytes) per step, as w4_chunk_vnni: lane i of the even and the odd
+// half (columns 8i..8i+7, block i / 4) summed in 16 bits (|sum| ≤ 2 · 2 · 15 · 127), widened
+// and started from the pair's correction.
 template <int MR, int NR>
 QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scales,
                            int64_t group_size, const Int8Activations& a, int64_t t0,
                            float (*out)[NR]) {
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-  const __m256i eight = _mm256_set1_epi8(8);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x88));
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MR][NR];
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) acc[r][t] = _mm256_setzero_ps();
   }
-  const int64_t blocks_per_group = group_size / 32;  // counted, as in w4_tile_vnni
-  for (int64_t c = 0, g = 0, block_in_group = 0; c < a.cols; c += 32) {
-    __m256i wv[MR];
+  GroupCounter groups(group_size);
+  for (int64_t c = 0; c < a.cols; c += 64) {
+    const int64_t g = groups.next();
+    __m256i even[MR], odd[MR];
     __m256 sw[MR];
     for (int r = 0; r < MR; ++r) {
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + c / 2));
-      const __m128i low = _mm_and_si128(packed, low_nibbles);
-      const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
-      wv[r] = _mm256_xor_si256(_mm256_set_m128i(high, low), eight);
+      const __m256i packed = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + c / 2)), bias);
+      even[r] = _mm256_and_si256(packed, low_nibbles);
+      odd[r] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
       sw[r] = _mm256_set1_ps(_cvtsh_ss(scales[r][g]));
     }
-    if (++block_in_group == blocks_per_group) {
-      block_in_group = 0;
-      ++g;
-    }
     for (int t = 0; t < NR; ++t) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q_of(t0 + t) + c));
-      const __m256 sx = _mm256_broadcast_ss(a.block_scales_of(t0 + t) + c / kActivationBlock);
-      const __m256 offsets = _mm256_loadu_ps(a.offsets_of(t0 + t) + c / 4);
+      const int8_t* xq = a.q_of(t0 + t) + c;
+      const __m256i x_even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+      const __m256i x_odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+      const __m256i correction =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.corrections_of(t0 + t) + c / 8));
+      const float* block_scales = a.block_scales_of(t0 + t) + c / kActivationBlock;
+      const __m256 sx =
+          _mm256_set_m128(_mm_broadcast_ss(block_scales + 1), _mm_broadcast_ss(block_scales));
       for (int r = 0; r < MR; ++r) {
-        const __m256 block = _mm256_fmsub_ps(lane_dots(wv[r], xv), sx, offsets);
-        acc[r][t] = _mm256_fmadd_ps(block, sw[r], acc[r][t]);
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(even[r], x_even),
+                                               _mm256_maddubs_epi16(odd[r], x_odd));
+        const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), correction);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sx, sw[r]), acc[r][t]);
       }
     }
   }
@@ -265,8 +332,12 @@ QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scale
 
 enum class Isa { kAvx512Vnni, kAvx2 };
 
+// Tiles of 4 rows × 4 tokens for W8; W4 tiles take 3 tokens, since each W4 row holds two
+// unpacked vectors and a scale vector, and 4 tokens' accumulators would not leave them registers
+// (measured: 4×3 W4 tiles 1.2–1.4× faster than 4×4 at 64 tokens).
 constexpr int kTileRows = 4;
-constexpr int kTileTokens = 4;
+constexpr int kW8TileTokens = 4;
+constexpr int kW4TileTokens = 3;
 
 struct VnniTiles {
   template <int MR, int NR>
@@ -300,14 +371,15 @@ void run_tile(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0,
   run_int8_tile<Avx2Tiles, MR, NR>(w, a, r0, t0, y);
 }
 
-// Tiles for every token count up to kTileTokens, with MR rows.
+// Tiles of MR rows over all tokens, sizeof...(NR) tokens at a time, then the rest.
 template <int MR, int... NR>
 void run_tiles(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0, int64_t n_tokens,
                float* y, std::integer_sequence<int, NR...>) {
   using Tile = void (*)(Isa, const MatrixRef&, const Int8Activations&, int64_t, int64_t, float*);
   static constexpr Tile tiles[] = {run_tile<MR, NR + 1>...};
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTileTokens) {
-    const int64_t nr = std::min<int64_t>(kTileTokens, n_tokens - t0);
+  constexpr int64_t kTokens = sizeof...(NR);
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokens) {
+    const int64_t nr = std::min<int64_t>(kTokens, n_tokens - t0);
     tiles[nr - 1](isa, w, a, r0, t0, y);
   }
 }
@@ -316,6 +388,7 @@ void run_tiles(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0
 // each against every token block while its weights are in L1. A single token (decode) goes row
 // by row instead: one contiguous stream of weights is what the hardware prefetcher follows best,
 // and with one token there is nothing for a tile's rows to share.
+template <int kTileTokens>
 void matmul_rows(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                  int64_t row_begin, int64_t row_end) {
   const auto token_counts = std::make_integer_sequence<int, kTileTokens>{};
@@ -351,11 +424,14 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   const bool w4 = w.dtype == DType::kW4;
   thread_local Int8Activations scratch;
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
-  prepare_activations(quantize_token, x, n_tokens, w.cols, isa == Isa::kAvx512Vnni ? 64 : 32,
-                      /*nibble_split=*/w4, /*lane_offset=*/w4 ? 8.0f : 0.0f,
+  // W4 chunks are 128 columns on AVX-512 (64 packed bytes), 64 on AVX2; W8 ones a vector.
+  const int64_t chunk = isa == Isa::kAvx512Vnni ? (w4 ? 128 : 64) : (w4 ? 64 : 32);
+  prepare_activations(quantize_token, x, n_tokens, w.cols, chunk,
+                      /*nibble_split=*/w4, /*nibble_offset=*/w4 ? 8 : 0,
                       /*token_offset=*/!w4 && isa == Isa::kAvx512Vnni, activations);
   split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
-    matmul_rows(isa, w, activations, n_tokens, y, begin, end);
+    if (w4) return matmul_rows<kW4TileTokens>(isa, w, activations, n_tokens, y, begin, end);
+    matmul_rows<kW8TileTokens>(isa, w, activations, n_tokens, y, begin, end);
   });
 }
 
