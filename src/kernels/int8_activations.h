@@ -46,6 +46,14 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
                          int64_t chunk, bool nibble_split, int32_t nibble_offset, bool token_offset,
                          Int8Activations& a);
 
+// Row r of a W4 matrix: its packed bytes and its f16 group scales.
+inline const uint8_t* w4_row(const MatrixRef& w, int64_t r) {
+  return static_cast<const uint8_t*>(w.data) + r * w.cols / 2;
+}
+inline const uint16_t* w4_group_scales(const MatrixRef& w, int64_t r) {
+  return static_cast<const uint16_t*>(w.scales) + r * (w.cols / w.group_size);
+}
+
 // One tile of MR rows from r0 × NR tokens from t0 of a W8 or W4 matrix, written into y: the row
 // pointers, the kernel's tile (Tiles::template w8<MR, NR>(rows, a, t0, out) and
 // Tiles::template w4<MR, NR>(rows, group_scales, group_size, a, t0, out)), and the W8 row scale
@@ -65,10 +73,9 @@ inline void run_int8_tile(const MatrixRef& w, const Int8Activations& a, int64_t 
   } else {
     const uint8_t* rows[MR];
     const uint16_t* group_scales[MR];
-    const int64_t groups = w.cols / w.group_size;
     for (int r = 0; r < MR; ++r) {
-      rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * w.cols / 2;
-      group_scales[r] = static_cast<const uint16_t*>(w.scales) + (r0 + r) * groups;
+      rows[r] = w4_row(w, r0 + r);
+      group_scales[r] = w4_group_scales(w, r0 + r);
       row_scale[r] = 1.0f;  // the group scales are applied inside the tile
     }
     Tiles::template w4<MR, NR>(rows, group_scales, w.group_size, a, t0, out);

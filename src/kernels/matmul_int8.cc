@@ -156,39 +156,67 @@ QHX_AVX512 void w8_tile_vnni(const int8_t* const* w, const Int8Activations& a, i
   }
 }
 
-// W4 tiles convert their rows' f16 group scales to f32 up to this many groups at a time.
+// W4 rows convert their f16 group scales to f32 up to this many groups at a time.
 constexpr int64_t kScaleSegment = 128;
 
-// 128 columns from c of a W4 tile (kFull), or its last 64 (their 32 bytes loaded under a mask,
-// the other lanes zero). 64 packed bytes XOR 0x88 turn each two's complement nibble q into q + 8;
-// the low nibbles are the chunk's even columns, the high ones its odd columns. Lane i of both
-// halves covers columns 8i..8i+7 (block i / 4), so the two multiply-adds share one 32-bit
-// accumulator, which starts from the pair's correction −8 · Σ q_x: the lane is the exact
-// Σ q_w · q_x, scaled once by sx · sw. Lanes 0-7 take group scale sw[r][group], lanes 8-15
-// sw[r][group + 1], or sw[r][group] too when both halves lie in one group (one_group).
-template <int MR, int NR, bool kFull>
-QHX_AVX512 inline void w4_chunk_vnni(const uint8_t* const* w, const float (*sw)[kScaleSegment + 1],
-                                     int64_t group, bool one_group, const Int8Activations& a,
-                                     int64_t t0, int64_t c, __m512 (&acc)[MR][NR]) {
-  constexpr __mmask64 kHalf = 0xFFFFFFFF;
+// A W4 chunk of one row: 128 columns, unpacked. 64 packed bytes XOR 0x88 turn each two's
+// complement nibble q into q + 8; the low nibbles are the chunk's even columns, the high ones its
+// odd columns. Lane i of both halves covers columns 8i..8i+7 (block i / 4), so their two
+// multiply-adds share one 32-bit lane; lanes 0-7 take the group scale of the chunk's first 64
+// columns, lanes 8-15 that of its last 64.
+struct W4ChunkVnni {
+  __m512i even, odd;
+  __m512 scales;
+};
+
+// Walks the 128-column chunks of a W4 row (the last one may hold 64 columns: its 32 bytes loaded
+// under a mask), calling visit(c, chunk) for each.
+template <typename Visit>
+QHX_AVX512 inline void walk_w4_row_vnni(const uint8_t* row, const uint16_t* scales,
+                                        int64_t group_size, int64_t cols, Visit&& visit) {
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-  const __m512i bias =
-      kFull ? _mm512_set1_epi8(static_cast<char>(0x88))
-            : _mm512_maskz_mov_epi8(kHalf, _mm512_set1_epi8(static_cast<char>(0x88)));
-  const __m512i scale_lanes =
-      one_group ? _mm512_setzero_si512()
-                : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  __m512i even[MR], odd[MR];
-  __m512 row_scales[MR];
-  for (int r = 0; r < MR; ++r) {
-    const __m512i packed =
-        _mm512_xor_si512(load64<kFull>(reinterpret_cast<const int8_t*>(w[r]) + c / 2, kHalf), bias);
-    even[r] = _mm512_and_si512(packed, low_nibbles);
-    odd[r] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-    const __m128 two =
-        _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&sw[r][group])));
-    row_scales[r] = _mm512_permutexvar_ps(scale_lanes, _mm512_castps128_ps512(two));
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x88));
+  const __m512i two_groups = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const int64_t groups = cols / group_size;
+  alignas(64) float sw[kScaleSegment + 1];  // + 1: a tail chunk's absent second group, zero
+  // The chunk from c whose first 64 columns lie in group `first` (an index into sw) and, unless
+  // one_group, whose last 64 lie in the next.
+  auto unpack = [&](int64_t c, __m512i packed, int64_t first, bool one_group) QHX_AVX512 {
+    const __m512i biased = _mm512_xor_si512(packed, bias);
+    const __m128 pair =
+        _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sw + first)));
+    visit(c, W4ChunkVnni{_mm512_and_si512(biased, low_nibbles),
+                         _mm512_and_si512(_mm512_srli_epi16(biased, 4), low_nibbles),
+                         _mm512_permutexvar_ps(one_group ? _mm512_setzero_si512() : two_groups,
+                                               _mm512_castps128_ps512(pair))});
+  };
+  for (int64_t g0 = 0; g0 < groups; g0 += kScaleSegment) {
+    const int64_t n = std::min(kScaleSegment, groups - g0);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 mask = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+      _mm512_mask_storeu_ps(&sw[i], mask,
+                            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + g0 + i)));
+    }
+    sw[n] = 0.0f;
+    GroupCounter counter(group_size);
+    const int64_t end = std::min(cols, (g0 + n) * group_size);
+    int64_t c = g0 * group_size;
+    for (; c + 128 <= end; c += 128) {
+      const int64_t first = counter.next();
+      unpack(c, _mm512_loadu_si512(row + c / 2), first, counter.next() == first);
+    }
+    // The tail's absent half unpacks to nibbles 8, against zero activations and a zero scale.
+    if (c < end) {
+      unpack(c, _mm512_maskz_loadu_epi8(0xFFFFFFFF, row + c / 2), counter.next(), false);
+    }
   }
+}
+
+// One chunk of MR rows × NR tokens. Each 32-bit lane starts from the pair's correction
+// −8 · Σ q_x, so after the two multiply-adds it is the exact Σ q_w · q_x, scaled once by sx · sw.
+template <int MR, int NR>
+QHX_AVX512 inline void w4_chunk_dots_vnni(const W4ChunkVnni* rows, const Int8Activations& a,
+                                          int64_t t0, int64_t c, __m512 (*acc)[NR]) {
   for (int t = 0; t < NR; ++t) {
     const int8_t* xq = a.q_of(t0 + t) + c;
     const __m512i x_even = _mm512_loadu_si512(xq);
@@ -198,46 +226,64 @@ QHX_AVX512 inline void w4_chunk_vnni(const uint8_t* const* w, const float (*sw)[
         _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
                               _mm512_loadu_ps(a.block_scales_of(t0 + t) + c / kActivationBlock));
     for (int r = 0; r < MR; ++r) {
-      const __m512i dot =
-          _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(correction, even[r], x_even), odd[r], x_odd);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(correction, rows[r].even, x_even),
+                                              rows[r].odd, x_odd);
       acc[r][t] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sx, row_scales[r]), acc[r][t]);
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sx, rows[r].scales), acc[r][t]);
     }
   }
 }
 
-// W4 tile: out = Σ lanes Σ_chunks sx · sw · (exact Σ q_w · q_x of the lane). The group scales
-// are widened to f32 a segment of kScaleSegment groups at a time (a multiple of 128 columns,
-// since kScaleSegment is even), so a chunk takes its two as one 8-byte load.
+// W4 tile: out = Σ lanes Σ_chunks sx · sw · (exact Σ q_w · q_x of the lane), each row unpacked in
+// registers as it streams by, one row after the other: what a single token (decode) runs; several
+// tokens on this ISA go through unpack_w4_rows_vnni instead.
 template <int MR, int NR>
 QHX_AVX512 void w4_tile_vnni(const uint8_t* const* w, const uint16_t* const* scales,
                              int64_t group_size, const Int8Activations& a, int64_t t0,
                              float (*out)[NR]) {
+  for (int r = 0; r < MR; ++r) {
+    __m512 acc[1][NR];
+    for (int t = 0; t < NR; ++t) acc[0][t] = _mm512_setzero_ps();
+    walk_w4_row_vnni(w[r], scales[r], group_size, a.cols,
+                     [&](int64_t c, const W4ChunkVnni& chunk)
+                         QHX_AVX512 { w4_chunk_dots_vnni<1, NR>(&chunk, a, t0, c, acc); });
+    for (int t = 0; t < NR; ++t) out[r][t] = _mm512_reduce_add_ps(acc[0][t]);
+  }
+}
+
+// Prefill: MR rows unpacked once into an L1-sized buffer, chunk by chunk ([chunk][row], 192
+// bytes each), then multiplied with every token block, so the unpacking is paid once per row,
+// not once per tile.
+constexpr int64_t kUnpackedChunkBytes = 3 * 64;
+
+template <int MR>
+QHX_AVX512 void unpack_w4_rows_vnni(const uint8_t* const* w, const uint16_t* const* scales,
+                                    int64_t group_size, int64_t cols, uint8_t* unpacked) {
+  for (int r = 0; r < MR; ++r) {
+    walk_w4_row_vnni(w[r], scales[r], group_size, cols,
+                     [&](int64_t c, const W4ChunkVnni& chunk) QHX_AVX512 {
+                       uint8_t* to = unpacked + (c / 128 * MR + r) * kUnpackedChunkBytes;
+                       _mm512_storeu_si512(to, chunk.even);
+                       _mm512_storeu_si512(to + 64, chunk.odd);
+                       _mm512_storeu_ps(to + 128, chunk.scales);
+                     });
+  }
+}
+
+template <int MR, int NR>
+QHX_AVX512 void w4_unpacked_tile_vnni(const uint8_t* unpacked, const Int8Activations& a, int64_t t0,
+                                      float (*out)[NR]) {
   __m512 acc[MR][NR];
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  const int64_t groups = a.cols / group_size;
-  alignas(64) float sw[MR][kScaleSegment + 1];  // + 1: the second of a pair may be past the end
-  for (int64_t g0 = 0; g0 < groups; g0 += kScaleSegment) {
-    const int64_t n = std::min(kScaleSegment, groups - g0);
-    for (int r = 0; r < MR; ++r) {
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 mask = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
-        _mm512_mask_storeu_ps(&sw[r][i], mask,
-                              _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales[r] + g0 + i)));
-      }
-      sw[r][n] = 0.0f;
+  for (int64_t c = 0; c < a.cols; c += 128) {
+    W4ChunkVnni rows[MR];
+    for (int r = 0; r < MR; ++r, unpacked += kUnpackedChunkBytes) {
+      rows[r] = {_mm512_loadu_si512(unpacked), _mm512_loadu_si512(unpacked + 64),
+                 _mm512_loadu_ps(unpacked + 128)};
     }
-    GroupCounter counter(group_size);
-    const int64_t end = std::min(a.cols, (g0 + n) * group_size);
-    int64_t c = g0 * group_size;
-    for (; c + 128 <= end; c += 128) {
-      const int64_t first = counter.next();
-      w4_chunk_vnni<MR, NR, true>(w, sw, first, counter.next() == first, a, t0, c, acc);
-    }
-    // 64 columns left; the absent second half reads a zero scale.
-    if (c < end) w4_chunk_vnni<MR, NR, false>(w, sw, counter.next(), false, a, t0, c, acc);
+    w4_chunk_dots_vnni<MR, NR>(rows, a, t0, c, acc);
   }
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
@@ -334,7 +380,8 @@ enum class Isa { kAvx512Vnni, kAvx2 };
 
 // Tiles of 4 rows × 4 tokens for W8; W4 tiles take 3 tokens, since each W4 row holds two
 // unpacked vectors and a scale vector, and 4 tokens' accumulators would not leave them registers
-// (measured: 4×3 W4 tiles 1.2–1.4× faster than 4×4 at 64 tokens).
+// (measured at 64 tokens: 4×3 W4 tiles 1.2–1.4× faster than 4×4 in registers, 1.1–1.2× when
+// the rows come unpacked from L1).
 constexpr int kTileRows = 4;
 constexpr int kW8TileTokens = 4;
 constexpr int kW4TileTokens = 3;
@@ -384,8 +431,42 @@ void run_tiles(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0
   }
 }
 
+// An unpacked W4 tile of MR rows from r0 and NR tokens from t0, written into y.
+template <int MR, int NR>
+void run_w4_unpacked_tile(const uint8_t* unpacked, const Int8Activations& a, int64_t rows,
+                          int64_t r0, int64_t t0, float* y) {
+  float out[MR][NR];
+  w4_unpacked_tile_vnni<MR, NR>(unpacked, a, t0, out);
+  for (int r = 0; r < MR; ++r) {
+    for (int t = 0; t < NR; ++t) y[(t0 + t) * rows + r0 + r] = out[r][t];
+  }
+}
+
+// W4 rows r0.. (MR of them) for all tokens on AVX-512 VNNI: unpacked once, then every token block.
+template <int MR, int... NR>
+void run_w4_unpacked_rows(const MatrixRef& w, const Int8Activations& a, int64_t r0,
+                          int64_t n_tokens, float* y, std::integer_sequence<int, NR...>) {
+  using Tile = void (*)(const uint8_t*, const Int8Activations&, int64_t, int64_t, int64_t, float*);
+  static constexpr Tile tiles[] = {run_w4_unpacked_tile<MR, NR + 1>...};
+  constexpr int64_t kTokens = sizeof...(NR);
+  thread_local std::vector<uint8_t> unpacked;
+  unpacked.resize((w.cols + 127) / 128 * MR * kUnpackedChunkBytes);
+  const uint8_t* rows[MR];
+  const uint16_t* scales[MR];
+  for (int r = 0; r < MR; ++r) {
+    rows[r] = w4_row(w, r0 + r);
+    scales[r] = w4_group_scales(w, r0 + r);
+  }
+  unpack_w4_rows_vnni<MR>(rows, scales, w.group_size, w.cols, unpacked.data());
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokens) {
+    const int64_t nr = std::min<int64_t>(kTokens, n_tokens - t0);
+    tiles[nr - 1](unpacked.data(), a, w.rows, r0, t0, y);
+  }
+}
+
 // Rows [row_begin, row_end) for all tokens: tiles of kTileRows rows (single rows at the end),
-// each against every token block while its weights are in L1. A single token (decode) goes row
+// each against every token block while its weights are in L1 (W4 on AVX-512: unpacked there
+// once). A single token (decode) goes row
 // by row instead: one contiguous stream of weights is what the hardware prefetcher follows best,
 // and with one token there is nothing for a tile's rows to share.
 template <int kTileTokens>
@@ -393,6 +474,13 @@ void matmul_rows(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t 
                  int64_t row_begin, int64_t row_end) {
   const auto token_counts = std::make_integer_sequence<int, kTileTokens>{};
   int64_t r = row_begin;
+  if (isa == Isa::kAvx512Vnni && w.dtype == DType::kW4 && n_tokens > 1) {
+    for (; r + kTileRows <= row_end; r += kTileRows) {
+      run_w4_unpacked_rows<kTileRows>(w, a, r, n_tokens, y, token_counts);
+    }
+    for (; r < row_end; ++r) run_w4_unpacked_rows<1>(w, a, r, n_tokens, y, token_counts);
+    return;
+  }
   for (; n_tokens > 1 && r + kTileRows <= row_end; r += kTileRows) {
     run_tiles<kTileRows>(isa, w, a, r, n_tokens, y, token_counts);
   }
