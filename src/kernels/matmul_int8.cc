@@ -170,7 +170,7 @@ struct W4ChunkVnni {
 };
 
 // Walks the 128-column chunks of a W4 row (the last one may hold 64 columns: its 32 bytes loaded
-// under a mask), calling visit(c, chunk) for each.
+// under a mask), calling visit(j, chunk) for each chunk j (columns 128j..).
 template <typename Visit>
 QHX_AVX512 inline void walk_w4_row_vnni(const uint8_t* row, const uint16_t* scales,
                                         int64_t group_size, int64_t cols, Visit&& visit) {
@@ -181,11 +181,11 @@ QHX_AVX512 inline void walk_w4_row_vnni(const uint8_t* row, const uint16_t* scal
   alignas(64) float sw[kScaleSegment + 1];  // + 1: a tail chunk's absent second group, zero
   // The chunk from c whose first 64 columns lie in group `first` (an index into sw) and, unless
   // one_group, whose last 64 lie in the next.
-  auto unpack = [&](int64_t c, __m512i packed, int64_t first, bool one_group) QHX_AVX512 {
+  auto unpack = [&](int64_t j, __m512i packed, int64_t first, bool one_group) QHX_AVX512 {
     const __m512i biased = _mm512_xor_si512(packed, bias);
     const __m128 pair =
         _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sw + first)));
-    visit(c, W4ChunkVnni{_mm512_and_si512(biased, low_nibbles),
+    visit(j, W4ChunkVnni{_mm512_and_si512(biased, low_nibbles),
                          _mm512_and_si512(_mm512_srli_epi16(biased, 4), low_nibbles),
                          _mm512_permutexvar_ps(one_group ? _mm512_setzero_si512() : two_groups,
                                                _mm512_castps128_ps512(pair))});
@@ -203,11 +203,11 @@ QHX_AVX512 inline void walk_w4_row_vnni(const uint8_t* row, const uint16_t* scal
     int64_t c = g0 * group_size;
     for (; c + 128 <= end; c += 128) {
       const int64_t first = counter.next();
-      unpack(c, _mm512_loadu_si512(row + c / 2), first, counter.next() == first);
+      unpack(c >> 7, _mm512_loadu_si512(row + (c >> 1)), first, counter.next() == first);
     }
     // The tail's absent half unpacks to nibbles 8, against zero activations and a zero scale.
     if (c < end) {
-      unpack(c, _mm512_maskz_loadu_epi8(0xFFFFFFFF, row + c / 2), counter.next(), false);
+      unpack(c >> 7, _mm512_maskz_loadu_epi8(0xFFFFFFFF, row + (c >> 1)), counter.next(), false);
     }
   }
 }
@@ -216,15 +216,15 @@ QHX_AVX512 inline void walk_w4_row_vnni(const uint8_t* row, const uint16_t* scal
 // −8 · Σ q_x, so after the two multiply-adds it is the exact Σ q_w · q_x, scaled once by sx · sw.
 template <int MR, int NR>
 QHX_AVX512 inline void w4_chunk_dots_vnni(const W4ChunkVnni* rows, const Int8Activations& a,
-                                          int64_t t0, int64_t c, __m512 (*acc)[NR]) {
+                                          int64_t t0, int64_t j, __m512 (*acc)[NR]) {
   for (int t = 0; t < NR; ++t) {
-    const int8_t* xq = a.q_of(t0 + t) + c;
+    const int8_t* xq = a.q_of(t0 + t) + 128 * j;
     const __m512i x_even = _mm512_loadu_si512(xq);
     const __m512i x_odd = _mm512_loadu_si512(xq + 64);
-    const __m512i correction = _mm512_loadu_si512(a.corrections_of(t0 + t) + c / 8);
+    const __m512i correction = _mm512_loadu_si512(a.corrections_of(t0 + t) + 16 * j);
     const __m512 sx =
         _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                              _mm512_loadu_ps(a.block_scales_of(t0 + t) + c / kActivationBlock));
+                              _mm512_loadu_ps(a.block_scales_of(t0 + t) + 4 * j));
     for (int r = 0; r < MR; ++r) {
       const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(correction, rows[r].even, x_even),
                                               rows[r].odd, x_odd);
@@ -245,8 +245,8 @@ QHX_AVX512 void w4_tile_vnni(const uint8_t* const* w, const uint16_t* const* sca
     __m512 acc[1][NR];
     for (int t = 0; t < NR; ++t) acc[0][t] = _mm512_setzero_ps();
     walk_w4_row_vnni(w[r], scales[r], group_size, a.cols,
-                     [&](int64_t c, const W4ChunkVnni& chunk)
-                         QHX_AVX512 { w4_chunk_dots_vnni<1, NR>(&chunk, a, t0, c, acc); });
+                     [&](int64_t j, const W4ChunkVnni& chunk)
+                         QHX_AVX512 { w4_chunk_dots_vnni<1, NR>(&chunk, a, t0, j, acc); });
     for (int t = 0; t < NR; ++t) out[r][t] = _mm512_reduce_add_ps(acc[0][t]);
   }
 }
@@ -261,8 +261,8 @@ QHX_AVX512 void unpack_w4_rows_vnni(const uint8_t* const* w, const uint16_t* con
                                     int64_t group_size, int64_t cols, uint8_t* unpacked) {
   for (int r = 0; r < MR; ++r) {
     walk_w4_row_vnni(w[r], scales[r], group_size, cols,
-                     [&](int64_t c, const W4ChunkVnni& chunk) QHX_AVX512 {
-                       uint8_t* to = unpacked + (c / 128 * MR + r) * kUnpackedChunkBytes;
+                     [&](int64_t j, const W4ChunkVnni& chunk) QHX_AVX512 {
+                       uint8_t* to = unpacked + (j * MR + r) * kUnpackedChunkBytes;
                        _mm512_storeu_si512(to, chunk.even);
                        _mm512_storeu_si512(to + 64, chunk.odd);
                        _mm512_storeu_ps(to + 128, chunk.scales);
@@ -277,13 +277,13 @@ QHX_AVX512 void w4_unpacked_tile_vnni(const uint8_t* unpacked, const Int8Activat
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  for (int64_t c = 0; c < a.cols; c += 128) {
+  for (int64_t j = 0; j < (a.cols + 127) / 128; ++j) {
     W4ChunkVnni rows[MR];
     for (int r = 0; r < MR; ++r, unpacked += kUnpackedChunkBytes) {
       rows[r] = {_mm512_loadu_si512(unpacked), _mm512_loadu_si512(unpacked + 64),
                  _mm512_loadu_ps(unpacked + 128)};
     }
-    w4_chunk_dots_vnni<MR, NR>(rows, a, t0, c, acc);
+    w4_chunk_dots_vnni<MR, NR>(rows, a, t0, j, acc);
   }
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
