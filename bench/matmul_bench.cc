@@ -10,6 +10,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
 #include "kernels/thread_pool.h"
 
@@ -23,12 +24,16 @@ struct Weights {
   std::vector<std::vector<uint8_t>> q4;
   std::vector<std::vector<uint16_t>> bf16, scales4;
   std::vector<std::vector<float>> scales8;
+  std::vector<PackedMatrix> packed;
   std::vector<MatrixRef> refs;
 };
 
-const Weights& weights(DType dtype, Activations activations, int64_t rows, int64_t cols) {
-  static std::vector<std::pair<std::tuple<DType, Activations, int64_t, int64_t>, Weights>> cache;
-  const auto key = std::tuple{dtype, activations, rows, cols};
+// packed: laid out for this CPU's int8 kernels, as a loaded model's matrices are.
+const Weights& weights(DType dtype, Activations activations, bool packed, int64_t rows,
+                       int64_t cols) {
+  static std::vector<std::pair<std::tuple<DType, Activations, bool, int64_t, int64_t>, Weights>>
+      cache;
+  const auto key = std::tuple{dtype, activations, packed, rows, cols};
   for (const auto& [k, w] : cache) {
     if (k == key) return w;
   }
@@ -58,17 +63,21 @@ const Weights& weights(DType dtype, Activations activations, int64_t rows, int64
       for (int64_t j = 0; j < rows * cols; ++j) w.bf16.back()[j] = f32_to_bf16(f[j]);
       m.data = w.bf16.back().data();
     }
+    if (packed) {
+      w.packed.push_back(pack_for_int8_kernels(m));
+      m.packed = w.packed.back().data();
+    }
     w.refs.push_back(m);
   }
   cache.emplace_back(key, std::move(w));
   return cache.back().second;
 }
 
-void BM_Matmul(benchmark::State& state, DType dtype, Activations activations) {
+void BM_Matmul(benchmark::State& state, DType dtype, Activations activations, bool packed) {
   const int64_t tokens = state.range(0), rows = state.range(1), cols = state.range(2);
   const char* threads = std::getenv("QHX_BENCH_THREADS");
   set_kernel_threads(threads != nullptr ? std::atoi(threads) : 1);
-  const Weights& w = weights(dtype, activations, rows, cols);
+  const Weights& w = weights(dtype, activations, packed, rows, cols);
   std::vector<float> x(tokens * cols), y(tokens * rows);
   std::mt19937 rng(8);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -95,11 +104,15 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond)->ArgNames({"tokens", "rows", "cols"});
 }
 
-BENCHMARK_CAPTURE(BM_Matmul, w8_f32act, DType::kW8, Activations::kF32)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_Matmul, w8_int8act, DType::kW8, Activations::kInt8)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_Matmul, w4_f32act, DType::kW4, Activations::kF32)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_Matmul, w4_int8act, DType::kW4, Activations::kInt8)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_Matmul, bf16, DType::kBF16, Activations::kF32)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w8_f32act, DType::kW8, Activations::kF32, false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w8_int8act, DType::kW8, Activations::kInt8, false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w8_int8act_packed, DType::kW8, Activations::kInt8, true)
+    ->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w4_f32act, DType::kW4, Activations::kF32, false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w4_int8act, DType::kW4, Activations::kInt8, false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, w4_int8act_packed, DType::kW4, Activations::kInt8, true)
+    ->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Matmul, bf16, DType::kBF16, Activations::kF32, false)->Apply(shapes);
 
 }  // namespace
 }  // namespace qhx

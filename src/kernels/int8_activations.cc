@@ -15,8 +15,11 @@ int64_t column_of_byte(int64_t chunk, int64_t i) {
 }  // namespace
 
 void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_tokens, int64_t cols,
-                         int64_t chunk, bool nibble_split, int32_t nibble_offset, bool token_offset,
-                         Int8Activations& a) {
+                         const ActivationLayout& layout, Int8Activations& a) {
+  const int64_t chunk = layout.chunk;
+  const bool nibble_split = layout.nibble_split;
+  const int32_t nibble_offset = layout.nibble_offset;
+  const bool token_offset = layout.token_offset;
   const int64_t n_blocks = cols / kActivationBlock;
   a.cols = cols;
   a.stride = nibble_split ? (cols + chunk - 1) / chunk * chunk : cols;
@@ -26,6 +29,7 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
   a.pairs = nibble_offset != 0 ? a.stride / 8 : 0;
   a.pair_corrections.resize(n_tokens * a.pairs);
   a.token_offsets.resize(token_offset ? n_tokens : 0);
+  a.block_corrections.resize(layout.block_offset != 0 ? n_tokens * n_blocks : 0);
   auto prepare = [&](int64_t t) {
     thread_local std::vector<int8_t> split;
     float* sx = a.block_scales.data() + t * a.block_stride;
@@ -52,6 +56,15 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
       int32_t sum = 0;
       for (int64_t i = 0; i < 4; ++i) sum += even[i] + even[chunk / 2 + i];
       a.pair_corrections[t * a.pairs + pair] = -nibble_offset * sum;
+    }
+    if (layout.block_offset != 0) {
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t sum = 0;
+        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) {
+          sum += quantized[c];
+        }
+        a.block_corrections[t * n_blocks + b] = -layout.block_offset * sum;
+      }
     }
     if (token_offset) {
       float total = 0.0f;

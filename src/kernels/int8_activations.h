@@ -28,23 +28,34 @@ struct Int8Activations {
   std::vector<int32_t> pair_corrections;
   int64_t pairs = 0;
   std::vector<float> token_offsets;  // W8 with VNNI: [n_tokens], Σ_b sx_b · Σ_{c∈b} q_x
+  // W8 panels with VNNI: [n_tokens, cols / kActivationBlock], −block_offset · Σ_{c∈b} q_x.
+  std::vector<int32_t> block_corrections;
 
   const int8_t* q_of(int64_t t) const { return q.data() + t * stride; }
   const float* block_scales_of(int64_t t) const { return block_scales.data() + t * block_stride; }
   const int32_t* corrections_of(int64_t t) const { return pair_corrections.data() + t * pairs; }
+  const int32_t* block_corrections_of(int64_t t) const {
+    return block_corrections.data() + t * (cols / kActivationBlock);
+  }
 };
 
 // ref::quantize_activations for one token (same signature and bits).
 using QuantizeToken = void (*)(const float* x, int64_t cols, int8_t* q, float* scales);
 
-// Quantizes every token with `quantize` and lays it out for a kernel reading `chunk`-byte vectors
-// (a multiple of kActivationBlock), with the per-token (W8 offset, token_offset) or per-lane-pair
-// (W4 offset, nibble_offset ≠ 0) corrections. nibble_split (W4) orders each chunk as its even
-// columns, then its odd ones, matching weights unpacked as all low nibbles then all high nibbles;
-// a last, partial chunk is padded with zeros to the whole chunk, in both halves.
+// How a kernel reads the activations and which corrections its offset weights need.
+struct ActivationLayout {
+  int64_t chunk = kActivationBlock;  // bytes per vector, a multiple of kActivationBlock
+  // W4: each chunk ordered as its even columns, then its odd ones, matching weights unpacked as
+  // all low nibbles then all high nibbles; a last, partial chunk padded with zeros.
+  bool nibble_split = false;
+  int32_t nibble_offset = 0;  // ≠ 0: pair_corrections for weights that enter as q + offset
+  bool token_offset = false;  // token_offsets
+  int32_t block_offset = 0;   // ≠ 0: block_corrections for weights that enter as q + offset
+};
+
+// Quantizes every token with `quantize` and lays it out as `layout` says.
 void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_tokens, int64_t cols,
-                         int64_t chunk, bool nibble_split, int32_t nibble_offset, bool token_offset,
-                         Int8Activations& a);
+                         const ActivationLayout& layout, Int8Activations& a);
 
 // Row r of a W4 matrix: its packed bytes and its f16 group scales.
 inline const uint8_t* w4_row(const MatrixRef& w, int64_t r) {

@@ -34,6 +34,9 @@ struct MatrixRef {
   const void* scales = nullptr;                 // W8 and W4 only
   int64_t group_size = 0;                       // W4 only
   Activations activations = Activations::kF32;  // W8 and W4 only
+  // The same matrix laid out for this CPU's int8 kernels (pack_for_int8_kernels,
+  // kernels/matmul_int8.h), or null: the kernels then read `data` as it lies.
+  const void* packed = nullptr;
 };
 
 // True when a matmul with w quantizes its activations: w asks for it, is W8 with cols a multiple

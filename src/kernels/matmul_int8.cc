@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -290,6 +291,88 @@ QHX_AVX512 void w4_unpacked_tile_vnni(const uint8_t* unpacked, const Int8Activat
   }
 }
 
+// ---- AVX-512 VNNI, W8 in panels of 16 rows (pack_for_int8_kernels) ----
+//
+// Panel p holds rows 16p..16p+15 (the last padded with rows of zeros) as cols/4 quads of 64 bytes:
+// quad k has, for each of the 16 rows in order, its columns 4k..4k+3 as q + 128. One multiply-add
+// with 4 activation bytes broadcast then serves all 16 rows, and a block's 8 quads accumulate in
+// integers, started from the block's correction −128 · Σ q_x: exact Σ q_w · q_x, scaled by sx once
+// per block (the row-major tiles scale every 64 columns of every row-token pair).
+
+constexpr int kPanelRows = 16;
+constexpr int kPanelTokens = 8;
+
+int64_t w8_panel_bytes(int64_t rows, int64_t cols) {
+  return (rows + kPanelRows - 1) / kPanelRows * kPanelRows * cols;
+}
+
+void pack_w8_panels(const MatrixRef& w, uint8_t* out) {
+  const auto* q = static_cast<const int8_t*>(w.data);
+  for (int64_t p = 0; p < (w.rows + kPanelRows - 1) / kPanelRows; ++p) {
+    for (int64_t k = 0; k < w.cols / 4; ++k) {
+      for (int64_t i = 0; i < kPanelRows; ++i, out += 4) {
+        const int64_t row = p * kPanelRows + i;
+        for (int64_t j = 0; j < 4; ++j) {
+          const int8_t v = row < w.rows ? q[row * w.cols + 4 * k + j] : int8_t{0};
+          out[j] = static_cast<uint8_t>(v ^ 0x80);
+        }
+      }
+    }
+  }
+}
+
+// One panel × NR tokens from t0: out[t] = the 16 rows' Σ_b sx_b · Σ_{c∈b} q_w · q_x.
+template <int NR>
+QHX_AVX512 void w8_panel_tile_vnni(const uint8_t* panel, const Int8Activations& a, int64_t t0,
+                                   __m512 (&out)[NR]) {
+  for (int t = 0; t < NR; ++t) out[t] = _mm512_setzero_ps();
+  const int64_t blocks = a.cols / kActivationBlock;
+  for (int64_t b = 0; b < blocks; ++b, panel += 8 * 64) {
+    __m512i dot[NR];
+    for (int t = 0; t < NR; ++t) dot[t] = _mm512_set1_epi32(a.block_corrections_of(t0 + t)[b]);
+    for (int k = 0; k < 8; ++k) {
+      const __m512i wv = _mm512_loadu_si512(panel + 64 * k);
+      for (int t = 0; t < NR; ++t) {
+        int32_t x4;
+        std::memcpy(&x4, a.q_of(t0 + t) + kActivationBlock * b + 4 * k, 4);
+        dot[t] = _mm512_dpbusd_epi32(dot[t], wv, _mm512_set1_epi32(x4));
+      }
+    }
+    for (int t = 0; t < NR; ++t) {
+      out[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]),
+                               _mm512_set1_ps(a.block_scales_of(t0 + t)[b]), out[t]);
+    }
+  }
+}
+
+// Panel p × NR tokens from t0, times the row scales, into y (rows past the matrix dropped).
+template <int NR>
+QHX_AVX512 void run_w8_panel_tile(const MatrixRef& w, const Int8Activations& a, int64_t p,
+                                  int64_t t0, float* y) {
+  __m512 out[NR];
+  w8_panel_tile_vnni<NR>(static_cast<const uint8_t*>(w.packed) + p * kPanelRows * w.cols, a, t0,
+                         out);
+  const int64_t r0 = p * kPanelRows;
+  const __mmask16 rows = w.rows - r0 >= kPanelRows ? 0xFFFF : (1u << (w.rows - r0)) - 1;
+  const __m512 scales = _mm512_maskz_loadu_ps(rows, static_cast<const float*>(w.scales) + r0);
+  for (int t = 0; t < NR; ++t) {
+    _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, rows, _mm512_mul_ps(out[t], scales));
+  }
+}
+
+// Panels [panel_begin, panel_end) for all tokens, kPanelTokens at a time.
+template <int... NR>
+void run_w8_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
+                   int64_t panel_begin, int64_t panel_end, std::integer_sequence<int, NR...>) {
+  using Tile = void (*)(const MatrixRef&, const Int8Activations&, int64_t, int64_t, float*);
+  static constexpr Tile tiles[] = {run_w8_panel_tile<NR + 1>...};
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
+      tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, p, t0, y);
+    }
+  }
+}
+
 // ---- AVX2: 32 columns (one activation block) per vector, 8 lanes of 4 bytes ----
 
 // The 8 lanes of Σ_4 u · s for unsigned u and signed s bytes (pairs cannot overflow 16 bits
@@ -514,9 +597,21 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
   // W4 chunks are 128 columns on AVX-512 (64 packed bytes), 64 on AVX2; W8 ones a vector.
   const int64_t chunk = isa == Isa::kAvx512Vnni ? (w4 ? 128 : 64) : (w4 ? 64 : 32);
-  prepare_activations(quantize_token, x, n_tokens, w.cols, chunk,
-                      /*nibble_split=*/w4, /*nibble_offset=*/w4 ? 8 : 0,
-                      /*token_offset=*/!w4 && isa == Isa::kAvx512Vnni, activations);
+  if (w.packed != nullptr && isa == Isa::kAvx512Vnni && !w4) {
+    prepare_activations(quantize_token, x, n_tokens, w.cols, {.block_offset = 128}, activations);
+    const int64_t panels = (w.rows + kPanelRows - 1) / kPanelRows;
+    split_rows(panels, 1, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
+      run_w8_panels(w, activations, n_tokens, y, begin, end,
+                    std::make_integer_sequence<int, kPanelTokens>{});
+    });
+    return;
+  }
+  prepare_activations(quantize_token, x, n_tokens, w.cols,
+                      {.chunk = chunk,
+                       .nibble_split = w4,
+                       .nibble_offset = w4 ? 8 : 0,
+                       .token_offset = !w4 && isa == Isa::kAvx512Vnni},
+                      activations);
   split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
     if (w4) return matmul_rows<kW4TileTokens>(isa, w, activations, n_tokens, y, begin, end);
     matmul_rows<kW8TileTokens>(isa, w, activations, n_tokens, y, begin, end);
@@ -526,6 +621,41 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
 const char* matmul_int8_kernel_path() {
   if (!simd::has_avx2()) return "scalar reference";
   return simd::has_avx512_vnni() ? "avx512-vnni" : "avx2";
+}
+
+void PackedMatrix::Free::operator()(void* p) const {
+  std::free(p);
+}
+
+void read_row(const MatrixRef& w, int64_t row, float* out) {
+  if (w.packed == nullptr) return ref::read_row(w, row, out);
+  // W8 panels: the row's 4 bytes of each quad, 64 bytes apart.
+  thread_local std::vector<int8_t> q;
+  q.resize(w.cols);
+  const auto* panel =
+      static_cast<const uint8_t*>(w.packed) + row / kPanelRows * kPanelRows * w.cols;
+  for (int64_t k = 0; k < w.cols / 4; ++k) {
+    for (int64_t j = 0; j < 4; ++j)
+      q[4 * k + j] = static_cast<int8_t>(panel[64 * k + 4 * (row % kPanelRows) + j] ^ 0x80);
+  }
+  MatrixRef one_row = w;
+  one_row.data = q.data();
+  one_row.rows = 1;
+  one_row.scales = static_cast<const float*>(w.scales) + row;
+  ref::read_row(one_row, 0, out);
+}
+
+PackedMatrix pack_for_int8_kernels(const MatrixRef& w) {
+  PackedMatrix packed;
+  if (!simd::has_avx512_vnni() || !uses_int8_activations(w) || w.dtype != DType::kW8) {
+    return packed;
+  }
+  packed.size_ = w8_panel_bytes(w.rows, w.cols);
+  // aligned_alloc wants a multiple of the alignment.
+  packed.bytes_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (packed.size_ + 63) / 64 * 64)));
+  if (packed.bytes_ == nullptr) throw std::bad_alloc();
+  pack_w8_panels(w, packed.bytes_.get());
+  return packed;
 }
 
 #else  // not x86-64
@@ -559,6 +689,18 @@ bool has_avx512_vnni() {
   return false;
 }
 }  // namespace simd
+
+void PackedMatrix::Free::operator()(void* p) const {
+  std::free(p);
+}
+
+PackedMatrix pack_for_int8_kernels(const MatrixRef&) {
+  return {};  // the NEON kernels read matrices as they lie
+}
+
+void read_row(const MatrixRef& w, int64_t row, float* out) {
+  ref::read_row(w, row, out);
+}
 
 #endif
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/kernels.h"
 
@@ -11,6 +12,33 @@ namespace qhx {
 
 // Requires uses_int8_activations(w). x: [n_tokens, w.cols]; y: [n_tokens, w.rows].
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+
+// A W8 or W4 matrix repacked for this CPU's int8 kernels (AVX-512 VNNI: W8 rows in panels of 16,
+// interleaved 4 columns at a time, so one multiply-add serves 16 rows and a block's integer sums
+// are scaled once). Empty (data() null) when the kernels read the matrix as it lies. Set
+// MatrixRef::packed to data() to use it; the MatrixRef's own data stays the reference.
+class PackedMatrix {
+ public:
+  const void* data() const { return bytes_.get(); }
+  int64_t size_bytes() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<uint8_t, Free> bytes_;
+  int64_t size_ = 0;
+  friend PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
+
+// ref::read_row (the same float32 values), from w.packed when set: a matrix whose mapped pages
+// were released after packing is read from its packed copy (embedding lookups of a tied table).
+void read_row(const MatrixRef& w, int64_t row, float* out);
+};
+PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
+
+// ref::read_row (the same float32 values), from w.packed when set: a matrix whose mapped pages
+// were released after packing is read from its packed copy (embedding lookups of a tied table).
+void read_row(const MatrixRef& w, int64_t row, float* out);
 
 // "avx512-vnni", "avx2" (x86-64), "neon-dotprod", "neon" (aarch64, with and without the ARMv8.2
 // dot-product instructions) or "scalar reference". QHX_KERNELS=avx2 (x86-64) or =neon (aarch64)

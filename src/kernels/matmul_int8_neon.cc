@@ -287,9 +287,9 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
 #endif
   thread_local Int8Activations scratch;
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
-  prepare_activations(quantize_token, x, n_tokens, w.cols, /*chunk=*/kActivationBlock,
-                      /*nibble_split=*/w.dtype == DType::kW4,
-                      /*nibble_offset=*/0, /*token_offset=*/false, activations);
+  prepare_activations(quantize_token, x, n_tokens, w.cols,
+                      {.chunk = kActivationBlock, .nibble_split = w.dtype == DType::kW4},
+                      activations);
   split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens,
              [&](int64_t begin, int64_t end) { rows(w, activations, n_tokens, y, begin, end); });
 }

@@ -2,9 +2,12 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_int8.h"
+#include "kernels/quant.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace qhx {
 namespace {
@@ -18,7 +21,9 @@ class Decoder final : public Model {
         weights_(std::move(weights)),
         attention_(std::move(attention)),
         deltanet_(deltanet),
-        fingerprint_(checkpoint_.fingerprint()) {}
+        fingerprint_(checkpoint_.fingerprint()) {
+    pack_matrices();
+  }
 
   const ModelConfig& config() const override { return config_; }
   const std::string& fingerprint() const override { return fingerprint_; }
@@ -47,9 +52,34 @@ class Decoder final : public Model {
                std::vector<float>& logits) const override;
 
  private:
+  // Lays every quantized matrix out for this CPU's int8 kernels where they have a layout of
+  // their own, and releases the mapped pages it was copied from, so the weights stay resident
+  // once. A tied embedding table is then read from the lm_head's layout (read_row).
+  void pack_matrices() {
+    std::vector<MatrixRef*> matrices{&weights_.lm_head};
+    for (DecoderLayer& l : weights_.layers) {
+      for (MatrixRef* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj,
+                           &l.attention.o_proj, &l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z,
+                           &l.deltanet.in_proj_b, &l.deltanet.in_proj_a, &l.deltanet.out_proj,
+                           &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj}) {
+        matrices.push_back(m);
+      }
+    }
+    for (MatrixRef* m : matrices) {
+      if (m->data == nullptr) continue;  // a mixer this layer does not have
+      PackedMatrix packed = pack_for_int8_kernels(*m);
+      if (packed.data() == nullptr) continue;
+      m->packed = packed.data();
+      if (m->data == weights_.embed_tokens.data) weights_.embed_tokens.packed = packed.data();
+      packed_.push_back(std::move(packed));
+      MappedFile::release_pages(m->data, matrix_bytes(m->dtype, m->rows, m->cols, m->group_size));
+    }
+  }
+
   ModelConfig config_;
   Checkpoint checkpoint_;  // owns the mappings every MatrixRef points into
   DecoderWeights weights_;
+  std::vector<PackedMatrix> packed_;  // the layouts MatrixRef::packed points into
   AttentionParams attention_;
   GatedDeltaNetParams deltanet_;
   std::string fingerprint_;
@@ -75,7 +105,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
       fail("token ids", "id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
                             std::to_string(vocab) + ")");
     }
-    ref::read_row(weights_.embed_tokens, ids[t], h.data() + t * H);
+    read_row(weights_.embed_tokens, ids[t], h.data() + t * H);
   }
   const auto norm_rows = [&](const std::vector<float>& scale) {
     for (int64_t t = 0; t < n_tokens; ++t) {

@@ -18,6 +18,11 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
 
   std::span<const std::byte> bytes() const { return {data_, size_}; }
+
+  // Drops the resident pages wholly inside [p, p + n) of any read-only file mapping, such as
+  // bytes() of one: they stop counting in this process's memory, and come back from the file if
+  // read again. For weights a kernel has copied into a layout of its own.
+  static void release_pages(const void* p, size_t n);
   const std::filesystem::path& path() const { return path_; }
 
  private:
