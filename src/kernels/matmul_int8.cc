@@ -291,81 +291,136 @@ QHX_AVX512 void w4_unpacked_tile_vnni(const uint8_t* unpacked, const Int8Activat
   }
 }
 
-// ---- AVX-512 VNNI, W8 in panels of 16 rows (pack_for_int8_kernels) ----
+// ---- AVX-512 VNNI, W8 and W4 in panels of 16 rows (pack_for_int8_kernels) ----
 //
-// Panel p holds rows 16p..16p+15 (the last padded with rows of zeros) as cols/4 quads of 64 bytes:
-// quad k has, for each of the 16 rows in order, its columns 4k..4k+3 as q + 128. One multiply-add
-// with 4 activation bytes broadcast then serves all 16 rows, and a block's 8 quads accumulate in
-// integers, started from the block's correction −128 · Σ q_x: exact Σ q_w · q_x, scaled by sx once
-// per block (the row-major tiles scale every 64 columns of every row-token pair).
+// Panel p holds rows 16p..16p+15 (the last padded with rows of zeros), 64 bytes per step of
+// columns: for each of the 16 rows in order, 4 bytes.
+//   W8: a step is a quad of 4 columns, as q + 128.
+//   W4: a step is an octet of 8 columns: byte j of a row holds columns j (low nibble) and 4 + j
+//       (high nibble) of the octet, as q + 8; after the octets, the panel's group scales (f16),
+//       16 rows per group.
+// One multiply-add with 4 activation bytes broadcast then serves all 16 rows, and a block's
+// steps accumulate in integers, started from the block's correction −offset · Σ q_x: exact
+// Σ q_w · q_x, scaled once per block (the row-major tiles scale every 64 columns of every
+// row-token pair).
 
 constexpr int kPanelRows = 16;
 constexpr int kPanelTokens = 8;
 
-int64_t w8_panel_bytes(int64_t rows, int64_t cols) {
-  return (rows + kPanelRows - 1) / kPanelRows * kPanelRows * cols;
+int64_t panel_count(int64_t rows) {
+  return (rows + kPanelRows - 1) / kPanelRows;
+}
+int64_t panel_bytes(const MatrixRef& w) {
+  return w.dtype == DType::kW8 ? kPanelRows * w.cols
+                               : kPanelRows * (w.cols / 2 + 2 * (w.cols / w.group_size));
 }
 
-void pack_w8_panels(const MatrixRef& w, uint8_t* out) {
-  const auto* q = static_cast<const int8_t*>(w.data);
-  for (int64_t p = 0; p < (w.rows + kPanelRows - 1) / kPanelRows; ++p) {
-    for (int64_t k = 0; k < w.cols / 4; ++k) {
+// The quantized value of w[row, col] (0 past the last row).
+int8_t quantized(const MatrixRef& w, int64_t row, int64_t col) {
+  if (row >= w.rows) return 0;
+  if (w.dtype == DType::kW8) return static_cast<const int8_t*>(w.data)[row * w.cols + col];
+  const uint8_t byte = w4_row(w, row)[col / 2];
+  const int nibble = col % 2 == 0 ? byte & 0x0F : byte >> 4;
+  return static_cast<int8_t>(nibble >= 8 ? nibble - 16 : nibble);
+}
+
+void pack_panels(const MatrixRef& w, uint8_t* out) {
+  const bool w4 = w.dtype == DType::kW4;
+  const int64_t step_cols = w4 ? 8 : 4;
+  for (int64_t p = 0; p < panel_count(w.rows); ++p) {
+    for (int64_t c0 = 0; c0 < w.cols; c0 += step_cols) {
       for (int64_t i = 0; i < kPanelRows; ++i, out += 4) {
         const int64_t row = p * kPanelRows + i;
         for (int64_t j = 0; j < 4; ++j) {
-          const int8_t v = row < w.rows ? q[row * w.cols + 4 * k + j] : int8_t{0};
-          out[j] = static_cast<uint8_t>(v ^ 0x80);
+          out[j] = w4 ? static_cast<uint8_t>((quantized(w, row, c0 + j) + 8) |
+                                             (quantized(w, row, c0 + 4 + j) + 8) << 4)
+                      : static_cast<uint8_t>(quantized(w, row, c0 + j) + 128);
         }
       }
     }
+    if (!w4) continue;
+    for (int64_t g = 0; g < w.cols / w.group_size; ++g) {
+      for (int64_t i = 0; i < kPanelRows; ++i, out += 2) {
+        const int64_t row = p * kPanelRows + i;
+        const uint16_t scale = row < w.rows ? w4_group_scales(w, row)[g] : uint16_t{0};
+        std::memcpy(out, &scale, 2);
+      }
+    }
   }
 }
 
-// One panel × NR tokens from t0: out[t] = the 16 rows' Σ_b sx_b · Σ_{c∈b} q_w · q_x.
-template <int NR>
-QHX_AVX512 void w8_panel_tile_vnni(const uint8_t* panel, const Int8Activations& a, int64_t t0,
-                                   __m512 (&out)[NR]) {
+// Step k of block b (kW4: both quads of the octet).
+template <bool kW4>
+QHX_AVX512 inline void add_panel_step(const uint8_t* step, const int8_t* x, __m512i& dot) {
+  int32_t x4;
+  if (kW4) {
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+    const __m512i v = _mm512_loadu_si512(step);
+    std::memcpy(&x4, x, 4);
+    dot = _mm512_dpbusd_epi32(dot, _mm512_and_si512(v, low_nibbles), _mm512_set1_epi32(x4));
+    std::memcpy(&x4, x + 4, 4);
+    dot = _mm512_dpbusd_epi32(dot, _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles),
+                              _mm512_set1_epi32(x4));
+  } else {
+    std::memcpy(&x4, x, 4);
+    dot = _mm512_dpbusd_epi32(dot, _mm512_loadu_si512(step), _mm512_set1_epi32(x4));
+  }
+}
+
+// One panel × NR tokens from t0: out[t] = the 16 rows' Σ_b sx_b · sw_b · Σ_{c∈b} q_w · q_x, where
+// sw_b is the group scale (W4) or 1 (W8: the row scales are applied by the caller).
+template <bool kW4, int NR>
+QHX_AVX512 void panel_tile_vnni(const MatrixRef& w, const uint8_t* panel, const Int8Activations& a,
+                                int64_t t0, __m512 (&out)[NR]) {
+  constexpr int kStepCols = kW4 ? 8 : 4;
+  constexpr int kStepsPerBlock = kActivationBlock / kStepCols;
+  const uint8_t* group_scales = panel + kPanelRows * w.cols / 2;  // W4
+  const int64_t blocks_per_group = kW4 ? w.group_size / kActivationBlock : 1;
   for (int t = 0; t < NR; ++t) out[t] = _mm512_setzero_ps();
-  const int64_t blocks = a.cols / kActivationBlock;
-  for (int64_t b = 0; b < blocks; ++b, panel += 8 * 64) {
+  __m512 sw = _mm512_set1_ps(1.0f);
+  for (int64_t b = 0; b < a.cols / kActivationBlock; ++b, panel += kStepsPerBlock * 64) {
+    if (kW4 && b % blocks_per_group == 0) {
+      sw = _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(group_scales + b / blocks_per_group * 32)));
+    }
     __m512i dot[NR];
     for (int t = 0; t < NR; ++t) dot[t] = _mm512_set1_epi32(a.block_corrections_of(t0 + t)[b]);
-    for (int k = 0; k < 8; ++k) {
-      const __m512i wv = _mm512_loadu_si512(panel + 64 * k);
+    for (int k = 0; k < kStepsPerBlock; ++k) {
       for (int t = 0; t < NR; ++t) {
-        int32_t x4;
-        std::memcpy(&x4, a.q_of(t0 + t) + kActivationBlock * b + 4 * k, 4);
-        dot[t] = _mm512_dpbusd_epi32(dot[t], wv, _mm512_set1_epi32(x4));
+        add_panel_step<kW4>(panel + 64 * k, a.q_of(t0 + t) + kActivationBlock * b + kStepCols * k,
+                            dot[t]);
       }
     }
     for (int t = 0; t < NR; ++t) {
-      out[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]),
-                               _mm512_set1_ps(a.block_scales_of(t0 + t)[b]), out[t]);
+      const __m512 sx = _mm512_set1_ps(a.block_scales_of(t0 + t)[b]);
+      out[t] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), kW4 ? _mm512_mul_ps(sx, sw) : sx, out[t]);
     }
   }
 }
 
-// Panel p × NR tokens from t0, times the row scales, into y (rows past the matrix dropped).
-template <int NR>
-QHX_AVX512 void run_w8_panel_tile(const MatrixRef& w, const Int8Activations& a, int64_t p,
-                                  int64_t t0, float* y) {
+// Panel p × NR tokens from t0 into y (W8: times the row scales; rows past the matrix dropped).
+template <bool kW4, int NR>
+QHX_AVX512 void run_panel_tile(const MatrixRef& w, const Int8Activations& a, int64_t p, int64_t t0,
+                               float* y) {
   __m512 out[NR];
-  w8_panel_tile_vnni<NR>(static_cast<const uint8_t*>(w.packed) + p * kPanelRows * w.cols, a, t0,
-                         out);
+  panel_tile_vnni<kW4, NR>(w, static_cast<const uint8_t*>(w.packed) + p * panel_bytes(w), a, t0,
+                           out);
   const int64_t r0 = p * kPanelRows;
   const __mmask16 rows = w.rows - r0 >= kPanelRows ? 0xFFFF : (1u << (w.rows - r0)) - 1;
-  const __m512 scales = _mm512_maskz_loadu_ps(rows, static_cast<const float*>(w.scales) + r0);
+  const __m512 scales = kW4 ? _mm512_set1_ps(1.0f)
+                            : _mm512_maskz_loadu_ps(rows, static_cast<const float*>(w.scales) + r0);
   for (int t = 0; t < NR; ++t) {
     _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, rows, _mm512_mul_ps(out[t], scales));
   }
 }
 
 // Panels [panel_begin, panel_end) for all tokens, kPanelTokens at a time.
-template <int... NR>
-void run_w8_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
-                   int64_t panel_begin, int64_t panel_end, std::integer_sequence<int, NR...>) {
+template <bool kW4, int... NR>
+void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
+                int64_t panel_begin, int64_t panel_end, std::integer_sequence<int, NR...>) {
   using Tile = void (*)(const MatrixRef&, const Int8Activations&, int64_t, int64_t, float*);
-  static constexpr Tile tiles[] = {run_w8_panel_tile<NR + 1>...};
+  static constexpr Tile tiles[] = {run_panel_tile<kW4, NR + 1>...};
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
       tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, p, t0, y);
@@ -597,12 +652,13 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
   // W4 chunks are 128 columns on AVX-512 (64 packed bytes), 64 on AVX2; W8 ones a vector.
   const int64_t chunk = isa == Isa::kAvx512Vnni ? (w4 ? 128 : 64) : (w4 ? 64 : 32);
-  if (w.packed != nullptr && isa == Isa::kAvx512Vnni && !w4) {
-    prepare_activations(quantize_token, x, n_tokens, w.cols, {.block_offset = 128}, activations);
-    const int64_t panels = (w.rows + kPanelRows - 1) / kPanelRows;
-    split_rows(panels, 1, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
-      run_w8_panels(w, activations, n_tokens, y, begin, end,
-                    std::make_integer_sequence<int, kPanelTokens>{});
+  if (w.packed != nullptr && isa == Isa::kAvx512Vnni) {
+    prepare_activations(quantize_token, x, n_tokens, w.cols, {.block_offset = w4 ? 8 : 128},
+                        activations);
+    split_rows(panel_count(w.rows), 1, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
+      const auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
+      if (w4) return run_panels<true>(w, activations, n_tokens, y, begin, end, tokens);
+      run_panels<false>(w, activations, n_tokens, y, begin, end, tokens);
     });
     return;
   }
@@ -629,32 +685,50 @@ void PackedMatrix::Free::operator()(void* p) const {
 
 void read_row(const MatrixRef& w, int64_t row, float* out) {
   if (w.packed == nullptr) return ref::read_row(w, row, out);
-  // W8 panels: the row's 4 bytes of each quad, 64 bytes apart.
-  thread_local std::vector<int8_t> q;
-  q.resize(w.cols);
-  const auto* panel =
-      static_cast<const uint8_t*>(w.packed) + row / kPanelRows * kPanelRows * w.cols;
-  for (int64_t k = 0; k < w.cols / 4; ++k) {
-    for (int64_t j = 0; j < 4; ++j)
-      q[4 * k + j] = static_cast<int8_t>(panel[64 * k + 4 * (row % kPanelRows) + j] ^ 0x80);
-  }
+  // The row's 4 bytes of each step, 64 bytes apart, back into the row-major layout.
+  const uint8_t* step = static_cast<const uint8_t*>(w.packed) + row / kPanelRows * panel_bytes(w) +
+                        4 * (row % kPanelRows);
+  thread_local std::vector<uint8_t> bytes;
   MatrixRef one_row = w;
-  one_row.data = q.data();
   one_row.rows = 1;
-  one_row.scales = static_cast<const float*>(w.scales) + row;
+  if (w.dtype == DType::kW8) {
+    bytes.resize(w.cols);
+    for (int64_t c = 0; c < w.cols; c += 4, step += 64) {
+      for (int64_t j = 0; j < 4; ++j) bytes[c + j] = step[j] ^ 0x80;
+    }
+    one_row.scales = static_cast<const float*>(w.scales) + row;
+  } else {
+    bytes.assign(w.cols / 2, 0);
+    for (int64_t c = 0; c < w.cols; c += 8, step += 64) {
+      for (int64_t j = 0; j < 4; ++j) {
+        for (const int64_t col : {c + j, c + 4 + j}) {
+          const int nibble = (col == c + j ? step[j] : step[j] >> 4) & 0x0F;
+          bytes[col / 2] |= static_cast<uint8_t>(((nibble - 8) & 0x0F) << (4 * (col % 2)));
+        }
+      }
+    }
+    // The group scales from the panel too: the row-major ones may have been released as well.
+    const uint8_t* panel_scales = static_cast<const uint8_t*>(w.packed) +
+                                  row / kPanelRows * panel_bytes(w) + kPanelRows * w.cols / 2;
+    thread_local std::vector<uint16_t> scales;
+    scales.resize(w.cols / w.group_size);
+    for (size_t g = 0; g < scales.size(); ++g) {
+      std::memcpy(&scales[g], panel_scales + 2 * (kPanelRows * g + row % kPanelRows), 2);
+    }
+    one_row.scales = scales.data();
+  }
+  one_row.data = bytes.data();
   ref::read_row(one_row, 0, out);
 }
 
 PackedMatrix pack_for_int8_kernels(const MatrixRef& w) {
   PackedMatrix packed;
-  if (!simd::has_avx512_vnni() || !uses_int8_activations(w) || w.dtype != DType::kW8) {
-    return packed;
-  }
-  packed.size_ = w8_panel_bytes(w.rows, w.cols);
+  if (!simd::has_avx512_vnni() || !uses_int8_activations(w)) return packed;
+  packed.size_ = panel_count(w.rows) * panel_bytes(w);
   // aligned_alloc wants a multiple of the alignment.
   packed.bytes_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (packed.size_ + 63) / 64 * 64)));
   if (packed.bytes_ == nullptr) throw std::bad_alloc();
-  pack_w8_panels(w, packed.bytes_.get());
+  pack_panels(w, packed.bytes_.get());
   return packed;
 }
 

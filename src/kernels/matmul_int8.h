@@ -13,9 +13,9 @@ namespace qhx {
 // Requires uses_int8_activations(w). x: [n_tokens, w.cols]; y: [n_tokens, w.rows].
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
-// A W8 or W4 matrix repacked for this CPU's int8 kernels (AVX-512 VNNI: W8 rows in panels of 16,
-// interleaved 4 columns at a time, so one multiply-add serves 16 rows and a block's integer sums
-// are scaled once). Empty (data() null) when the kernels read the matrix as it lies. Set
+// A W8 or W4 matrix repacked for this CPU's int8 kernels (AVX-512 VNNI: rows in panels of 16,
+// interleaved 4 (W8) or 8 (W4) columns at a time, so one multiply-add serves 16 rows and a
+// block's integer sums are scaled once; W4 group scales ride along). Empty (data() null) when the kernels read the matrix as it lies. Set
 // MatrixRef::packed to data() to use it; the MatrixRef's own data stays the reference.
 class PackedMatrix {
  public:
@@ -31,13 +31,15 @@ class PackedMatrix {
   friend PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
 
 // ref::read_row (the same float32 values), from w.packed when set: a matrix whose mapped pages
-// were released after packing is read from its packed copy (embedding lookups of a tied table).
+// were released after packing (its values, and W4 group scales) is read from its packed copy
+// (embedding lookups of a tied table). W8 row scales are read where they lie.
 void read_row(const MatrixRef& w, int64_t row, float* out);
 };
 PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
 
 // ref::read_row (the same float32 values), from w.packed when set: a matrix whose mapped pages
-// were released after packing is read from its packed copy (embedding lookups of a tied table).
+// were released after packing (its values, and W4 group scales) is read from its packed copy
+// (embedding lookups of a tied table). W8 row scales are read where they lie.
 void read_row(const MatrixRef& w, int64_t row, float* out);
 
 // "avx512-vnni", "avx2" (x86-64), "neon-dotprod", "neon" (aarch64, with and without the ARMv8.2

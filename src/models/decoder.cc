@@ -73,6 +73,10 @@ class Decoder final : public Model {
       if (m->data == weights_.embed_tokens.data) weights_.embed_tokens.packed = packed.data();
       packed_.push_back(std::move(packed));
       MappedFile::release_pages(m->data, matrix_bytes(m->dtype, m->rows, m->cols, m->group_size));
+      if (m->dtype == DType::kW4) {  // the panels carry the group scales too
+        MappedFile::release_pages(m->scales,
+                                  matrix_scale_bytes(m->dtype, m->rows, m->cols, m->group_size));
+      }
     }
   }
 
