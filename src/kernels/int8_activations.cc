@@ -19,7 +19,6 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
   const int64_t chunk = layout.chunk;
   const bool nibble_split = layout.nibble_split;
   const int32_t nibble_offset = layout.nibble_offset;
-  const bool token_offset = layout.token_offset;
   const int64_t n_blocks = cols / kActivationBlock;
   a.cols = cols;
   a.stride = nibble_split ? (cols + chunk - 1) / chunk * chunk : cols;
@@ -28,7 +27,6 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
   a.block_scales.assign(n_tokens * a.block_stride, 0.0f);
   a.pairs = nibble_offset != 0 ? a.stride / 8 : 0;
   a.pair_corrections.resize(n_tokens * a.pairs);
-  a.token_offsets.resize(token_offset ? n_tokens : 0);
   a.block_corrections.resize(layout.block_offset != 0 ? n_tokens * n_blocks : 0);
   auto prepare = [&](int64_t t) {
     thread_local std::vector<int8_t> split;
@@ -65,17 +63,6 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
         }
         a.block_corrections[t * n_blocks + b] = -layout.block_offset * sum;
       }
-    }
-    if (token_offset) {
-      float total = 0.0f;
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        int32_t sum = 0;
-        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) {
-          sum += quantized[c];
-        }
-        total += sx[b] * static_cast<float>(sum);
-      }
-      a.token_offsets[t] = total;
     }
   };
   if (n_tokens >= 4 && kernel_pool().size() > 1) {

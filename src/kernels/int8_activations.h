@@ -21,14 +21,13 @@ struct Int8Activations {
   // load from any block stays inside the array (kernels spread them over their lanes).
   std::vector<float> block_scales;
   int64_t block_stride = 0;
-  // W4 on x86: [n_tokens, stride / 8], for each lane pair of a chunk (the 4 bytes of lane i in
+  // W4 on AVX2: [n_tokens, stride / 8], for each lane pair of a chunk (the 4 bytes of lane i in
   // its even-column half and the 4 of lane i in its odd-column half, which a kernel sums into
   // one 32-bit lane) −nibble_offset · Σ of their 8 q_x: the integer multiply-adds start from it,
   // so offset nibbles come out as exact sums of q_w · q_x.
   std::vector<int32_t> pair_corrections;
   int64_t pairs = 0;
-  std::vector<float> token_offsets;  // W8 with VNNI: [n_tokens], Σ_b sx_b · Σ_{c∈b} q_x
-  // W8 panels with VNNI: [n_tokens, cols / kActivationBlock], −block_offset · Σ_{c∈b} q_x.
+  // Panels (AVX-512 VNNI): [n_tokens, cols / kActivationBlock], −block_offset · Σ_{c∈b} q_x.
   std::vector<int32_t> block_corrections;
 
   const int8_t* q_of(int64_t t) const { return q.data() + t * stride; }
@@ -49,7 +48,6 @@ struct ActivationLayout {
   // all low nibbles then all high nibbles; a last, partial chunk padded with zeros.
   bool nibble_split = false;
   int32_t nibble_offset = 0;  // ≠ 0: pair_corrections for weights that enter as q + offset
-  bool token_offset = false;  // token_offsets
   int32_t block_offset = 0;   // ≠ 0: block_corrections for weights that enter as q + offset
 };
 

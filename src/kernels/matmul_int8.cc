@@ -6,13 +6,15 @@
 // gets exactly the bits it gets inside a batched prefill. These are the x86-64 kernels; the
 // aarch64 ones are in matmul_int8_neon.cc, and both share kernels/int8_activations.h.
 //
+// Two layouts. On AVX-512 VNNI CPUs a loaded model's matrices are packed into panels of 16 rows
+// (pack_for_int8_kernels), which one multiply-add serves at once. A matrix as it lies (row-major)
+// runs on the AVX2 tiles, on any x86-64 CPU with AVX2.
+//
 // The integer multiply-adds take one unsigned and one signed operand, so the weights enter
-// offset to unsigned and the offset is subtracted after scaling:
-//   W8, AVX-512 VNNI: (q_w + 128) · q_x, the 128 · Σ q_x term removed once per token;
-//   W8, AVX2:        |q_w| · (q_x with q_w's sign) (cannot overflow 16 bits, so no offset);
-//   W4, both:        (q_w + 8) · q_x — the nibble XOR 8 — with each 32-bit lane starting from
-//                    −8 · Σ its q_x, so the lane is exact before it is scaled (W4 scales
-//                    change along the row, so the offset cannot be removed per token).
+// offset to unsigned, and each 32-bit accumulator starts from the offset's share, −offset · Σ q_x,
+// so that it ends exact:
+//   W8 panels: q_w + 128;   W4 (panels and AVX2): q_w + 8, the nibble XOR 8;
+//   W8, AVX2: |q_w| · (q_x with q_w's sign) instead (cannot overflow 16 bits, so no offset).
 #include "kernels/matmul_int8.h"
 
 #include "kernels/int8_activations.h"
@@ -107,189 +109,6 @@ class GroupCounter {
  private:
   int64_t halves_per_group_, group_ = 0, half_ = 0;
 };
-
-// ---- AVX-512 VNNI: 64 columns per vector, 16 lanes of 4 bytes ----
-
-template <bool kFull>
-QHX_AVX512 inline __m512i load64(const int8_t* p, __mmask64 mask) {
-  return kFull ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask, p);
-}
-
-// 64 columns from c of a W8 tile (kFull) or its last, shorter piece (the mask's columns).
-template <int MR, int NR, bool kFull>
-QHX_AVX512 inline void w8_chunk_vnni(const int8_t* const* w, const Int8Activations& a, int64_t t0,
-                                     int64_t c, __mmask64 mask, __m512 (&acc)[MR][NR]) {
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512i wv[MR];
-  for (int r = 0; r < MR; ++r) wv[r] = _mm512_xor_si512(load64<kFull>(w[r] + c, mask), offset);
-  for (int t = 0; t < NR; ++t) {
-    const __m512i xv = load64<kFull>(a.q_of(t0 + t) + c, mask);
-    // Lanes 0-7 hold the chunk's first block, 8-15 its second.
-    const __m512 sx =
-        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                              _mm512_loadu_ps(a.block_scales_of(t0 + t) + c / kActivationBlock));
-    for (int r = 0; r < MR; ++r) {
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
-      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sx, acc[r][t]);
-    }
-  }
-}
-
-// A tile of MR rows × NR tokens. W8: out = Σ lanes Σ_chunks sx · Σ_4 (q_w + 128) q_x, less the
-// offset's share, 128 · Σ_b sx_b · Σ q_x.
-template <int MR, int NR>
-QHX_AVX512 void w8_tile_vnni(const int8_t* const* w, const Int8Activations& a, int64_t t0,
-                             float (*out)[NR]) {
-  __m512 acc[MR][NR];
-  for (int r = 0; r < MR; ++r) {
-    for (int t = 0; t < NR; ++t) acc[r][t] = _mm512_setzero_ps();
-  }
-  int64_t c = 0;
-  for (; c + 64 <= a.cols; c += 64) w8_chunk_vnni<MR, NR, true>(w, a, t0, c, 0, acc);
-  // Masked loads only at the end: unmasked ones stream faster.
-  if (c < a.cols) {
-    w8_chunk_vnni<MR, NR, false>(w, a, t0, c, (__mmask64{1} << (a.cols - c)) - 1, acc);
-  }
-  for (int r = 0; r < MR; ++r) {
-    for (int t = 0; t < NR; ++t) {
-      out[r][t] = _mm512_reduce_add_ps(acc[r][t]) - 128.0f * a.token_offsets[t0 + t];
-    }
-  }
-}
-
-// W4 rows convert their f16 group scales to f32 up to this many groups at a time.
-constexpr int64_t kScaleSegment = 128;
-
-// A W4 chunk of one row: 128 columns, unpacked. 64 packed bytes XOR 0x88 turn each two's
-// complement nibble q into q + 8; the low nibbles are the chunk's even columns, the high ones its
-// odd columns. Lane i of both halves covers columns 8i..8i+7 (block i / 4), so their two
-// multiply-adds share one 32-bit lane; lanes 0-7 take the group scale of the chunk's first 64
-// columns, lanes 8-15 that of its last 64.
-struct W4ChunkVnni {
-  __m512i even, odd;
-  __m512 scales;
-};
-
-// Walks the 128-column chunks of a W4 row (the last one may hold 64 columns: its 32 bytes loaded
-// under a mask), calling visit(j, chunk) for each chunk j (columns 128j..).
-template <typename Visit>
-QHX_AVX512 inline void walk_w4_row_vnni(const uint8_t* row, const uint16_t* scales,
-                                        int64_t group_size, int64_t cols, Visit&& visit) {
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x88));
-  const __m512i two_groups = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const int64_t groups = cols / group_size;
-  alignas(64) float sw[kScaleSegment + 1];  // + 1: a tail chunk's absent second group, zero
-  // The chunk from c whose first 64 columns lie in group `first` (an index into sw) and, unless
-  // one_group, whose last 64 lie in the next.
-  auto unpack = [&](int64_t j, __m512i packed, int64_t first, bool one_group) QHX_AVX512 {
-    const __m512i biased = _mm512_xor_si512(packed, bias);
-    const __m128 pair =
-        _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sw + first)));
-    visit(j, W4ChunkVnni{_mm512_and_si512(biased, low_nibbles),
-                         _mm512_and_si512(_mm512_srli_epi16(biased, 4), low_nibbles),
-                         _mm512_permutexvar_ps(one_group ? _mm512_setzero_si512() : two_groups,
-                                               _mm512_castps128_ps512(pair))});
-  };
-  for (int64_t g0 = 0; g0 < groups; g0 += kScaleSegment) {
-    const int64_t n = std::min(kScaleSegment, groups - g0);
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 mask = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
-      _mm512_mask_storeu_ps(&sw[i], mask,
-                            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales + g0 + i)));
-    }
-    sw[n] = 0.0f;
-    GroupCounter counter(group_size);
-    const int64_t end = std::min(cols, (g0 + n) * group_size);
-    int64_t c = g0 * group_size;
-    for (; c + 128 <= end; c += 128) {
-      const int64_t first = counter.next();
-      unpack(c >> 7, _mm512_loadu_si512(row + (c >> 1)), first, counter.next() == first);
-    }
-    // The tail's absent half unpacks to nibbles 8, against zero activations and a zero scale.
-    if (c < end) {
-      unpack(c >> 7, _mm512_maskz_loadu_epi8(0xFFFFFFFF, row + (c >> 1)), counter.next(), false);
-    }
-  }
-}
-
-// One chunk of MR rows × NR tokens. Each 32-bit lane starts from the pair's correction
-// −8 · Σ q_x, so after the two multiply-adds it is the exact Σ q_w · q_x, scaled once by sx · sw.
-template <int MR, int NR>
-QHX_AVX512 inline void w4_chunk_dots_vnni(const W4ChunkVnni* rows, const Int8Activations& a,
-                                          int64_t t0, int64_t j, __m512 (*acc)[NR]) {
-  for (int t = 0; t < NR; ++t) {
-    const int8_t* xq = a.q_of(t0 + t) + 128 * j;
-    const __m512i x_even = _mm512_loadu_si512(xq);
-    const __m512i x_odd = _mm512_loadu_si512(xq + 64);
-    const __m512i correction = _mm512_loadu_si512(a.corrections_of(t0 + t) + 16 * j);
-    const __m512 sx =
-        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                              _mm512_loadu_ps(a.block_scales_of(t0 + t) + 4 * j));
-    for (int r = 0; r < MR; ++r) {
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(correction, rows[r].even, x_even),
-                                              rows[r].odd, x_odd);
-      acc[r][t] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sx, rows[r].scales), acc[r][t]);
-    }
-  }
-}
-
-// W4 tile: out = Σ lanes Σ_chunks sx · sw · (exact Σ q_w · q_x of the lane), each row unpacked in
-// registers as it streams by, one row after the other: what a single token (decode) runs; several
-// tokens on this ISA go through unpack_w4_rows_vnni instead.
-template <int MR, int NR>
-QHX_AVX512 void w4_tile_vnni(const uint8_t* const* w, const uint16_t* const* scales,
-                             int64_t group_size, const Int8Activations& a, int64_t t0,
-                             float (*out)[NR]) {
-  for (int r = 0; r < MR; ++r) {
-    __m512 acc[1][NR];
-    for (int t = 0; t < NR; ++t) acc[0][t] = _mm512_setzero_ps();
-    walk_w4_row_vnni(w[r], scales[r], group_size, a.cols,
-                     [&](int64_t j, const W4ChunkVnni& chunk)
-                         QHX_AVX512 { w4_chunk_dots_vnni<1, NR>(&chunk, a, t0, j, acc); });
-    for (int t = 0; t < NR; ++t) out[r][t] = _mm512_reduce_add_ps(acc[0][t]);
-  }
-}
-
-// Prefill: MR rows unpacked once into an L1-sized buffer, chunk by chunk ([chunk][row], 192
-// bytes each), then multiplied with every token block, so the unpacking is paid once per row,
-// not once per tile.
-constexpr int64_t kUnpackedChunkBytes = 3 * 64;
-
-template <int MR>
-QHX_AVX512 void unpack_w4_rows_vnni(const uint8_t* const* w, const uint16_t* const* scales,
-                                    int64_t group_size, int64_t cols, uint8_t* unpacked) {
-  for (int r = 0; r < MR; ++r) {
-    walk_w4_row_vnni(w[r], scales[r], group_size, cols,
-                     [&](int64_t j, const W4ChunkVnni& chunk) QHX_AVX512 {
-                       uint8_t* to = unpacked + (j * MR + r) * kUnpackedChunkBytes;
-                       _mm512_storeu_si512(to, chunk.even);
-                       _mm512_storeu_si512(to + 64, chunk.odd);
-                       _mm512_storeu_ps(to + 128, chunk.scales);
-                     });
-  }
-}
-
-template <int MR, int NR>
-QHX_AVX512 void w4_unpacked_tile_vnni(const uint8_t* unpacked, const Int8Activations& a, int64_t t0,
-                                      float (*out)[NR]) {
-  __m512 acc[MR][NR];
-  for (int r = 0; r < MR; ++r) {
-    for (int t = 0; t < NR; ++t) acc[r][t] = _mm512_setzero_ps();
-  }
-  for (int64_t j = 0; j < (a.cols + 127) / 128; ++j) {
-    W4ChunkVnni rows[MR];
-    for (int r = 0; r < MR; ++r, unpacked += kUnpackedChunkBytes) {
-      rows[r] = {_mm512_loadu_si512(unpacked), _mm512_loadu_si512(unpacked + 64),
-                 _mm512_loadu_ps(unpacked + 128)};
-    }
-    w4_chunk_dots_vnni<MR, NR>(rows, a, t0, j, acc);
-  }
-  for (int r = 0; r < MR; ++r) {
-    for (int t = 0; t < NR; ++t) out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
-  }
-}
 
 // ---- AVX-512 VNNI, W8 and W4 in panels of 16 rows (pack_for_int8_kernels) ----
 //
@@ -464,9 +283,10 @@ QHX_AVX2 void w8_tile_avx2(const int8_t* const* w, const Int8Activations& a, int
   }
 }
 
-// W4, 64 columns (32 packed bytes) per step, as w4_chunk_vnni: lane i of the even and the odd
-// half (columns 8i..8i+7, block i / 4) summed in 16 bits (|sum| ≤ 2 · 2 · 15 · 127), widened
-// and started from the pair's correction.
+// W4, 64 columns (32 packed bytes) per step: XOR 0x88 makes every nibble q + 8; the low nibbles
+// are the even columns, the high ones the odd columns. Lane i of the even and the odd half (columns
+// 8i..8i+7, block i / 4) summed in 16 bits (|sum| ≤ 2 · 2 · 15 · 127), widened and started from the
+// pair's correction.
 template <int MR, int NR>
 QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scales,
                            int64_t group_size, const Int8Activations& a, int64_t t0,
@@ -512,29 +332,14 @@ QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scale
   }
 }
 
-// ---- Driving the tiles ----
-
-enum class Isa { kAvx512Vnni, kAvx2 };
+// ---- Driving the AVX2 tiles ----
 
 // Tiles of 4 rows × 4 tokens for W8; W4 tiles take 3 tokens, since each W4 row holds two
 // unpacked vectors and a scale vector, and 4 tokens' accumulators would not leave them registers
-// (measured at 64 tokens: 4×3 W4 tiles 1.2–1.4× faster than 4×4 in registers, 1.1–1.2× when
-// the rows come unpacked from L1).
+// (measured at 64 tokens: 4×3 W4 tiles 1.2–1.4× faster than 4×4).
 constexpr int kTileRows = 4;
 constexpr int kW8TileTokens = 4;
 constexpr int kW4TileTokens = 3;
-
-struct VnniTiles {
-  template <int MR, int NR>
-  static void w8(const int8_t* const* w, const Int8Activations& a, int64_t t0, float (*out)[NR]) {
-    w8_tile_vnni<MR, NR>(w, a, t0, out);
-  }
-  template <int MR, int NR>
-  static void w4(const uint8_t* const* w, const uint16_t* const* scales, int64_t group_size,
-                 const Int8Activations& a, int64_t t0, float (*out)[NR]) {
-    w4_tile_vnni<MR, NR>(w, scales, group_size, a, t0, out);
-  }
-};
 
 struct Avx2Tiles {
   template <int MR, int NR>
@@ -548,81 +353,32 @@ struct Avx2Tiles {
   }
 };
 
-// One tile of MR rows from r0 and NR tokens from t0, written into y.
-template <int MR, int NR>
-void run_tile(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0, int64_t t0,
-              float* y) {
-  if (isa == Isa::kAvx512Vnni) return run_int8_tile<VnniTiles, MR, NR>(w, a, r0, t0, y);
-  run_int8_tile<Avx2Tiles, MR, NR>(w, a, r0, t0, y);
-}
-
 // Tiles of MR rows over all tokens, sizeof...(NR) tokens at a time, then the rest.
 template <int MR, int... NR>
-void run_tiles(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t r0, int64_t n_tokens,
-               float* y, std::integer_sequence<int, NR...>) {
-  using Tile = void (*)(Isa, const MatrixRef&, const Int8Activations&, int64_t, int64_t, float*);
-  static constexpr Tile tiles[] = {run_tile<MR, NR + 1>...};
+void run_tiles(const MatrixRef& w, const Int8Activations& a, int64_t r0, int64_t n_tokens, float* y,
+               std::integer_sequence<int, NR...>) {
+  using Tile = void (*)(const MatrixRef&, const Int8Activations&, int64_t, int64_t, float*);
+  static constexpr Tile tiles[] = {run_int8_tile<Avx2Tiles, MR, NR + 1>...};
   constexpr int64_t kTokens = sizeof...(NR);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokens) {
     const int64_t nr = std::min<int64_t>(kTokens, n_tokens - t0);
-    tiles[nr - 1](isa, w, a, r0, t0, y);
-  }
-}
-
-// An unpacked W4 tile of MR rows from r0 and NR tokens from t0, written into y.
-template <int MR, int NR>
-void run_w4_unpacked_tile(const uint8_t* unpacked, const Int8Activations& a, int64_t rows,
-                          int64_t r0, int64_t t0, float* y) {
-  float out[MR][NR];
-  w4_unpacked_tile_vnni<MR, NR>(unpacked, a, t0, out);
-  for (int r = 0; r < MR; ++r) {
-    for (int t = 0; t < NR; ++t) y[(t0 + t) * rows + r0 + r] = out[r][t];
-  }
-}
-
-// W4 rows r0.. (MR of them) for all tokens on AVX-512 VNNI: unpacked once, then every token block.
-template <int MR, int... NR>
-void run_w4_unpacked_rows(const MatrixRef& w, const Int8Activations& a, int64_t r0,
-                          int64_t n_tokens, float* y, std::integer_sequence<int, NR...>) {
-  using Tile = void (*)(const uint8_t*, const Int8Activations&, int64_t, int64_t, int64_t, float*);
-  static constexpr Tile tiles[] = {run_w4_unpacked_tile<MR, NR + 1>...};
-  constexpr int64_t kTokens = sizeof...(NR);
-  thread_local std::vector<uint8_t> unpacked;
-  unpacked.resize((w.cols + 127) / 128 * MR * kUnpackedChunkBytes);
-  const uint8_t* rows[MR];
-  const uint16_t* scales[MR];
-  for (int r = 0; r < MR; ++r) {
-    rows[r] = w4_row(w, r0 + r);
-    scales[r] = w4_group_scales(w, r0 + r);
-  }
-  unpack_w4_rows_vnni<MR>(rows, scales, w.group_size, w.cols, unpacked.data());
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokens) {
-    const int64_t nr = std::min<int64_t>(kTokens, n_tokens - t0);
-    tiles[nr - 1](unpacked.data(), a, w.rows, r0, t0, y);
+    tiles[nr - 1](w, a, r0, t0, y);
   }
 }
 
 // Rows [row_begin, row_end) for all tokens: tiles of kTileRows rows (single rows at the end),
-// each against every token block while its weights are in L1 (W4 on AVX-512: unpacked there
-// once). A single token (decode) goes row
+// each against every token block while its weights are in L1. A single token (decode) goes row
 // by row instead: one contiguous stream of weights is what the hardware prefetcher follows best,
 // and with one token there is nothing for a tile's rows to share.
 template <int kTileTokens>
-void matmul_rows(Isa isa, const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
+void matmul_rows(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                  int64_t row_begin, int64_t row_end) {
   const auto token_counts = std::make_integer_sequence<int, kTileTokens>{};
   int64_t r = row_begin;
-  if (isa == Isa::kAvx512Vnni && w.dtype == DType::kW4 && n_tokens > 1) {
-    for (; r + kTileRows <= row_end; r += kTileRows) {
-      run_w4_unpacked_rows<kTileRows>(w, a, r, n_tokens, y, token_counts);
-    }
-    for (; r < row_end; ++r) run_w4_unpacked_rows<1>(w, a, r, n_tokens, y, token_counts);
-    return;
-  }
   for (; n_tokens > 1 && r + kTileRows <= row_end; r += kTileRows) {
-    run_tiles<kTileRows>(isa, w, a, r, n_tokens, y, token_counts);
+    run_tiles<kTileRows>(w, a, r, n_tokens, y, token_counts);
   }
-  for (; r < row_end; ++r) run_tiles<1>(isa, w, a, r, n_tokens, y, token_counts);
+  for (; r < row_end; ++r) run_tiles<1>(w, a, r, n_tokens, y, token_counts);
 }
 
 // QHX_KERNELS=avx2 keeps to the AVX2 kernels (to compare, or to test them on an AVX-512 CPU).
@@ -646,13 +402,10 @@ bool has_avx512_vnni() {
 
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   if (!simd::has_avx2()) return ref::matmul(x, n_tokens, w, y);
-  const Isa isa = simd::has_avx512_vnni() ? Isa::kAvx512Vnni : Isa::kAvx2;
   const bool w4 = w.dtype == DType::kW4;
   thread_local Int8Activations scratch;
   Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
-  // W4 chunks are 128 columns on AVX-512 (64 packed bytes), 64 on AVX2; W8 ones a vector.
-  const int64_t chunk = isa == Isa::kAvx512Vnni ? (w4 ? 128 : 64) : (w4 ? 64 : 32);
-  if (w.packed != nullptr && isa == Isa::kAvx512Vnni) {
+  if (w.packed != nullptr && simd::has_avx512_vnni()) {
     prepare_activations(quantize_token, x, n_tokens, w.cols, {.block_offset = w4 ? 8 : 128},
                         activations);
     split_rows(panel_count(w.rows), 1, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
@@ -662,15 +415,14 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
     });
     return;
   }
+  // Row-major on AVX2 (also on AVX-512 CPUs, for a matrix nobody packed): W4 chunks of 64
+  // columns (32 packed bytes), W8 ones of a vector.
   prepare_activations(quantize_token, x, n_tokens, w.cols,
-                      {.chunk = chunk,
-                       .nibble_split = w4,
-                       .nibble_offset = w4 ? 8 : 0,
-                       .token_offset = !w4 && isa == Isa::kAvx512Vnni},
+                      {.chunk = w4 ? 64 : 32, .nibble_split = w4, .nibble_offset = w4 ? 8 : 0},
                       activations);
   split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
-    if (w4) return matmul_rows<kW4TileTokens>(isa, w, activations, n_tokens, y, begin, end);
-    matmul_rows<kW8TileTokens>(isa, w, activations, n_tokens, y, begin, end);
+    if (w4) return matmul_rows<kW4TileTokens>(w, activations, n_tokens, y, begin, end);
+    matmul_rows<kW8TileTokens>(w, activations, n_tokens, y, begin, end);
   });
 }
 

@@ -15,8 +15,9 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
 
 // A W8 or W4 matrix repacked for this CPU's int8 kernels (AVX-512 VNNI: rows in panels of 16,
 // interleaved 4 (W8) or 8 (W4) columns at a time, so one multiply-add serves 16 rows and a
-// block's integer sums are scaled once; W4 group scales ride along). Empty (data() null) when the kernels read the matrix as it lies. Set
-// MatrixRef::packed to data() to use it; the MatrixRef's own data stays the reference.
+// block's integer sums are scaled once; W4 group scales ride along). Empty (data() null) when the
+// kernels read the matrix as it lies. Set MatrixRef::packed to data() to use it; the MatrixRef's
+// own data stays the reference.
 class PackedMatrix {
  public:
   const void* data() const { return bytes_.get(); }
@@ -29,11 +30,6 @@ class PackedMatrix {
   std::unique_ptr<uint8_t, Free> bytes_;
   int64_t size_ = 0;
   friend PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
-
-// ref::read_row (the same float32 values), from w.packed when set: a matrix whose mapped pages
-// were released after packing (its values, and W4 group scales) is read from its packed copy
-// (embedding lookups of a tied table). W8 row scales are read where they lie.
-void read_row(const MatrixRef& w, int64_t row, float* out);
 };
 PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
 
@@ -42,9 +38,9 @@ PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
 // (embedding lookups of a tied table). W8 row scales are read where they lie.
 void read_row(const MatrixRef& w, int64_t row, float* out);
 
-// "avx512-vnni", "avx2" (x86-64), "neon-dotprod", "neon" (aarch64, with and without the ARMv8.2
-// dot-product instructions) or "scalar reference". QHX_KERNELS=avx2 (x86-64) or =neon (aarch64)
-// keeps to the second; =reference forces the last.
+// "avx512-vnni" (packed matrices; those as they lie run on AVX2), "avx2" (x86-64), "neon-dotprod",
+// "neon" (aarch64, with and without the ARMv8.2 dot-product instructions) or "scalar reference".
+// QHX_KERNELS=avx2 (x86-64) or =neon (aarch64) keeps to the second; =reference forces the last.
 const char* matmul_int8_kernel_path();
 
 namespace simd {
