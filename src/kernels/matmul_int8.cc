@@ -19,6 +19,7 @@
 
 #include "kernels/int8_activations.h"
 #include "kernels/matmul.h"
+#include "kernels/quant.h"
 #include "kernels/thread_pool.h"
 
 #if defined(__x86_64__)
@@ -35,6 +36,9 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -134,36 +138,40 @@ int64_t panel_bytes(const MatrixRef& w) {
                                : kPanelRows * (w.cols / 2 + 2 * (w.cols / w.group_size));
 }
 
-// The quantized value of w[row, col] (0 past the last row).
-int8_t quantized(const MatrixRef& w, int64_t row, int64_t col) {
-  if (row >= w.rows) return 0;
-  if (w.dtype == DType::kW8) return static_cast<const int8_t*>(w.data)[row * w.cols + col];
-  const uint8_t byte = w4_row(w, row)[col / 2];
-  const int nibble = col % 2 == 0 ? byte & 0x0F : byte >> 4;
-  return static_cast<int8_t>(nibble >= 8 ? nibble - 16 : nibble);
-}
-
-void pack_panels(const MatrixRef& w, uint8_t* out) {
+// Panel p of w into out (panel_bytes(w) bytes), 4 bytes of a row at a time.
+void pack_panel(const MatrixRef& w, int64_t p, uint8_t* out) {
   const bool w4 = w.dtype == DType::kW4;
-  const int64_t step_cols = w4 ? 8 : 4;
-  for (int64_t p = 0; p < panel_count(w.rows); ++p) {
-    for (int64_t c0 = 0; c0 < w.cols; c0 += step_cols) {
-      for (int64_t i = 0; i < kPanelRows; ++i, out += 4) {
-        const int64_t row = p * kPanelRows + i;
-        for (int64_t j = 0; j < 4; ++j) {
-          out[j] = w4 ? static_cast<uint8_t>((quantized(w, row, c0 + j) + 8) |
-                                             (quantized(w, row, c0 + 4 + j) + 8) << 4)
-                      : static_cast<uint8_t>(quantized(w, row, c0 + j) + 128);
-        }
-      }
+  const int64_t row_bytes = w4 ? w.cols / 2 : w.cols;
+  const uint8_t* rows[kPanelRows];
+  for (int64_t i = 0; i < kPanelRows; ++i) {
+    const int64_t row = p * kPanelRows + i;
+    rows[i] = row < w.rows ? static_cast<const uint8_t*>(w.data) + row * row_bytes : nullptr;
+  }
+  // Each row's 4 bytes: W8 columns 4k..4k+3 (two's complement, so q + 128 is q XOR 0x80); W4
+  // columns 8k..8k+7 as 8 nibbles in column order, regrouped so that byte j holds columns j
+  // and 4 + j (and q + 8 is q XOR 8).
+  const auto panel_word = [w4](uint32_t v) {
+    if (!w4) return v ^ 0x80808080u;
+    const auto spread = [](uint32_t half) {  // 4 nibbles into the low nibbles of 4 bytes
+      half = (half | half << 8) & 0x00FF00FFu;
+      return (half | half << 4) & 0x0F0F0F0Fu;
+    };
+    return (spread(v & 0xFFFF) | spread(v >> 16) << 4) ^ 0x88888888u;
+  };
+  for (int64_t k = 0; k < row_bytes / 4; ++k) {
+    for (int64_t i = 0; i < kPanelRows; ++i, out += 4) {
+      uint32_t v = 0;
+      if (rows[i] != nullptr) std::memcpy(&v, rows[i] + 4 * k, 4);
+      v = panel_word(v);
+      std::memcpy(out, &v, 4);
     }
-    if (!w4) continue;
-    for (int64_t g = 0; g < w.cols / w.group_size; ++g) {
-      for (int64_t i = 0; i < kPanelRows; ++i, out += 2) {
-        const int64_t row = p * kPanelRows + i;
-        const uint16_t scale = row < w.rows ? w4_group_scales(w, row)[g] : uint16_t{0};
-        std::memcpy(out, &scale, 2);
-      }
+  }
+  if (!w4) return;
+  for (int64_t g = 0; g < w.cols / w.group_size; ++g) {
+    for (int64_t i = 0; i < kPanelRows; ++i, out += 2) {
+      const int64_t row = p * kPanelRows + i;
+      const uint16_t scale = row < w.rows ? w4_group_scales(w, row)[g] : uint16_t{0};
+      std::memcpy(out, &scale, 2);
     }
   }
 }
@@ -431,8 +439,8 @@ const char* matmul_int8_kernel_path() {
   return simd::has_avx512_vnni() ? "avx512-vnni" : "avx2";
 }
 
-void PackedMatrix::Free::operator()(void* p) const {
-  std::free(p);
+void PackedMatrix::Unmap::operator()(uint8_t* p) const {
+  ::munmap(p, size);
 }
 
 void read_row(const MatrixRef& w, int64_t row, float* out) {
@@ -473,14 +481,32 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
   ref::read_row(one_row, 0, out);
 }
 
+// Best effort: Linux ≥ 5.14 maps the whole range at once (else reading faults it in as usual).
+void populate_for_reading(const void* p, size_t n) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;
+#endif
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  ::madvise(reinterpret_cast<void*>(begin), reinterpret_cast<uintptr_t>(p) + n - begin,
+            MADV_POPULATE_READ);
+}
+
 PackedMatrix pack_for_int8_kernels(const MatrixRef& w) {
   PackedMatrix packed;
   if (!simd::has_avx512_vnni() || !uses_int8_activations(w)) return packed;
   packed.size_ = panel_count(w.rows) * panel_bytes(w);
-  // aligned_alloc wants a multiple of the alignment.
-  packed.bytes_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (packed.size_ + 63) / 64 * 64)));
-  if (packed.bytes_ == nullptr) throw std::bad_alloc();
-  pack_panels(w, packed.bytes_.get());
+  // Mapped with its pages populated at once, and the source's read in ahead: page faults one page
+  // at a time cost more than the packing.
+  void* p = ::mmap(nullptr, packed.size_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  packed.bytes_ = {static_cast<uint8_t*>(p), {static_cast<size_t>(packed.size_)}};
+  populate_for_reading(w.data, matrix_bytes(w.dtype, w.rows, w.cols, w.group_size));
+  // On the calling thread: a model may load while another thread's forward pass holds the pool.
+  for (int64_t p = 0; p < panel_count(w.rows); ++p) {
+    pack_panel(w, p, packed.bytes_.get() + p * panel_bytes(w));
+  }
   return packed;
 }
 
@@ -516,8 +542,8 @@ bool has_avx512_vnni() {
 }
 }  // namespace simd
 
-void PackedMatrix::Free::operator()(void* p) const {
-  std::free(p);
+void PackedMatrix::Unmap::operator()(uint8_t* p) const {
+  ::munmap(p, size);
 }
 
 PackedMatrix pack_for_int8_kernels(const MatrixRef&) {

@@ -24,10 +24,11 @@ class PackedMatrix {
   int64_t size_bytes() const { return size_; }
 
  private:
-  struct Free {
-    void operator()(void* p) const;
+  struct Unmap {
+    size_t size;
+    void operator()(uint8_t* p) const;
   };
-  std::unique_ptr<uint8_t, Free> bytes_;
+  std::unique_ptr<uint8_t, Unmap> bytes_;
   int64_t size_ = 0;
   friend PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
 };
