@@ -201,15 +201,18 @@ QHX_AVX512 void panel_tile_vnni(const MatrixRef& w, const uint8_t* panel, const 
                                 int64_t t0, __m512 (&out)[NR]) {
   constexpr int kStepCols = kW4 ? 8 : 4;
   constexpr int kStepsPerBlock = kActivationBlock / kStepCols;
-  const uint8_t* group_scales = panel + kPanelRows * w.cols / 2;  // W4
+  const uint8_t* group_scales = panel + kPanelRows * w.cols / 2;  // W4: 32 bytes per group
+  // Counted, not divided: a 64-bit division per block costs as much as a decode step.
   const int64_t blocks_per_group = kW4 ? w.group_size / kActivationBlock : 1;
+  int64_t block_in_group = 0;
   for (int t = 0; t < NR; ++t) out[t] = _mm512_setzero_ps();
   __m512 sw = _mm512_set1_ps(1.0f);
   for (int64_t b = 0; b < a.cols / kActivationBlock; ++b, panel += kStepsPerBlock * 64) {
-    if (kW4 && b % blocks_per_group == 0) {
-      sw = _mm512_cvtph_ps(_mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(group_scales + b / blocks_per_group * 32)));
+    if (kW4 && block_in_group == 0) {
+      sw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scales)));
+      group_scales += 32;
     }
+    if (kW4 && ++block_in_group == blocks_per_group) block_in_group = 0;
     __m512i dot[NR];
     for (int t = 0; t < NR; ++t) dot[t] = _mm512_set1_epi32(a.block_corrections_of(t0 + t)[b]);
     for (int k = 0; k < kStepsPerBlock; ++k) {
