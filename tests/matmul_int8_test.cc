@@ -303,6 +303,8 @@ TEST(Int8Activations, PackedRowsReadAsTheReference) {
   for (const DType dtype : {DType::kW8, DType::kW4}) {
     QuantizedMatrix w(dtype, 37, 192, 64, 12);
     const PackedMatrix layout = pack_for_int8_kernels(w.ref);
+    if (layout.data() == nullptr)
+      GTEST_SKIP() << "this CPU's int8 kernels read matrices as they lie";
     MatrixRef packed = w.ref;
     packed.packed = layout.data();
     std::vector<float> expected(192), got(192);

@@ -21,17 +21,16 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
   const int32_t nibble_offset = layout.nibble_offset;
   const int64_t n_blocks = cols / kActivationBlock;
   a.cols = cols;
-  a.stride = nibble_split ? (cols + chunk - 1) / chunk * chunk : cols;
-  a.q.resize(n_tokens * a.stride);
+  a.q.resize(n_tokens * cols);
   a.block_stride = n_blocks + 16;
   a.block_scales.assign(n_tokens * a.block_stride, 0.0f);
-  a.pairs = nibble_offset != 0 ? a.stride / 8 : 0;
+  a.pairs = nibble_offset != 0 ? cols / 8 : 0;
   a.pair_corrections.resize(n_tokens * a.pairs);
   a.block_corrections.resize(layout.block_offset != 0 ? n_tokens * n_blocks : 0);
   auto prepare = [&](int64_t t) {
     thread_local std::vector<int8_t> split;
     float* sx = a.block_scales.data() + t * a.block_stride;
-    int8_t* q = a.q.data() + t * a.stride;
+    int8_t* q = a.q.data() + t * cols;
     // Quantized in place when the kernel reads the columns in order; else reordered from a copy.
     int8_t* quantized = q;
     if (nibble_split) {
@@ -40,11 +39,8 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
     }
     quantize(x + t * cols, cols, quantized, sx);
     if (nibble_split) {
-      for (int64_t c0 = 0; c0 < a.stride; c0 += chunk) {
-        for (int64_t i = 0; i < chunk; ++i) {
-          const int64_t c = c0 + column_of_byte(chunk, i);
-          q[c0 + i] = c < cols ? quantized[c] : int8_t{0};
-        }
+      for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
+        for (int64_t i = 0; i < chunk; ++i) q[c0 + i] = quantized[c0 + column_of_byte(chunk, i)];
       }
     }
     for (int64_t pair = 0; pair < a.pairs; ++pair) {

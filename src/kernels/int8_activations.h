@@ -15,13 +15,12 @@ namespace qhx {
 // block's scale and the corrections for weights that enter the integer multiply-adds offset.
 struct Int8Activations {
   int64_t cols = 0;
-  int64_t stride = 0;     // bytes of q per token: cols, padded to whole chunks when nibble-split
-  std::vector<int8_t> q;  // [n_tokens, stride], in kernel order, zeros past the last column
+  std::vector<int8_t> q;  // [n_tokens, cols], in kernel order
   // [n_tokens, block_stride]: each block's scale, then zeros up to block_stride, so a 16-float
   // load from any block stays inside the array (kernels spread them over their lanes).
   std::vector<float> block_scales;
   int64_t block_stride = 0;
-  // W4 on AVX2: [n_tokens, stride / 8], for each lane pair of a chunk (the 4 bytes of lane i in
+  // W4 on AVX2: [n_tokens, cols / 8], for each lane pair of a chunk (the 4 bytes of lane i in
   // its even-column half and the 4 of lane i in its odd-column half, which a kernel sums into
   // one 32-bit lane) −nibble_offset · Σ of their 8 q_x: the integer multiply-adds start from it,
   // so offset nibbles come out as exact sums of q_w · q_x.
@@ -30,7 +29,7 @@ struct Int8Activations {
   // Panels (AVX-512 VNNI): [n_tokens, cols / kActivationBlock], −block_offset · Σ_{c∈b} q_x.
   std::vector<int32_t> block_corrections;
 
-  const int8_t* q_of(int64_t t) const { return q.data() + t * stride; }
+  const int8_t* q_of(int64_t t) const { return q.data() + t * cols; }
   const float* block_scales_of(int64_t t) const { return block_scales.data() + t * block_stride; }
   const int32_t* corrections_of(int64_t t) const { return pair_corrections.data() + t * pairs; }
   const int32_t* block_corrections_of(int64_t t) const {
@@ -45,7 +44,7 @@ using QuantizeToken = void (*)(const float* x, int64_t cols, int8_t* q, float* s
 struct ActivationLayout {
   int64_t chunk = kActivationBlock;  // bytes per vector, a multiple of kActivationBlock
   // W4: each chunk ordered as its even columns, then its odd ones, matching weights unpacked as
-  // all low nibbles then all high nibbles; a last, partial chunk padded with zeros.
+  // all low nibbles then all high nibbles (chunk divides cols: W4 groups are whole chunks).
   bool nibble_split = false;
   int32_t nibble_offset = 0;  // ≠ 0: pair_corrections for weights that enter as q + offset
   int32_t block_offset = 0;   // ≠ 0: block_corrections for weights that enter as q + offset

@@ -21,6 +21,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "kernels/thread_pool.h"
+#include "util/error.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -38,12 +39,11 @@
 #endif
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -94,24 +94,24 @@ QHX_AVX2 void quantize_token(const float* x, int64_t cols, int8_t* q, float* sca
   }
 }
 
-// The groups of a W4 row, walked 64 columns at a time: a group is a whole number of 64-column
-// halves (uses_int8_activations), counted rather than divided out of the column, since a 64-bit
-// division per chunk costs more than the chunk's multiply-adds.
+// The groups of a W4 row, walked `step` columns at a time (a divisor of the group size: groups
+// are whole numbers of 64 columns, uses_int8_activations), counted rather than divided out of the
+// column, since a 64-bit division per step costs as much as a decode step's multiply-adds.
 class GroupCounter {
  public:
-  explicit GroupCounter(int64_t group_size) : halves_per_group_(group_size / 64) {}
-  // The group of the next 64 columns.
+  GroupCounter(int64_t group_size, int64_t step) : steps_per_group_(group_size / step) {}
+  // The group of the next `step` columns.
   int64_t next() {
     const int64_t group = group_;
-    if (++half_ == halves_per_group_) {
-      half_ = 0;
+    if (++step_ == steps_per_group_) {
+      step_ = 0;
       ++group_;
     }
     return group;
   }
 
  private:
-  int64_t halves_per_group_, group_ = 0, half_ = 0;
+  int64_t steps_per_group_, group_ = 0, step_ = 0;
 };
 
 // ---- AVX-512 VNNI, W8 and W4 in panels of 16 rows (pack_for_int8_kernels) ----
@@ -207,17 +207,16 @@ QHX_AVX512 void panel_tile_vnni(const MatrixRef& w, const uint8_t* panel, const 
   constexpr int kStepCols = kW4 ? 8 : 4;
   constexpr int kStepsPerBlock = kActivationBlock / kStepCols;
   const uint8_t* group_scales = panel + kPanelRows * w.cols / 2;  // W4: 32 bytes per group
-  // Counted, not divided: a 64-bit division per block costs as much as a decode step.
-  const int64_t blocks_per_group = kW4 ? w.group_size / kActivationBlock : 1;
-  int64_t block_in_group = 0;
+  GroupCounter groups(kW4 ? w.group_size : kActivationBlock, kActivationBlock);
+  int64_t group = -1;
   for (int t = 0; t < NR; ++t) out[t] = _mm512_setzero_ps();
   __m512 sw = _mm512_set1_ps(1.0f);
   for (int64_t b = 0; b < a.cols / kActivationBlock; ++b, panel += kStepsPerBlock * 64) {
-    if (kW4 && block_in_group == 0) {
-      sw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scales)));
-      group_scales += 32;
+    if (kW4 && groups.next() != group) {
+      ++group;
+      sw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scales + 32 * group)));
     }
-    if (kW4 && ++block_in_group == blocks_per_group) block_in_group = 0;
     __m512i dot[NR];
     for (int t = 0; t < NR; ++t) dot[t] = _mm512_set1_epi32(a.block_corrections_of(t0 + t)[b]);
     if (kW4 && NR == 1) {
@@ -319,7 +318,7 @@ QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scale
   for (int r = 0; r < MR; ++r) {
     for (int t = 0; t < NR; ++t) acc[r][t] = _mm256_setzero_ps();
   }
-  GroupCounter groups(group_size);
+  GroupCounter groups(group_size, 64);
   for (int64_t c = 0; c < a.cols; c += 64) {
     const int64_t g = groups.next();
     __m256i even[MR], odd[MR];
@@ -355,12 +354,8 @@ QHX_AVX2 void w4_tile_avx2(const uint8_t* const* w, const uint16_t* const* scale
 
 // ---- Driving the AVX2 tiles ----
 
-// Tiles of 4 rows × 4 tokens for W8; W4 tiles take 3 tokens, since each W4 row holds two
-// unpacked vectors and a scale vector, and 4 tokens' accumulators would not leave them registers
-// (measured at 64 tokens: 4×3 W4 tiles 1.2–1.4× faster than 4×4).
 constexpr int kTileRows = 4;
-constexpr int kW8TileTokens = 4;
-constexpr int kW4TileTokens = 3;
+constexpr int kTileTokens = 4;
 
 struct Avx2Tiles {
   template <int MR, int NR>
@@ -391,7 +386,6 @@ void run_tiles(const MatrixRef& w, const Int8Activations& a, int64_t r0, int64_t
 // each against every token block while its weights are in L1. A single token (decode) goes row
 // by row instead: one contiguous stream of weights is what the hardware prefetcher follows best,
 // and with one token there is nothing for a tile's rows to share.
-template <int kTileTokens>
 void matmul_rows(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                  int64_t row_begin, int64_t row_end) {
   const auto token_counts = std::make_integer_sequence<int, kTileTokens>{};
@@ -442,18 +436,13 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
                       {.chunk = w4 ? 64 : 32, .nibble_split = w4, .nibble_offset = w4 ? 8 : 0},
                       activations);
   split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
-    if (w4) return matmul_rows<kW4TileTokens>(w, activations, n_tokens, y, begin, end);
-    matmul_rows<kW8TileTokens>(w, activations, n_tokens, y, begin, end);
+    matmul_rows(w, activations, n_tokens, y, begin, end);
   });
 }
 
 const char* matmul_int8_kernel_path() {
   if (!simd::has_avx2()) return "scalar reference";
   return simd::has_avx512_vnni() ? "avx512-vnni" : "avx2";
-}
-
-void PackedMatrix::Unmap::operator()(uint8_t* p) const {
-  ::munmap(p, size);
 }
 
 void read_row(const MatrixRef& w, int64_t row, float* out) {
@@ -494,28 +483,25 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
   ref::read_row(one_row, 0, out);
 }
 
-// Best effort: Linux ≥ 5.14 maps the whole range at once (else reading faults it in as usual).
-void populate_for_reading(const void* p, size_t n) {
-#ifndef MADV_POPULATE_READ
-  constexpr int MADV_POPULATE_READ = 22;
-#endif
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
-  ::madvise(reinterpret_cast<void*>(begin), reinterpret_cast<uintptr_t>(p) + n - begin,
-            MADV_POPULATE_READ);
+bool packs_for_int8_kernels(const MatrixRef& w) {
+  return simd::has_avx512_vnni() && uses_int8_activations(w);
 }
 
 PackedMatrix pack_for_int8_kernels(const MatrixRef& w) {
   PackedMatrix packed;
-  if (!simd::has_avx512_vnni() || !uses_int8_activations(w)) return packed;
-  packed.size_ = panel_count(w.rows) * panel_bytes(w);
-  // Mapped with its pages populated at once, and the source's read in ahead: page faults one page
-  // at a time cost more than the packing.
-  void* p = ::mmap(nullptr, packed.size_, PROT_READ | PROT_WRITE,
+  if (!packs_for_int8_kernels(w)) return packed;
+  const size_t size = panel_count(w.rows) * panel_bytes(w);
+  // Its pages populated at once: page faults one page at a time cost more than the packing.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  packed.bytes_ = {static_cast<uint8_t*>(p), {static_cast<size_t>(packed.size_)}};
-  populate_for_reading(w.data, matrix_bytes(w.dtype, w.rows, w.cols, w.group_size));
+  if (p == MAP_FAILED) {
+    fail(std::string(dtype_name(w.dtype)) + " matrix [" + std::to_string(w.rows) + ", " +
+             std::to_string(w.cols) + "]",
+         "cannot map " + std::to_string(size >> 20) +
+             " MiB for its int8 panels: " + std::strerror(errno),
+         ErrorKind::kOutOfMemory);
+  }
+  packed.bytes_ = {static_cast<uint8_t*>(p), {size}};
   // On the calling thread: a model may load while another thread's forward pass holds the pool.
   for (int64_t p = 0; p < panel_count(w.rows); ++p) {
     pack_panel(w, p, packed.bytes_.get() + p * panel_bytes(w));
@@ -555,12 +541,12 @@ bool has_avx512_vnni() {
 }
 }  // namespace simd
 
-void PackedMatrix::Unmap::operator()(uint8_t* p) const {
-  ::munmap(p, size);
+bool packs_for_int8_kernels(const MatrixRef&) {
+  return false;  // the NEON kernels read matrices as they lie
 }
 
 PackedMatrix pack_for_int8_kernels(const MatrixRef&) {
-  return {};  // the NEON kernels read matrices as they lie
+  return {};
 }
 
 void read_row(const MatrixRef& w, int64_t row, float* out) {
@@ -568,5 +554,9 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
 }
 
 #endif
+
+void PackedMatrix::Unmap::operator()(uint8_t* p) const {
+  ::munmap(p, size);
+}
 
 }  // namespace qhx

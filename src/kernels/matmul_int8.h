@@ -21,7 +21,6 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
 class PackedMatrix {
  public:
   const void* data() const { return bytes_.get(); }
-  int64_t size_bytes() const { return size_; }
 
  private:
   struct Unmap {
@@ -29,9 +28,12 @@ class PackedMatrix {
     void operator()(uint8_t* p) const;
   };
   std::unique_ptr<uint8_t, Unmap> bytes_;
-  int64_t size_ = 0;
   friend PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
 };
+// True when this CPU's int8 kernels have a layout of their own for w.
+bool packs_for_int8_kernels(const MatrixRef& w);
+// Empty unless packs_for_int8_kernels(w). Throws Error (kOutOfMemory) naming the matrix when
+// there is no memory for the copy.
 PackedMatrix pack_for_int8_kernels(const MatrixRef& w);
 
 // ref::read_row (the same float32 values), from w.packed when set: a matrix whose mapped pages

@@ -66,13 +66,15 @@ class Decoder final : public Model {
       }
     }
     for (MatrixRef* m : matrices) {
-      if (m->data == nullptr) continue;  // a mixer this layer does not have
+      // Null: a mixer this layer does not have.
+      if (m->data == nullptr || !packs_for_int8_kernels(*m)) continue;
+      const uint64_t bytes = matrix_bytes(m->dtype, m->rows, m->cols, m->group_size);
+      MappedFile::populate_pages(m->data, bytes);  // read once, in full
       PackedMatrix packed = pack_for_int8_kernels(*m);
-      if (packed.data() == nullptr) continue;
       m->packed = packed.data();
       if (m->data == weights_.embed_tokens.data) weights_.embed_tokens.packed = packed.data();
       packed_.push_back(std::move(packed));
-      MappedFile::release_pages(m->data, matrix_bytes(m->dtype, m->rows, m->cols, m->group_size));
+      MappedFile::release_pages(m->data, bytes);
       if (m->dtype == DType::kW4) {  // the panels carry the group scales too
         MappedFile::release_pages(m->scales,
                                   matrix_scale_bytes(m->dtype, m->rows, m->cols, m->group_size));

@@ -146,7 +146,7 @@ void Session::remember_checkpoint() {
         drop = i;
       }
     }
-    checkpoints_.erase(checkpoints_.begin() + std::max<int64_t>(drop, 0));
+    checkpoints_.erase(checkpoints_.begin() + drop);
   }
 }
 

@@ -32,12 +32,29 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
   ::close(fd);
 }
 
-void MappedFile::release_pages(const void* p, size_t n) {
+namespace {
+
+// madvise on the pages of [p, p + n): those wholly inside it (inner) or all it touches.
+void advise_pages(const void* p, size_t n, bool inner, int advice) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-  // Advice only: if the kernel declines, the pages simply stay resident.
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  const auto first = reinterpret_cast<uintptr_t>(p), last = first + n;
+  const uintptr_t begin = inner ? (first + page - 1) / page * page : first / page * page;
+  const uintptr_t end = inner ? last / page * page : (last + page - 1) / page * page;
+  // Advice only: if the kernel declines, the pages stay as they are.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
+}
+
+}  // namespace
+
+void MappedFile::release_pages(const void* p, size_t n) {
+  advise_pages(p, n, /*inner=*/true, MADV_DONTNEED);
+}
+
+void MappedFile::populate_pages(const void* p, size_t n) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older kernels reject it, harmlessly
+#endif
+  advise_pages(p, n, /*inner=*/false, MADV_POPULATE_READ);
 }
 
 MappedFile::~MappedFile() {
