@@ -201,10 +201,8 @@ TEST(Kernels, FastAttentionMatchesTheReference) {
   struct Case {
     AttentionShape shape;
     int64_t first_pos, n_queries;
-  } cases[] = {{{4, 4, 32}, 0, 9},
-               {{8, 4, 64}, 5, 7},
-               {{8, 2, 128}, 40, 3},
-               {{4, 1, 12}, 3, 4},
+  } cases[] = {{{4, 4, 32}, 0, 9},    {{8, 4, 64}, 5, 7},     {{8, 2, 128}, 40, 3},
+               {{8, 2, 256}, 17, 21}, {{16, 8, 128}, 30, 37}, {{4, 1, 12}, 3, 4},
                {{2, 1, 6}, 2, 3}};
   for (const int threads : {1, 2}) {
     set_kernel_threads(threads);

@@ -146,6 +146,132 @@ void attend_rows_avx2(const AttentionRow* rows, int n_rows, const float* keys, c
     batches[n - 1](rows + r, keys, values, kv_stride, head_dim, scale);
   }
 }
+
+#define QHX_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
+
+// The AVX-512 kernel keeps each (row, key) score in a vector over head_dim and turns sixteen of
+// them into sixteen scores at once with a fixed tree of shuffles and adds: the AVX2 kernel's
+// horizontal sum per score costs as much as the score's multiply-adds.
+constexpr int kKeysAtOnce = 16;
+
+// Adds neighbouring lanes of a and b: lanes 0–7 hold a's pairs, lanes 8–15 b's. Four rounds of it
+// over sixteen vectors leave vector j's sum in lane j, in a fixed order.
+QHX_AVX512 inline __m512 add_lane_pairs(__m512 a, __m512 b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+}
+
+// For RT rows and the four keys k[0..4): quads[r] holds, in lanes 4j..4j+3, four partial sums of
+// q_r·k_j; each (row, key) product is summed lane by lane over head_dim in order, so a row gets the
+// same bits in any tile. The rows share each key load and the keys each row load; keys are read
+// along their rows (they lie kv_stride apart, 4 KB and more, and sixteen read column by column
+// would keep missing the L1 set they share).
+template <int RT>
+QHX_AVX512 void score_quads(const AttentionRow* rows, const float* const k[4], int64_t head_dim,
+                            __m512* quads) {
+  __m512 acc[RT][4];
+  for (int r = 0; r < RT; ++r) {
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  for (int64_t d = 0; d < head_dim; d += 16) {
+    __m512 kd[4];
+    for (int j = 0; j < 4; ++j) kd[j] = _mm512_loadu_ps(k[j] + d);
+    for (int r = 0; r < RT; ++r) {
+      const __m512 qd = _mm512_loadu_ps(rows[r].q + d);
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(qd, kd[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < RT; ++r) {
+    quads[r] =
+        add_lane_pairs(add_lane_pairs(acc[r][0], acc[r][1]), add_lane_pairs(acc[r][2], acc[r][3]));
+  }
+}
+
+// scores = scale · q·k for every row and its keys, sixteen keys at a time: the sixteen keys
+// (8 or 16 KB at head_dim 128 or 256) stay in L1 while every row takes its scores from them.
+template <int R>
+QHX_AVX512 void row_scores_avx512(const AttentionRow* rows, const float* keys, int64_t kv_stride,
+                                  int64_t head_dim, float scale) {
+  using Quads = void (*)(const AttentionRow*, const float* const*, int64_t, __m512*);
+  static constexpr Quads tiles[] = {score_quads<1>, score_quads<2>, score_quads<3>, score_quads<4>};
+  __m512 quads[4][R];  // [key quad][row]
+  int first = 0;       // rows are sorted by n_keys: those before first have no keys left
+  for (int64_t j0 = 0; j0 < rows[R - 1].n_keys; j0 += kKeysAtOnce) {
+    while (rows[first].n_keys <= j0) ++first;
+    for (int g = 0; g < 4; ++g) {
+      for (int r = first; r < R; r += 4) {
+        const int rt = std::min(4, R - r);
+        // Keys past the tile's last one are not read: their lanes repeat it, and no row stores
+        // them.
+        const int64_t last_key = rows[r + rt - 1].n_keys - 1;
+        const float* k[4];
+        for (int j = 0; j < 4; ++j) k[j] = keys + std::min(j0 + 4 * g + j, last_key) * kv_stride;
+        tiles[rt - 1](rows + r, k, head_dim, quads[g] + r);
+      }
+    }
+    for (int r = first; r < R; ++r) {
+      const __m512 sums = add_lane_pairs(add_lane_pairs(quads[0][r], quads[1][r]),
+                                         add_lane_pairs(quads[2][r], quads[3][r]));
+      const int64_t n = std::min<int64_t>(kKeysAtOnce, rows[r].n_keys - j0);
+      _mm512_mask_storeu_ps(rows[r].scores + j0, static_cast<__mmask16>((1u << n) - 1),
+                            _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+    }
+  }
+}
+
+// Output columns [d, d + 16·NV) of R rows, as row_outputs does with 8 lanes.
+template <int R, int NV>
+QHX_AVX512 void row_outputs_avx512(const AttentionRow* rows, const float* values, int64_t kv_stride,
+                                   int64_t d) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < NV; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < rows[0].n_keys; ++j) {
+    __m512 v[NV];
+    for (int i = 0; i < NV; ++i) v[i] = _mm512_loadu_ps(values + j * kv_stride + d + 16 * i);
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_set1_ps(rows[r].scores[j]);
+      for (int i = 0; i < NV; ++i) acc[r][i] = _mm512_fmadd_ps(p, v[i], acc[r][i]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = rows[0].n_keys; j < rows[r].n_keys; ++j) {
+      const __m512 p = _mm512_set1_ps(rows[r].scores[j]);
+      for (int i = 0; i < NV; ++i) {
+        acc[r][i] =
+            _mm512_fmadd_ps(p, _mm512_loadu_ps(values + j * kv_stride + d + 16 * i), acc[r][i]);
+      }
+    }
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(rows[r].out + d + 16 * i, acc[r][i]);
+  }
+}
+
+template <int R>
+QHX_AVX512 void attend_batch_avx512(const AttentionRow* rows, const float* keys,
+                                    const float* values, int64_t kv_stride, int64_t head_dim,
+                                    float scale) {
+  row_scores_avx512<R>(rows, keys, kv_stride, head_dim, scale);
+  for (int r = 0; r < R; ++r) softmax_avx2(rows[r].scores, rows[r].n_keys);
+  int64_t d = 0;
+  for (; d + 32 <= head_dim; d += 32) row_outputs_avx512<R, 2>(rows, values, kv_stride, d);
+  if (d < head_dim) row_outputs_avx512<R, 1>(rows, values, kv_stride, d);
+}
+
+// head_dim a multiple of 16.
+void attend_rows_avx512(const AttentionRow* rows, int n_rows, const float* keys,
+                        const float* values, int64_t kv_stride, int64_t head_dim, float scale) {
+  using Batch = void (*)(const AttentionRow*, const float*, const float*, int64_t, int64_t, float);
+  static constexpr Batch batches[] = {attend_batch_avx512<1>, attend_batch_avx512<2>,
+                                      attend_batch_avx512<3>, attend_batch_avx512<4>,
+                                      attend_batch_avx512<5>, attend_batch_avx512<6>,
+                                      attend_batch_avx512<7>, attend_batch_avx512<8>};
+  for (int r = 0; r < n_rows; r += kRowsAtOnce) {
+    const int n = std::min(kRowsAtOnce, n_rows - r);
+    batches[n - 1](rows + r, keys, values, kv_stride, head_dim, scale);
+  }
+}
 #elif defined(__aarch64__)
 // head_dim a multiple of 4.
 void attend_rows_neon(const AttentionRow* rows, int n_rows, const float* keys, const float* values,
@@ -160,6 +286,7 @@ void attend_rows_neon(const AttentionRow* rows, int n_rows, const float* keys, c
 // The SIMD kernel for this CPU and head size, or null for the reference.
 AttendRows fast_attend_rows([[maybe_unused]] int64_t head_dim) {
 #if defined(__x86_64__)
+  if (simd::has_avx512() && head_dim % 16 == 0) return attend_rows_avx512;
   if (simd::has_avx2() && head_dim % 8 == 0) return attend_rows_avx2;
 #elif defined(__aarch64__)
   if (neon::enabled() && head_dim % 4 == 0) return attend_rows_neon;
@@ -168,6 +295,17 @@ AttendRows fast_attend_rows([[maybe_unused]] int64_t head_dim) {
 }
 
 }  // namespace
+
+const char* attention_kernel_path(int64_t head_dim) {
+  const AttendRows attend = fast_attend_rows(head_dim);
+#if defined(__x86_64__)
+  if (attend == attend_rows_avx512) return "avx512";
+  if (attend == attend_rows_avx2) return "avx2+fma";
+#elif defined(__aarch64__)
+  if (attend == attend_rows_neon) return "neon";
+#endif
+  return "scalar reference";
+}
 
 void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
                       const float* values, const AttentionShape& shape, float scale, float* out) {

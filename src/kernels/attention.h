@@ -15,4 +15,8 @@ namespace qhx {
 void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
                       const float* values, const AttentionShape& shape, float scale, float* out);
 
+// The implementation causal_attention uses here: "avx512" or "avx2+fma" (x86-64 CPUs that have
+// them, head_dim a multiple of 16 or 8), "neon" (aarch64) or "scalar reference".
+const char* attention_kernel_path(int64_t head_dim);
+
 }  // namespace qhx

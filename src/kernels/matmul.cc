@@ -178,6 +178,17 @@ bool has_avx2() {
   return yes;
 }
 
+bool has_avx512() {
+  static const bool yes = [] {
+    const char* choice = std::getenv("QHX_KERNELS");
+    const bool avx2_only = choice != nullptr && std::string_view(choice) == "avx2";
+    return has_avx2() && !avx2_only && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return yes;
+}
+
 QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y,
                                  int64_t row_begin, int64_t row_end) {
   // Two tokens per weight load: 8 accumulators each.
@@ -236,6 +247,9 @@ const char* matmul_kernel_path() {
 #if !defined(__x86_64__)
 namespace simd {
 bool has_avx2() {
+  return false;
+}
+bool has_avx512() {
   return false;
 }
 }  // namespace simd

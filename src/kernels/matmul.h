@@ -22,6 +22,8 @@ const char* matmul_kernel_path();
 namespace simd {
 // True when this CPU runs the AVX2 + FMA + F16C kernels (and QHX_KERNELS does not forbid them).
 bool has_avx2();
+// True when it also has AVX-512 F/BW/DQ/VL and QHX_KERNELS=avx2 does not keep to AVX2.
+bool has_avx512();
 }  // namespace simd
 
 }  // namespace qhx

@@ -44,7 +44,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -396,20 +395,12 @@ void matmul_rows(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens,
   for (; r < row_end; ++r) run_tiles<1>(w, a, r, n_tokens, y, token_counts);
 }
 
-// QHX_KERNELS=avx2 keeps to the AVX2 kernels (to compare, or to test them on an AVX-512 CPU).
-bool cpu_has_avx512_vnni() {
-  const char* choice = std::getenv("QHX_KERNELS");
-  if (choice != nullptr && std::string_view(choice) == "avx2") return false;
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-
 }  // namespace
 
 namespace simd {
 
 bool has_avx512_vnni() {
-  static const bool yes = has_avx2() && cpu_has_avx512_vnni();
+  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512vnni");
   return yes;
 }
 

@@ -23,6 +23,7 @@
 #include "io/bundle.h"
 #include "io/hf_config.h"
 #include "io/pack.h"
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
@@ -502,13 +503,15 @@ int run_bench(const BenchArgs& args) {
   const double load_s = qhx::seconds_since(load_start);
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);
+  const std::string kernel_path = std::string(qhx::matmul_kernel_path()) + "; attention " +
+                                  qhx::attention_kernel_path(model->config().head_dim);
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
   if (!args.json) {
     std::printf(
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | commit "
         "%s\n",
-        args.model.c_str(), weights.c_str(), weights_mb, qhx::kernel_threads(),
-        qhx::matmul_kernel_path(), load_s, cpu.c_str(), QHX_GIT_COMMIT);
+        args.model.c_str(), weights.c_str(), weights_mb, qhx::kernel_threads(), kernel_path.c_str(),
+        load_s, cpu.c_str(), QHX_GIT_COMMIT);
     std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
                 "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
   }
@@ -545,7 +548,7 @@ int run_bench(const BenchArgs& args) {
               {"ttft_ms", spread(r.ttft_ms)}}},
             {"family", model->config().family == qhx::Family::kQwen3_5 ? "qwen3_5" : "qwen3"},
             {"cpu", cpu},
-            {"kernel_path", qhx::matmul_kernel_path()},
+            {"kernel_path", kernel_path},
             {"commit", QHX_GIT_COMMIT},
             {"date", utc_date()},
             {"gate", gate}};
