@@ -254,9 +254,14 @@ QHX_AVX512 void attend_batch_avx512(const AttentionRow* rows, const float* keys,
                                     float scale) {
   row_scores_avx512<R>(rows, keys, kv_stride, head_dim, scale);
   for (int r = 0; r < R; ++r) softmax_avx2(rows[r].scores, rows[r].n_keys);
+  // As many columns per pass over the values as 16 accumulators hold: a decode step's one or two
+  // rows read each value row once, whole.
+  constexpr int kVectors = R <= 2 ? 8 : (R <= 4 ? 4 : 2);
   int64_t d = 0;
-  for (; d + 32 <= head_dim; d += 32) row_outputs_avx512<R, 2>(rows, values, kv_stride, d);
-  if (d < head_dim) row_outputs_avx512<R, 1>(rows, values, kv_stride, d);
+  for (; d + 16 * kVectors <= head_dim; d += 16 * kVectors) {
+    row_outputs_avx512<R, kVectors>(rows, values, kv_stride, d);
+  }
+  for (; d < head_dim; d += 16) row_outputs_avx512<R, 1>(rows, values, kv_stride, d);
 }
 
 // head_dim a multiple of 16.
