@@ -74,6 +74,11 @@ QHX_AVX2 void softmax_avx2(float* x, int64_t n) {
 // the batch.
 constexpr int kRowsAtOnce = 8;
 
+// Output vectors per row in one pass over the values: as many as 16 accumulators hold, so that a
+// decode step's one or two rows read each value row once, whole.
+template <int R>
+constexpr int kVectorsPerPass = R <= 2 ? 8 : (R <= 4 ? 4 : 2);
+
 // scores[j] = scale · q·k_j for keys [j_begin, j_end) of R rows.
 template <int R>
 QHX_AVX2 void row_scores(const AttentionRow* rows, const float* keys, int64_t kv_stride,
@@ -130,8 +135,10 @@ QHX_AVX2 void attend_batch(const AttentionRow* rows, const float* keys, const fl
     softmax_avx2(rows[r].scores, rows[r].n_keys);
   }
   int64_t d = 0;
-  for (; d + 16 <= head_dim; d += 16) row_outputs<R, 2>(rows, values, kv_stride, d);
-  if (d < head_dim) row_outputs<R, 1>(rows, values, kv_stride, d);
+  for (; d + 8 * kVectorsPerPass<R> <= head_dim; d += 8 * kVectorsPerPass<R>) {
+    row_outputs<R, kVectorsPerPass<R>>(rows, values, kv_stride, d);
+  }
+  for (; d < head_dim; d += 8) row_outputs<R, 1>(rows, values, kv_stride, d);
 }
 
 // head_dim a multiple of 8.
@@ -254,12 +261,9 @@ QHX_AVX512 void attend_batch_avx512(const AttentionRow* rows, const float* keys,
                                     float scale) {
   row_scores_avx512<R>(rows, keys, kv_stride, head_dim, scale);
   for (int r = 0; r < R; ++r) softmax_avx2(rows[r].scores, rows[r].n_keys);
-  // As many columns per pass over the values as 16 accumulators hold: a decode step's one or two
-  // rows read each value row once, whole.
-  constexpr int kVectors = R <= 2 ? 8 : (R <= 4 ? 4 : 2);
   int64_t d = 0;
-  for (; d + 16 * kVectors <= head_dim; d += 16 * kVectors) {
-    row_outputs_avx512<R, kVectors>(rows, values, kv_stride, d);
+  for (; d + 16 * kVectorsPerPass<R> <= head_dim; d += 16 * kVectorsPerPass<R>) {
+    row_outputs_avx512<R, kVectorsPerPass<R>>(rows, values, kv_stride, d);
   }
   for (; d < head_dim; d += 16) row_outputs_avx512<R, 1>(rows, values, kv_stride, d);
 }
