@@ -182,9 +182,18 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
   struct Shape {
     DType dtype;
     int64_t rows, cols, group;
-  } shapes[] = {{DType::kW8, 13, 96, 0},   {DType::kW8, 4, 32, 0},    {DType::kW8, 9, 1024, 0},
-                {DType::kW8, 67, 160, 0},  {DType::kW4, 13, 192, 64}, {DType::kW4, 5, 256, 128},
-                {DType::kW4, 67, 128, 64}, {DType::kW4, 1, 64, 64},   {DType::kW4, 7, 384, 192}};
+  } shapes[] = {{DType::kW8, 13, 96, 0},
+                {DType::kW8, 4, 32, 0},
+                {DType::kW8, 9, 1024, 0},
+                {DType::kW8, 67, 160, 0},
+                {DType::kW4, 13, 192, 64},
+                {DType::kW4, 5, 256, 128},
+                {DType::kW4, 67, 128, 64},
+                {DType::kW4, 1, 64, 64},
+                {DType::kW4, 7, 384, 192},
+                // Four panels, the last partial: decode walks two streams of two.
+                {DType::kW8, 60, 96, 0},
+                {DType::kW4, 60, 128, 64}};
   std::printf("int8 kernel path: %s\n", matmul_int8_kernel_path());
   for (const Shape& s : shapes) {
     for (const bool packed : {false, true}) {

@@ -50,6 +50,23 @@ void expect_softmax(const std::vector<TokenProb>& dist, const std::vector<double
 TEST(Sampler, ArgmaxTakesTheFirstOfTies) {
   const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
   EXPECT_EQ(argmax(logits), 1);
+  // Against a plain scan, on lengths around the vectorised loop's 16 lanes and a vocabulary's,
+  // with values drawn from a few levels so that the largest one repeats across lanes.
+  std::mt19937 rng(5);
+  for (const size_t n : {1, 2, 15, 16, 31, 32, 33, 47, 48, 100, 151936}) {
+    for (const int levels : {3, 50}) {
+      std::uniform_int_distribution<int> level(-levels, levels);
+      std::vector<float> x(n);
+      for (float& v : x) v = static_cast<float>(level(rng)) * 0.25f;
+      size_t expected = 0;
+      for (size_t i = 1; i < n; ++i) {
+        if (x[i] > x[expected]) expected = i;
+      }
+      EXPECT_EQ(argmax(x), static_cast<int32_t>(expected)) << "n " << n << " levels " << levels;
+      x[n - 1] = 100.0f;  // a maximum in the tail that the lanes do not cover
+      EXPECT_EQ(argmax(x), static_cast<int32_t>(n - 1)) << "n " << n;
+    }
+  }
 }
 
 TEST(Sampler, PenaltiesFollowTheirFormulas) {

@@ -129,10 +129,14 @@ class GroupCounter {
 constexpr int kPanelRows = 16;
 constexpr int kPanelTokens = 8;
 // W4 decode streams a panel's weights faster than the hardware prefetchers fetch them ahead:
-// software prefetches this far ahead took a W4 decode matmul from 17-24 GB/s to 40-52 GB/s on one
-// core (distances of 1-32 KB tried; 16 KB best). W8 decode runs at 48-50 GB/s without them, and
-// slower with them.
-constexpr int64_t kW4PrefetchBytes = 16384;
+// software prefetches this far ahead took a W4 decode matmul from 15-23 GB/s to 24-29 GB/s on one
+// core, from DRAM (distances of 1-32 KB tried; 16 KB best for one stream, 8 KB for two). W8
+// decode runs at 39-41 GB/s without them, and slower with them.
+constexpr int64_t kW4PrefetchBytes = 8192;
+// Decode walks this many parts of a thread's panels side by side: one stream per core left memory
+// idle (whole 0.6B model, 2 threads, alternated: W4 84-87 → 89-93 tok/s, W8 67-68 → 69-70;
+// four streams measured the same as two).
+constexpr int kDecodeStreams = 2;
 
 int64_t panel_count(int64_t rows) {
   return (rows + kPanelRows - 1) / kPanelRows;
@@ -198,70 +202,109 @@ QHX_AVX512 inline void add_panel_step(const uint8_t* step, const int8_t* x, __m5
   }
 }
 
-// One panel × NR tokens from t0: out[t] = the 16 rows' Σ_b sx_b · sw_b · Σ_{c∈b} q_w · q_x, where
-// sw_b is the group scale (W4) or 1 (W8: the row scales are applied by the caller).
-template <bool kW4, int NR>
-QHX_AVX512 void panel_tile_vnni(const MatrixRef& w, const uint8_t* panel, const Int8Activations& a,
-                                int64_t t0, __m512 (&out)[NR]) {
+// NP panels × NR tokens from t0: out[i][t] = panel i's 16 rows' Σ_b sx_b · sw_b · Σ_{c∈b} q_w ·
+// q_x, where sw_b is the group scale (W4) or 1 (W8: the row scales are applied by the caller). Each
+// panel is summed the same way whatever NP is: several panels side by side only keep more of
+// memory's streams in flight.
+template <bool kW4, int NP, int NR>
+QHX_AVX512 void panel_tile_vnni(const MatrixRef& w, const uint8_t* const (&panels)[NP],
+                                const Int8Activations& a, int64_t t0, __m512 (&out)[NP][NR]) {
   constexpr int kStepCols = kW4 ? 8 : 4;
   constexpr int kStepsPerBlock = kActivationBlock / kStepCols;
-  const uint8_t* group_scales = panel + kPanelRows * w.cols / 2;  // W4: 32 bytes per group
+  const uint8_t* panel[NP];
+  __m512 sw[NP];
+  for (int i = 0; i < NP; ++i) {
+    panel[i] = panels[i];
+    sw[i] = _mm512_set1_ps(1.0f);
+    for (int t = 0; t < NR; ++t) out[i][t] = _mm512_setzero_ps();
+  }
   GroupCounter groups(kW4 ? w.group_size : kActivationBlock, kActivationBlock);
   int64_t group = -1;
-  for (int t = 0; t < NR; ++t) out[t] = _mm512_setzero_ps();
-  __m512 sw = _mm512_set1_ps(1.0f);
-  for (int64_t b = 0; b < a.cols / kActivationBlock; ++b, panel += kStepsPerBlock * 64) {
+  const int64_t group_scales = kPanelRows * w.cols / 2;  // W4: 32 bytes per group after the octets
+  for (int64_t b = 0; b < a.cols / kActivationBlock; ++b) {
     if (kW4 && groups.next() != group) {
       ++group;
-      sw = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scales + 32 * group)));
+      for (int i = 0; i < NP; ++i) {
+        sw[i] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(panels[i] + group_scales + 32 * group)));
+      }
     }
-    __m512i dot[NR];
-    for (int t = 0; t < NR; ++t) dot[t] = _mm512_set1_epi32(a.block_corrections_of(t0 + t)[b]);
+    __m512i dot[NP][NR];
+    for (int i = 0; i < NP; ++i) {
+      for (int t = 0; t < NR; ++t) dot[i][t] = _mm512_set1_epi32(a.block_corrections_of(t0 + t)[b]);
+    }
     if (kW4 && NR == 1) {
-      for (int k = 0; k < kStepsPerBlock; ++k) {
-        _mm_prefetch(reinterpret_cast<const char*>(panel) + kW4PrefetchBytes + 64 * k, _MM_HINT_T0);
+      for (int i = 0; i < NP; ++i) {
+        for (int k = 0; k < kStepsPerBlock; ++k) {
+          _mm_prefetch(reinterpret_cast<const char*>(panel[i]) + kW4PrefetchBytes + 64 * k,
+                       _MM_HINT_T0);
+        }
       }
     }
     for (int k = 0; k < kStepsPerBlock; ++k) {
-      for (int t = 0; t < NR; ++t) {
-        add_panel_step<kW4>(panel + 64 * k, a.q_of(t0 + t) + kActivationBlock * b + kStepCols * k,
-                            dot[t]);
+      for (int i = 0; i < NP; ++i) {
+        for (int t = 0; t < NR; ++t) {
+          add_panel_step<kW4>(panel[i] + 64 * k,
+                              a.q_of(t0 + t) + kActivationBlock * b + kStepCols * k, dot[i][t]);
+        }
       }
     }
-    for (int t = 0; t < NR; ++t) {
-      const __m512 sx = _mm512_set1_ps(a.block_scales_of(t0 + t)[b]);
-      out[t] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), kW4 ? _mm512_mul_ps(sx, sw) : sx, out[t]);
+    for (int i = 0; i < NP; ++i) {
+      for (int t = 0; t < NR; ++t) {
+        const __m512 sx = _mm512_set1_ps(a.block_scales_of(t0 + t)[b]);
+        out[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][t]),
+                                    kW4 ? _mm512_mul_ps(sx, sw[i]) : sx, out[i][t]);
+      }
+      panel[i] += kStepsPerBlock * 64;
     }
   }
 }
 
-// Panel p × NR tokens from t0 into y (W8: times the row scales; rows past the matrix dropped).
-template <bool kW4, int NR>
-QHX_AVX512 void run_panel_tile(const MatrixRef& w, const Int8Activations& a, int64_t p, int64_t t0,
-                               float* y) {
-  __m512 out[NR];
-  panel_tile_vnni<kW4, NR>(w, static_cast<const uint8_t*>(w.packed) + p * panel_bytes(w), a, t0,
-                           out);
-  const int64_t r0 = p * kPanelRows;
-  const __mmask16 rows = w.rows - r0 >= kPanelRows ? 0xFFFF : (1u << (w.rows - r0)) - 1;
-  const __m512 scales = kW4 ? _mm512_set1_ps(1.0f)
-                            : _mm512_maskz_loadu_ps(rows, static_cast<const float*>(w.scales) + r0);
-  for (int t = 0; t < NR; ++t) {
-    _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, rows, _mm512_mul_ps(out[t], scales));
+// Panels p[0..NP) × NR tokens from t0 into y (W8: times the row scales; rows past the matrix
+// dropped).
+template <bool kW4, int NP, int NR>
+QHX_AVX512 void run_panel_tile(const MatrixRef& w, const Int8Activations& a, const int64_t (&p)[NP],
+                               int64_t t0, float* y) {
+  const uint8_t* panels[NP];
+  for (int i = 0; i < NP; ++i)
+    panels[i] = static_cast<const uint8_t*>(w.packed) + p[i] * panel_bytes(w);
+  __m512 out[NP][NR];
+  panel_tile_vnni<kW4, NP, NR>(w, panels, a, t0, out);
+  for (int i = 0; i < NP; ++i) {
+    const int64_t r0 = p[i] * kPanelRows;
+    const __mmask16 rows = w.rows - r0 >= kPanelRows ? 0xFFFF : (1u << (w.rows - r0)) - 1;
+    const __m512 scales =
+        kW4 ? _mm512_set1_ps(1.0f)
+            : _mm512_maskz_loadu_ps(rows, static_cast<const float*>(w.scales) + r0);
+    for (int t = 0; t < NR; ++t) {
+      _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, rows, _mm512_mul_ps(out[i][t], scales));
+    }
   }
 }
 
-// Panels [panel_begin, panel_end) for all tokens, kPanelTokens at a time.
+// Panels [panel_begin, panel_end) for all tokens, kPanelTokens at a time. One token (decode)
+// walks kDecodeStreams parts of the range side by side: one stream per core left memory idle.
 template <bool kW4, int... NR>
 void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                 int64_t panel_begin, int64_t panel_end, std::integer_sequence<int, NR...>) {
-  using Tile = void (*)(const MatrixRef&, const Int8Activations&, int64_t, int64_t, float*);
-  static constexpr Tile tiles[] = {run_panel_tile<kW4, NR + 1>...};
+  if (n_tokens == 1) {
+    const int64_t part = (panel_end - panel_begin) / kDecodeStreams;
+    int64_t p[kDecodeStreams];
+    for (int64_t j = 0; j < part; ++j) {
+      for (int i = 0; i < kDecodeStreams; ++i) p[i] = panel_begin + i * part + j;
+      run_panel_tile<kW4, kDecodeStreams, 1>(w, a, p, 0, y);
+    }
+    for (int64_t rest = panel_begin + kDecodeStreams * part; rest < panel_end; ++rest) {
+      run_panel_tile<kW4, 1, 1>(w, a, {rest}, 0, y);
+    }
+    return;
+  }
+  using Tile =
+      void (*)(const MatrixRef&, const Int8Activations&, const int64_t(&)[1], int64_t, float*);
+  static constexpr Tile tiles[] = {run_panel_tile<kW4, 1, NR + 1>...};
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
-      tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, p, t0, y);
+      tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, {p}, t0, y);
     }
   }
 }

@@ -17,8 +17,36 @@ void require_not_nan(float value, const char* field) {
 }  // namespace
 
 int32_t argmax(std::span<const float> logits) {
+  // Sixteen lanes, each with its largest value and the first index it appeared at, in one pass the
+  // compiler vectorises; then the first index among the lanes holding the overall largest. Same
+  // answer as a scan, several times faster over a 151,936-token vocabulary at every decode step.
+  constexpr size_t kLanes = 16;
+  const size_t n = logits.size();
   int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
+  size_t i = 1;
+  if (n >= 2 * kLanes) {
+    float lane_max[kLanes];
+    int32_t lane_at[kLanes];
+    for (size_t l = 0; l < kLanes; ++l) {
+      lane_max[l] = logits[l];
+      lane_at[l] = static_cast<int32_t>(l);
+    }
+    for (i = kLanes; i + kLanes <= n; i += kLanes) {
+      for (size_t l = 0; l < kLanes; ++l) {
+        const bool larger = logits[i + l] > lane_max[l];
+        lane_max[l] = larger ? logits[i + l] : lane_max[l];
+        lane_at[l] = larger ? static_cast<int32_t>(i + l) : lane_at[l];
+      }
+    }
+    for (size_t l = 1; l < kLanes; ++l) {
+      if (lane_max[l] > lane_max[best] ||
+          (lane_max[l] == lane_max[best] && lane_at[l] < lane_at[best])) {
+        best = static_cast<int32_t>(l);
+      }
+    }
+    best = lane_at[best];
+  }
+  for (; i < n; ++i) {
     if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
   }
   return best;

@@ -23,7 +23,8 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-// Index of the largest logit; the first one on ties (as torch.argmax).
+// Index of the largest logit; the first one on ties (as torch.argmax). The logits hold no NaN
+// (Sampler::process rejects them first).
 int32_t argmax(std::span<const float> logits);
 
 struct TokenProb {
