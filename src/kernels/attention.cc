@@ -333,8 +333,10 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
   const int64_t positions = std::max<int64_t>(1, 8 / group);
   const int64_t blocks = (n_queries + positions - 1) / positions;
   kernel_pool().run(shape.n_kv_heads * blocks, [&](int64_t task) {
-    const int64_t kv = task % shape.n_kv_heads;
-    const int64_t t_begin = task / shape.n_kv_heads * positions;
+    // Consecutive tasks share a key/value head, whose keys and values then stay in L2 (0.5 MB
+    // per head at 512 positions and head_dim 128) instead of cycling through every head's.
+    const int64_t kv = task / blocks;
+    const int64_t t_begin = task % blocks * positions;
     const int64_t t_end = std::min(n_queries, t_begin + positions);
     const int64_t max_keys = first_pos + t_end;
     thread_local std::vector<float> scores;
