@@ -99,33 +99,6 @@ void BM_Matmul(benchmark::State& state, DType dtype, Activations activations, bo
       benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// What decode can at best stream: plain reads of consecutive 3 MB slices (one W8 gate/up matrix)
-// of a 256 MB buffer, split over the kernel threads as a matmul's rows are. The matmuls' "weight
-// GB/s" is quoted against this.
-void BM_ReadMemory(benchmark::State& state) {
-  const char* threads = std::getenv("QHX_BENCH_THREADS");
-  set_kernel_threads(threads != nullptr ? std::atoi(threads) : 1);
-  constexpr int64_t kSliceWords = (int64_t{3} << 20) / 8;
-  static const std::vector<uint64_t> buffer(kFootprintBytes / 8, 1);
-  std::vector<uint64_t> sums(kSliceWords / 1024);
-  int64_t slice = 0;
-  for (auto _ : state) {
-    const uint64_t* words = buffer.data() + slice * kSliceWords;
-    split_rows(kSliceWords / 1024, 1, kSliceWords, [&](int64_t begin, int64_t end) {
-      for (int64_t block = begin; block < end; ++block) {
-        uint64_t sum = 0;  // 1024 words per block; the compiler vectorises the sum
-        for (int64_t i = block * 1024; i < (block + 1) * 1024; ++i) sum += words[i];
-        sums[block] = sum;
-      }
-    });
-    benchmark::DoNotOptimize(sums.data());
-    slice = (slice + 1) % static_cast<int64_t>(buffer.size() / kSliceWords);
-  }
-  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(kSliceWords * 8) * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
-}
-BENCHMARK(BM_ReadMemory)->Unit(benchmark::kMicrosecond);
-
 // {tokens, rows, cols}: gate/up (3072 × 1024) and down (1024 × 3072) projections.
 void shapes(benchmark::internal::Benchmark* b) {
   for (const int64_t tokens : {1, 64}) {
