@@ -1,5 +1,5 @@
 // The matmul kernels on Qwen3-0.6B's MLP shapes: W8 with float32 or int8 activations, W4, bf16,
-// for one token (decode: bandwidth) and 64 tokens (prefill: arithmetic). Each iteration
+// for one token (decode: bandwidth) and 64 or 512 tokens (prefill: arithmetic). Each iteration
 // multiplies the next of enough matrices to overflow the last-level cache, so decode reads DRAM
 // as a real model does. Threads: QHX_BENCH_THREADS (default 1).
 #include <benchmark/benchmark.h>
@@ -101,7 +101,7 @@ void BM_Matmul(benchmark::State& state, DType dtype, Activations activations, bo
 
 // {tokens, rows, cols}: gate/up (3072 × 1024) and down (1024 × 3072) projections.
 void shapes(benchmark::internal::Benchmark* b) {
-  for (const int64_t tokens : {1, 64}) {
+  for (const int64_t tokens : {1, 64, 512}) {
     b->Args({tokens, 3072, 1024});
     b->Args({tokens, 1024, 3072});
   }
