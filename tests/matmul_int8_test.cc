@@ -245,6 +245,57 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
   }
 }
 
+// Matrices that read one input (a layer's q/k/v) multiplied together, x quantized once and their
+// rows one job, give each the bits of its own matmul: W8 and W4 trios of different row counts,
+// packed and as they lie, on 1-3 threads; and a W8/W4 mix, which cannot share, as well.
+TEST(Int8Activations, SharedInputMatmulsEqualOneEach) {
+  struct Case {
+    DType dtypes[3];
+    bool packed;
+  };
+  for (const Case& c : {Case{{DType::kW8, DType::kW8, DType::kW8}, false},
+                        Case{{DType::kW8, DType::kW8, DType::kW8}, true},
+                        Case{{DType::kW4, DType::kW4, DType::kW4}, true},
+                        Case{{DType::kW4, DType::kW4, DType::kW4}, false},
+                        Case{{DType::kW8, DType::kW4, DType::kW8}, true}}) {
+    const int64_t cols = 256, rows[3] = {60, 13, 35};
+    std::vector<QuantizedMatrix> w;
+    std::vector<PackedMatrix> layouts(3);
+    for (int i = 0; i < 3; ++i) {
+      w.emplace_back(c.dtypes[i], rows[i], cols, 64, 20 + i);
+      if (c.packed) {
+        layouts[i] = pack_for_int8_kernels(w[i].ref);
+        w[i].ref.packed = layouts[i].data();
+      }
+    }
+    const bool mixed = c.dtypes[1] != c.dtypes[0];
+    EXPECT_EQ(share_int8_activations(std::vector<MatmulOutput>{
+                  {w[0].ref, nullptr}, {w[1].ref, nullptr}, {w[2].ref, nullptr}}),
+              !mixed);
+    for (const int64_t tokens : {1, 6}) {
+      const std::vector<float> x = activations(tokens * cols, 9);
+      for (const int threads : {1, 2, 3}) {
+        set_kernel_threads(threads);
+        std::vector<float> alone[3], together[3];
+        for (int i = 0; i < 3; ++i) {
+          alone[i].resize(tokens * rows[i]);
+          together[i].resize(tokens * rows[i]);
+          matmul(x.data(), tokens, w[i].ref, alone[i].data());
+        }
+        matmul(x.data(), tokens,
+               {{w[0].ref, together[0].data()},
+                {w[1].ref, together[1].data()},
+                {w[2].ref, together[2].data()}});
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_EQ(together[i], alone[i]) << "matrix " << i << ", " << tokens << " tokens, "
+                                           << threads << " threads, packed " << c.packed;
+        }
+      }
+    }
+  }
+  set_kernel_threads(1);
+}
+
 // Bitwise float equality that also holds between two NaNs.
 bool same_bits(float a, float b) {
   return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) ||

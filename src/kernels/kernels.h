@@ -39,6 +39,12 @@ struct MatrixRef {
   const void* packed = nullptr;
 };
 
+// One matrix of several that multiply the same activations, and where its product goes.
+struct MatmulOutput {
+  const MatrixRef& w;
+  float* y;
+};
+
 // True when a matmul with w quantizes its activations: w asks for it, is W8 with cols a multiple
 // of kActivationBlock, or W4 with group_size a multiple of 2·kActivationBlock (other layouts use
 // float32 activations).

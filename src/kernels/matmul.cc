@@ -244,6 +244,12 @@ const char* matmul_kernel_path() {
 
 #endif
 
+void matmul(const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs) {
+  const std::span<const MatmulOutput> all(outputs.begin(), outputs.size());
+  if (share_int8_activations(all)) return matmul_int8(x, n_tokens, all);
+  for (const MatmulOutput& o : all) matmul(x, n_tokens, o.w, o.y);
+}
+
 #if !defined(__x86_64__)
 namespace simd {
 bool has_avx2() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/kernels.h"
 
@@ -13,6 +14,11 @@ namespace qhx {
 // y[t, r] = Σ_c x[t, c] · w[r, c] for t < n_tokens (x: [n_tokens, w.cols], y: [n_tokens, w.rows]),
 // on kernel_threads() threads (kernels/thread_pool.h).
 void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+
+// y = x · wᵀ for each {w, y}, bitwise as one matmul() each: a layer's projections of one input
+// (q/k/v, gate/up). Where they share an int8 layout (same dtype, columns and packing), x is
+// quantized once and all their rows are one job for the threads.
+void matmul(const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs);
 
 // The implementations matmul uses here: "avx2+fma, int8 avx512-vnni" or "avx2+fma, int8 avx2"
 // (x86-64 CPUs that have them: float activations, then int8 ones), "neon" (aarch64) or "scalar

@@ -468,27 +468,49 @@ bool has_avx512_vnni() {
 }  // namespace simd
 
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  if (!simd::has_avx2()) return ref::matmul(x, n_tokens, w, y);
-  const bool w4 = w.dtype == DType::kW4;
-  thread_local Int8Activations scratch;
-  Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
-  if (w.packed != nullptr && simd::has_avx512_vnni()) {
-    prepare_activations(quantize_token, x, n_tokens, w.cols, {.block_offset = w4 ? 8 : 128},
-                        activations);
-    split_rows(panel_count(w.rows), 1, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
-      const auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
-      if (w4) return run_panels<true>(w, activations, n_tokens, y, begin, end, tokens);
-      run_panels<false>(w, activations, n_tokens, y, begin, end, tokens);
-    });
+  const MatmulOutput one[] = {{w, y}};
+  matmul_int8(x, n_tokens, one);
+}
+
+void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput> outputs) {
+  if (!simd::has_avx2()) {
+    for (const MatmulOutput& o : outputs) ref::matmul(x, n_tokens, o.w, o.y);
     return;
   }
-  // Row-major on AVX2 (also on AVX-512 CPUs, for a matrix nobody packed): W4 chunks of 64
-  // columns (32 packed bytes), W8 ones of a vector.
-  prepare_activations(quantize_token, x, n_tokens, w.cols,
-                      {.chunk = w4 ? 64 : 32, .nibble_split = w4, .nibble_offset = w4 ? 8 : 0},
-                      activations);
-  split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
-    matmul_rows(w, activations, n_tokens, y, begin, end);
+  const MatrixRef& w = outputs[0].w;  // dtype, columns and packing are those of every matrix
+  const bool w4 = w.dtype == DType::kW4;
+  const bool panels = w.packed != nullptr && simd::has_avx512_vnni();
+  thread_local Int8Activations scratch;
+  Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
+  // Panels on AVX-512 VNNI; row-major on AVX2 (also on AVX-512 CPUs, for matrices nobody
+  // packed): W4 chunks of 64 columns (32 packed bytes), W8 ones of a vector.
+  const ActivationLayout layout =
+      panels ? ActivationLayout{.block_offset = w4 ? 8 : 128}
+             : ActivationLayout{
+                   .chunk = w4 ? 64 : 32, .nibble_split = w4, .nibble_offset = w4 ? 8 : 0};
+  prepare_activations(quantize_token, x, n_tokens, w.cols, layout, activations);
+  // The units (panels or rows) of all the matrices as one range, matrix i's from first[i].
+  std::vector<int64_t> first = {0};
+  int64_t work = 0;
+  for (const MatmulOutput& o : outputs) {
+    first.push_back(first.back() + (panels ? panel_count(o.w.rows) : o.w.rows));
+    work += o.w.rows * o.w.cols * n_tokens;
+  }
+  split_rows(first.back(), panels ? 1 : kTileRows, work, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const int64_t lo = std::max(begin, first[i]) - first[i];
+      const int64_t hi = std::min(end, first[i + 1]) - first[i];
+      if (lo >= hi) continue;
+      const MatmulOutput& o = outputs[i];
+      const auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
+      if (!panels) {
+        matmul_rows(o.w, activations, n_tokens, o.y, lo, hi);
+      } else if (w4) {
+        run_panels<true>(o.w, activations, n_tokens, o.y, lo, hi, tokens);
+      } else {
+        run_panels<false>(o.w, activations, n_tokens, o.y, lo, hi, tokens);
+      }
+    }
   });
 }
 
@@ -570,6 +592,10 @@ void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y)
   neon::matmul_int8(x, n_tokens, w, y);
 }
 
+void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput> outputs) {
+  for (const MatmulOutput& o : outputs) matmul_int8(x, n_tokens, o.w, o.y);
+}
+
 const char* matmul_int8_kernel_path() {
   if (!neon::enabled()) return "scalar reference";
   return neon::has_dotprod() ? "neon-dotprod" : "neon";
@@ -579,6 +605,10 @@ const char* matmul_int8_kernel_path() {
 
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   ref::matmul(x, n_tokens, w, y);
+}
+
+void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput> outputs) {
+  for (const MatmulOutput& o : outputs) ref::matmul(x, n_tokens, o.w, o.y);
 }
 
 const char* matmul_int8_kernel_path() {
@@ -607,6 +637,17 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
 
 #endif
 
+bool share_int8_activations(std::span<const MatmulOutput> outputs) {
+  if (outputs.empty()) return false;
+  const MatrixRef& w = outputs[0].w;
+  for (const MatmulOutput& o : outputs) {
+    if (!uses_int8_activations(o.w) || o.w.dtype != w.dtype || o.w.cols != w.cols ||
+        (o.w.packed == nullptr) != (w.packed == nullptr)) {
+      return false;
+    }
+  }
+  return true;
+}
 void PackedMatrix::Unmap::operator()(uint8_t* p) const {
   ::munmap(p, size);
 }

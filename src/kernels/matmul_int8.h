@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "kernels/kernels.h"
 
@@ -12,6 +13,13 @@ namespace qhx {
 
 // Requires uses_int8_activations(w). x: [n_tokens, w.cols]; y: [n_tokens, w.rows].
 void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+
+// True when the matrices can share one quantization of their input: each uses int8
+// activations, and all have one dtype, one column count and the same packing.
+bool share_int8_activations(std::span<const MatmulOutput> outputs);
+// matmul_int8 for each output, x quantized once and all rows one job for the threads. Requires
+// share_int8_activations(outputs).
+void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput> outputs);
 
 // A W8 or W4 matrix repacked for this CPU's int8 kernels (AVX-512 VNNI: rows in panels of 16,
 // interleaved 4 (W8) or 8 (W4) columns at a time, so one multiply-add serves 16 rows and a

@@ -44,7 +44,7 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
   if (p.output_gate) {
     // q_proj yields [q_0 | g_0 | q_1 | g_1 | ...] per head; split it.
     float* both = scratch(4, n_tokens * 2 * q_width);
-    matmul(x, n_tokens, w.q_proj, both);
+    matmul(x, n_tokens, {{w.q_proj, both}, {w.k_proj, k}, {w.v_proj, v}});
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t h = 0; h < n_heads; ++h) {
         const float* src = both + (t * n_heads + h) * 2 * hd;
@@ -53,10 +53,8 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
       }
     }
   } else {
-    matmul(x, n_tokens, w.q_proj, q);
+    matmul(x, n_tokens, {{w.q_proj, q}, {w.k_proj, k}, {w.v_proj, v}});
   }
-  matmul(x, n_tokens, w.k_proj, k);
-  matmul(x, n_tokens, w.v_proj, v);
 
   // Per-head q/k RMSNorm, then RoPE at each token's absolute position.
   std::vector<float> cos(p.rotary_dim / 2), sin(p.rotary_dim / 2);
@@ -98,10 +96,8 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
   float* z = scratch(1, n_tokens * vd);
   float* b = scratch(2, n_tokens * hv);
   float* a = scratch(3, n_tokens * hv);
-  matmul(x, n_tokens, w.in_proj_qkv, mixed);
-  matmul(x, n_tokens, w.in_proj_z, z);
-  matmul(x, n_tokens, w.in_proj_b, b);
-  matmul(x, n_tokens, w.in_proj_a, a);
+  matmul(x, n_tokens,
+         {{w.in_proj_qkv, mixed}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}});
 
   // Step 2: causal depthwise conv + SiLU on the q|k|v channels, continuing the conv state.
   float* conv_out = scratch(4, n_tokens * channels);
@@ -162,8 +158,7 @@ void mlp_forward(const MlpWeights& w, int64_t n_tokens, const float* x, float* o
   const int64_t inner = w.gate_proj.rows;
   float* gate = scratch(0, n_tokens * inner);
   float* up = scratch(1, n_tokens * inner);
-  matmul(x, n_tokens, w.gate_proj, gate);
-  matmul(x, n_tokens, w.up_proj, up);
+  matmul(x, n_tokens, {{w.gate_proj, gate}, {w.up_proj, up}});
   silu_mul(gate, up, n_tokens * inner, gate);
   matmul(gate, n_tokens, w.down_proj, out);
 }
