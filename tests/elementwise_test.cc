@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/thread_pool.h"
 #include "support/fixtures.h"
 
 namespace qhx {
@@ -168,4 +169,31 @@ TEST(Elementwise, CausalConvMatchesTheReferenceAndContinuesFromItsState) {
 }
 
 }  // namespace
+// A prompt's norms and gates are spread over the kernel threads: on 2 and 3 threads every
+// element equals what one thread computes (the gates on a length past a part boundary and not a
+// multiple of the vector, the norms over rows whose count is not a multiple of the threads).
+TEST(Elementwise, ThreadsDoNotChangeAResult) {
+  const int64_t n = 200003, rows = 517, width = 128;
+  const std::vector<float> gate = gate_inputs(n, 12), up = random_vector(n, 13);
+  const std::vector<float> x = random_vector(rows * width, 14, 3.0f), w = random_vector(width, 15);
+  std::vector<float> silu_one(n), sigmoid_one = up, norm_one(rows * width);
+  set_kernel_threads(1);
+  silu_mul(gate.data(), up.data(), n, silu_one.data());
+  sigmoid_gate(gate.data(), n, sigmoid_one.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    rms_norm(x.data() + r * width, w.data(), width, 1e-6f, norm_one.data() + r * width);
+  }
+  for (const int threads : {2, 3}) {
+    set_kernel_threads(threads);
+    std::vector<float> silu(n), sigmoid = up, norm(rows * width);
+    silu_mul(gate.data(), up.data(), n, silu.data());
+    sigmoid_gate(gate.data(), n, sigmoid.data());
+    rms_norm_rows(x.data(), w.data(), rows, width, 1e-6f, norm.data());
+    EXPECT_EQ(silu, silu_one) << threads << " threads";
+    EXPECT_EQ(sigmoid, sigmoid_one) << threads << " threads";
+    EXPECT_EQ(norm, norm_one) << threads << " threads";
+  }
+  set_kernel_threads(1);
+}
+
 }  // namespace qhx

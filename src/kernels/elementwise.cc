@@ -1,5 +1,7 @@
 #include "kernels/elementwise.h"
 
+#include "kernels/thread_pool.h"
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -116,11 +118,33 @@ QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(const float* u, int64_t n_tokens, i
 }  // namespace
 #endif
 
+namespace {
+
+// op(begin, count) over parts of [0, n) spread across the kernel threads (a prompt's activations
+// are megabytes; one token's are done by the caller alone). Every element is computed the same
+// way wherever a part starts.
+template <typename Op>
+void in_parts(int64_t n, const Op& op) {
+  constexpr int64_t kPart = 4096;
+  split_rows((n + kPart - 1) / kPart, 1, n, [&](int64_t begin, int64_t end) {
+    op(begin * kPart, std::min(n, end * kPart) - begin * kPart);
+  });
+}
+
+}  // namespace
+
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y) {
 #if defined(__x86_64__)
   if (simd::has_avx2()) return rms_norm_avx2(x, weight, n, eps, y);
 #endif
   ref::rms_norm(x, weight, n, eps, y);
+}
+
+void rms_norm_rows(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
+                   float* y) {
+  split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) rms_norm(x + r * n, weight, n, eps, y + r * n);
+  });
 }
 
 void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
@@ -132,17 +156,21 @@ void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotar
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  in_parts(n, [&](int64_t i, int64_t count) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) return silu_mul_avx2(gate, up, n, out);
+    if (simd::has_avx2()) return silu_mul_avx2(gate + i, up + i, count, out + i);
 #endif
-  ref::silu_mul(gate, up, n, out);
+    ref::silu_mul(gate + i, up + i, count, out + i);
+  });
 }
 
 void sigmoid_gate(const float* gate, int64_t n, float* x) {
+  in_parts(n, [&](int64_t i, int64_t count) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) return sigmoid_gate_avx2(gate, n, x);
+    if (simd::has_avx2()) return sigmoid_gate_avx2(gate + i, count, x + i);
 #endif
-  ref::sigmoid_gate(gate, n, x);
+    ref::sigmoid_gate(gate + i, count, x + i);
+  });
 }
 
 void l2_normalize(float* x, int64_t n, float eps) {

@@ -11,12 +11,16 @@ namespace qhx {
 
 // y = weight ⊙ (x / sqrt(mean(x²) + eps)) over n elements (y may alias x).
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y);
+// rms_norm of each of n_rows consecutive rows of n elements, rows spread over the kernel threads.
+void rms_norm_rows(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
+                   float* y);
 
 // In place, rotate-half RoPE on the first rotary_dim elements of each of n_vectors vectors.
 void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
                       const float* cos, const float* sin);
 
-// out[i] = silu(gate[i]) · up[i] (out may alias gate or up).
+// out[i] = silu(gate[i]) · up[i] (out may alias gate or up). This and sigmoid_gate spread long
+// arrays over the kernel threads.
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 
 // x[i] *= sigmoid(gate[i]).

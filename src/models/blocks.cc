@@ -57,16 +57,12 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
   }
 
   // Per-head q/k RMSNorm, then RoPE at each token's absolute position.
+  rms_norm_rows(q, w.q_norm.data(), n_tokens * n_heads, hd, p.norm_eps, q);
+  rms_norm_rows(k, w.k_norm.data(), n_tokens * n_kv, hd, p.norm_eps, k);
   std::vector<float> cos(p.rotary_dim / 2), sin(p.rotary_dim / 2);
   for (int64_t t = 0; t < n_tokens; ++t) {
     float* qt = q + t * q_width;
     float* kt = k + t * kv_width;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      rms_norm(qt + h * hd, w.q_norm.data(), hd, p.norm_eps, qt + h * hd);
-    }
-    for (int64_t h = 0; h < n_kv; ++h) {
-      rms_norm(kt + h * hd, w.k_norm.data(), hd, p.norm_eps, kt + h * hd);
-    }
     for (size_t i = 0; i < p.inv_freq.size(); ++i) {
       const float angle = static_cast<float>(first_pos + t) * p.inv_freq[i];
       cos[i] = std::cos(angle);
@@ -146,11 +142,8 @@ void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetPa
   }
 
   // Step 8: per value head, RMSNorm (plain scale) then gate with silu(z); out_proj.
-  for (int64_t i = 0; i < n_tokens * hv; ++i) {
-    float* o = core + i * dv;
-    rms_norm(o, w.norm.data(), dv, p.norm_eps, o);
-    silu_mul(z + i * dv, o, dv, o);
-  }
+  rms_norm_rows(core, w.norm.data(), n_tokens * hv, dv, p.norm_eps, core);
+  silu_mul(z, core, n_tokens * hv * dv, core);
   matmul(core, n_tokens, w.out_proj, out);
 }
 

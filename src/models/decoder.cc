@@ -114,9 +114,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
     read_row(weights_.embed_tokens, ids[t], h.data() + t * H);
   }
   const auto norm_rows = [&](const std::vector<float>& scale) {
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      rms_norm(h.data() + t * H, scale.data(), H, eps, x.data() + t * H);
-    }
+    rms_norm_rows(h.data(), scale.data(), n_tokens, H, eps, x.data());
   };
   const auto add_to_residual = [&] {
     for (int64_t i = 0; i < n_tokens * H; ++i) h[i] += y[i];
@@ -141,9 +139,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
 
   const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
   const int64_t n_out = n_tokens - first_out;
-  for (int64_t t = 0; t < n_out; ++t) {
-    rms_norm(h.data() + (first_out + t) * H, weights_.final_norm.data(), H, eps, x.data() + t * H);
-  }
+  rms_norm_rows(h.data() + first_out * H, weights_.final_norm.data(), n_out, H, eps, x.data());
   logits.resize(n_out * vocab);
   matmul(x.data(), n_out, weights_.lm_head, logits.data());
 }
