@@ -195,8 +195,8 @@ QHX_AVX512 void score_quads(const AttentionRow* rows, const float* const k[4], i
   }
 }
 
-// scores = scale · q·k for every row and its keys, sixteen keys at a time: the sixteen keys
-// (8 or 16 KB at head_dim 128 or 256) stay in L1 while every row takes its scores from them.
+// scores = scale · q·k for every row and its keys, sixteen keys at a time, taken four at a time
+// (2 or 4 KB at head_dim 128 or 256) while they are in L1 by every tile of rows.
 template <int R>
 QHX_AVX512 void row_scores_avx512(const AttentionRow* rows, const float* keys, int64_t kv_stride,
                                   int64_t head_dim, float scale) {

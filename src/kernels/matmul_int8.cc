@@ -152,7 +152,7 @@ class GroupCounter {
 
 constexpr int kPanelRows = 16;
 // Prefill tiles: 2 panels × 4 tokens, so that each weight vector serves 4 tokens and each
-// broadcast activation 2 panels (16 integer and 8 float accumulators). One panel × 8 tokens, which
+// broadcast activation 2 panels (8 integer and 8 float accumulators). One panel × 8 tokens, which
 // loaded a broadcast for every multiply-add, ran 64-token matmuls at 260-280 GMAC/s on one core;
 // 2 × 4 at 320-350 (3 × 4, 4 × 3, 4 × 4 and 2 × 6 within a few percent of it).
 constexpr int kPanelTokens = 4;
