@@ -1,9 +1,15 @@
 #include "models/decoder.h"
 
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
+#include "kernels/thread_pool.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
 #include "util/error.h"
@@ -54,8 +60,53 @@ class Decoder final : public Model {
  private:
   // Lays every quantized matrix out for this CPU's int8 kernels where they have a layout of
   // their own, and releases the mapped pages it was copied from, so the weights stay resident
-  // once. A tied embedding table is then read from the lm_head's layout (read_row).
+  // once. A tied embedding table is then read from the lm_head's layout (read_row). The matrices
+  // are shared out to kernel_threads() threads of their own: a model may load while another
+  // thread's forward pass holds the kernel pool.
   void pack_matrices() {
+    std::vector<MatrixRef*> matrices;
+    for (MatrixRef* m : matrix_list()) {
+      // Null: a mixer this layer does not have.
+      if (m->data != nullptr && packs_for_int8_kernels(*m)) matrices.push_back(m);
+    }
+    std::vector<PackedMatrix> packed(matrices.size());
+    std::atomic<size_t> next{0};
+    std::mutex failure_mutex;
+    std::exception_ptr failure;
+    const auto pack_some = [&] {
+      for (size_t i; (i = next++) < matrices.size();) {
+        try {
+          const MatrixRef& m = *matrices[i];
+          const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
+          MappedFile::populate_pages(m.data, bytes);  // read once, in full
+          packed[i] = pack_for_int8_kernels(m);
+          // Released at once, so that the load's peak holds one copy of the weights.
+          MappedFile::release_pages(m.data, bytes);
+          if (m.dtype == DType::kW4) {  // the panels carry the group scales too
+            MappedFile::release_pages(m.scales,
+                                      matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size));
+          }
+        } catch (...) {
+          const std::lock_guard lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+        }
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < kernel_threads(); ++t) helpers.emplace_back(pack_some);
+    pack_some();
+    for (std::thread& helper : helpers) helper.join();
+    if (failure) std::rethrow_exception(failure);
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      MatrixRef* m = matrices[i];
+      m->packed = packed[i].data();
+      if (m->data == weights_.embed_tokens.data) weights_.embed_tokens.packed = packed[i].data();
+      packed_.push_back(std::move(packed[i]));
+    }
+  }
+
+  // Every matrix of the model, the lm_head first (the largest: it starts first when packing).
+  std::vector<MatrixRef*> matrix_list() {
     std::vector<MatrixRef*> matrices{&weights_.lm_head};
     for (DecoderLayer& l : weights_.layers) {
       for (MatrixRef* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj,
@@ -65,21 +116,7 @@ class Decoder final : public Model {
         matrices.push_back(m);
       }
     }
-    for (MatrixRef* m : matrices) {
-      // Null: a mixer this layer does not have.
-      if (m->data == nullptr || !packs_for_int8_kernels(*m)) continue;
-      const uint64_t bytes = matrix_bytes(m->dtype, m->rows, m->cols, m->group_size);
-      MappedFile::populate_pages(m->data, bytes);  // read once, in full
-      PackedMatrix packed = pack_for_int8_kernels(*m);
-      m->packed = packed.data();
-      if (m->data == weights_.embed_tokens.data) weights_.embed_tokens.packed = packed.data();
-      packed_.push_back(std::move(packed));
-      MappedFile::release_pages(m->data, bytes);
-      if (m->dtype == DType::kW4) {  // the panels carry the group scales too
-        MappedFile::release_pages(m->scales,
-                                  matrix_scale_bytes(m->dtype, m->rows, m->cols, m->group_size));
-      }
-    }
+    return matrices;
   }
 
   ModelConfig config_;
