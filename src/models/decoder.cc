@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <mutex>
@@ -93,7 +94,8 @@ class Decoder final : public Model {
       }
     };
     std::vector<std::thread> helpers;
-    for (int t = 1; t < kernel_threads(); ++t) helpers.emplace_back(pack_some);
+    const size_t n_threads = std::min<size_t>(kernel_threads(), matrices.size());
+    for (size_t t = 1; t < n_threads; ++t) helpers.emplace_back(pack_some);
     pack_some();
     for (std::thread& helper : helpers) helper.join();
     if (failure) std::rethrow_exception(failure);
