@@ -15,6 +15,7 @@
 #include "kernels/thread_pool.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
+#include "util/error.h"
 
 namespace qhx {
 namespace {
@@ -170,6 +171,26 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
       }
     }
+  }
+}
+
+// Threads of their own (packing at load): every task runs once, and a task's exception reaches
+// the caller after the other tasks have run.
+TEST(ThreadPool, OwnThreadsRunEveryTaskAndPassOnAFailure) {
+  for (const int threads : {1, 2, 5}) {
+    for (const int64_t n : {0, 1, 3, 50}) {
+      std::vector<std::atomic<int>> hits(n);
+      run_on_own_threads(n, threads, [&](int64_t i) { hits[i].fetch_add(1); });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
+    }
+    std::vector<std::atomic<int>> hits(20);
+    EXPECT_THROW(run_on_own_threads(20, threads,
+                                    [&](int64_t i) {
+                                      hits[i].fetch_add(1);
+                                      if (i == 7) fail("task 7", "failed on purpose");
+                                    }),
+                 Error);
+    for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(hits[i].load(), 1) << threads << " " << i;
   }
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -104,6 +105,27 @@ int kernel_threads() {
 ThreadPool& kernel_pool() {
   if (!pool_slot()) pool_slot() = std::make_unique<ThreadPool>(configured_threads());
   return *pool_slot();
+}
+
+void run_on_own_threads(int64_t n_tasks, int n_threads, const std::function<void(int64_t)>& task) {
+  std::atomic<int64_t> next{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  const auto work = [&] {
+    for (int64_t i; (i = next++) < n_tasks;) {
+      try {
+        task(i);
+      } catch (...) {
+        const std::lock_guard lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int64_t t = 1; t < std::min<int64_t>(n_threads, n_tasks); ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+  if (failure) std::rethrow_exception(failure);
 }
 
 void split_rows(int64_t n_rows, int64_t granularity, int64_t work,

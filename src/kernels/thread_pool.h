@@ -49,6 +49,12 @@ class ThreadPool {
 void split_rows(int64_t n_rows, int64_t granularity, int64_t work,
                 const std::function<void(int64_t begin, int64_t end)>& rows);
 
+// Calls task(i) once for every i in [0, n_tasks) on up to n_threads threads started for the
+// purpose (the caller is one of them), apart from the kernel pool, which another thread's work may
+// hold. Returns when all are done; if tasks threw, rethrows the first exception, after the
+// remaining tasks have run.
+void run_on_own_threads(int64_t n_tasks, int n_threads, const std::function<void(int64_t)>& task);
+
 // The pool the kernels use (created on first use with kernel_threads() threads).
 void set_kernel_threads(int n_threads);  // throws Error unless 1 ≤ n ≤ 256
 int kernel_threads();

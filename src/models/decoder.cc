@@ -1,11 +1,5 @@
 #include "models/decoder.h"
 
-#include <algorithm>
-#include <atomic>
-#include <exception>
-#include <mutex>
-#include <thread>
-
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
@@ -71,34 +65,18 @@ class Decoder final : public Model {
       if (m->data != nullptr && packs_for_int8_kernels(*m)) matrices.push_back(m);
     }
     std::vector<PackedMatrix> packed(matrices.size());
-    std::atomic<size_t> next{0};
-    std::mutex failure_mutex;
-    std::exception_ptr failure;
-    const auto pack_some = [&] {
-      for (size_t i; (i = next++) < matrices.size();) {
-        try {
-          const MatrixRef& m = *matrices[i];
-          const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
-          MappedFile::populate_pages(m.data, bytes);  // read once, in full
-          packed[i] = pack_for_int8_kernels(m);
-          // Released at once, so that the load's peak holds one copy of the weights.
-          MappedFile::release_pages(m.data, bytes);
-          if (m.dtype == DType::kW4) {  // the panels carry the group scales too
-            MappedFile::release_pages(m.scales,
-                                      matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size));
-          }
-        } catch (...) {
-          const std::lock_guard lock(failure_mutex);
-          if (!failure) failure = std::current_exception();
-        }
+    run_on_own_threads(static_cast<int64_t>(matrices.size()), kernel_threads(), [&](int64_t i) {
+      const MatrixRef& m = *matrices[i];
+      const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
+      MappedFile::populate_pages(m.data, bytes);  // read once, in full
+      packed[i] = pack_for_int8_kernels(m);
+      // Released at once, so that the load's peak holds one copy of the weights.
+      MappedFile::release_pages(m.data, bytes);
+      if (m.dtype == DType::kW4) {  // the panels carry the group scales too
+        MappedFile::release_pages(m.scales,
+                                  matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size));
       }
-    };
-    std::vector<std::thread> helpers;
-    const size_t n_threads = std::min<size_t>(kernel_threads(), matrices.size());
-    for (size_t t = 1; t < n_threads; ++t) helpers.emplace_back(pack_some);
-    pack_some();
-    for (std::thread& helper : helpers) helper.join();
-    if (failure) std::rethrow_exception(failure);
+    });
     for (size_t i = 0; i < matrices.size(); ++i) {
       MatrixRef* m = matrices[i];
       m->packed = packed[i].data();
