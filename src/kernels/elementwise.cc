@@ -1,7 +1,5 @@
 #include "kernels/elementwise.h"
 
-#include "kernels/thread_pool.h"
-
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -9,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
+#include "kernels/thread_pool.h"
 
 namespace qhx {
 

@@ -19,15 +19,11 @@
 #include <string_view>
 
 namespace qhx {
-namespace {
 
-// QHX_KERNELS=reference runs the scalar reference kernels (to compare speed or rule out a kernel).
-[[maybe_unused]] bool reference_requested() {
-  const char* choice = std::getenv("QHX_KERNELS");
-  return choice != nullptr && std::string_view(choice) == "reference";
+bool simd::kernels_requested(std::string_view choice) {
+  const char* requested = std::getenv("QHX_KERNELS");
+  return requested != nullptr && choice == requested;
 }
-
-}  // namespace
 
 #if defined(__x86_64__)
 namespace {
@@ -172,20 +168,16 @@ bool has_avx2() {
     // F16C via CPUID leaf 1, ECX bit 29: not every compiler's __builtin_cpu_supports knows it.
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
-    return !reference_requested() && __builtin_cpu_supports("avx2") &&
+    return !kernels_requested("reference") && __builtin_cpu_supports("avx2") &&
            __builtin_cpu_supports("fma") && f16c;
   }();
   return yes;
 }
 
 bool has_avx512() {
-  static const bool yes = [] {
-    const char* choice = std::getenv("QHX_KERNELS");
-    const bool avx2_only = choice != nullptr && std::string_view(choice) == "avx2";
-    return has_avx2() && !avx2_only && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl");
-  }();
+  static const bool yes = has_avx2() && !kernels_requested("avx2") &&
+                          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   return yes;
 }
 
@@ -215,7 +207,7 @@ const char* matmul_kernel_path() {
 
 namespace neon {
 bool enabled() {
-  static const bool yes = !reference_requested();
+  static const bool yes = !simd::kernels_requested("reference");
   return yes;
 }
 }  // namespace neon

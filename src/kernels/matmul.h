@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string_view>
 
 #include "kernels/kernels.h"
 
@@ -26,6 +27,10 @@ void matmul(const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput
 const char* matmul_kernel_path();
 
 namespace simd {
+// True when the environment variable QHX_KERNELS names this choice: "reference" (the scalar
+// kernels), "avx2" (x86-64: no AVX-512) or "neon" (aarch64: no dot-product instructions), to
+// compare speeds or run a second-best path on a CPU that has the best.
+bool kernels_requested(std::string_view choice);
 // True when this CPU runs the AVX2 + FMA + F16C kernels (and QHX_KERNELS does not forbid them).
 bool has_avx2();
 // True when it also has AVX-512 F/BW/DQ/VL and QHX_KERNELS=avx2 does not keep to AVX2.

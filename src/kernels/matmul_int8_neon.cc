@@ -24,10 +24,9 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cstdlib>
-#include <string_view>
 
 #include "kernels/int8_activations.h"
+#include "kernels/matmul.h"
 #include "kernels/neon.h"
 #include "kernels/thread_pool.h"
 
@@ -267,8 +266,7 @@ __attribute__((flatten)) void matmul_rows_widening(const MatrixRef& w, const Int
 // QHX_KERNELS=neon keeps to the baseline kernels (to compare, or to test them on a CPU with SDOT).
 bool has_dotprod() {
   static const bool yes = [] {
-    const char* choice = std::getenv("QHX_KERNELS");
-    if (choice != nullptr && std::string_view(choice) == "neon") return false;
+    if (simd::kernels_requested("neon")) return false;
 #if QHX_DOTPROD_KERNELS && defined(__ARM_FEATURE_DOTPROD)
     return true;
 #elif QHX_DOTPROD_KERNELS && defined(__linux__)
