@@ -143,8 +143,11 @@ class GroupCounter {
 // columns: for each of the 16 rows in order, 4 bytes.
 //   W8: a step is a quad of 4 columns, as q + 128.
 //   W4: a step is an octet of 8 columns: byte j of a row holds columns j (low nibble) and 4 + j
-//       (high nibble) of the octet, as q + 8; after the octets, the panel's group scales (f16),
-//       16 rows per group.
+//       (high nibble) of the octet, as q + 8. The group scales (f16, 16 rows per group) come in
+//       lines of 64 bytes, two groups to a line, each line just before its groups' octets: the
+//       panel reads front to back. (With all scales after the octets, the octets' stream skipped
+//       them at each panel's end and the hardware prefetchers lost it there: a W4 decode matmul
+//       read DRAM at 26 GB/s on one core, 24-29 with software prefetches; now 37-40, as W8.)
 // One multiply-add with 4 activation bytes broadcast then serves all 16 rows, and a block's
 // steps accumulate in integers, started from the block's correction −offset · Σ q_x: exact
 // Σ q_w · q_x, scaled once per block (the row-major tiles scale every 64 columns of every
@@ -157,11 +160,6 @@ constexpr int kPanelRows = 16;
 // 2 × 4 at 320-350 (3 × 4, 4 × 3, 4 × 4 and 2 × 6 within a few percent of it).
 constexpr int kPanelTokens = 4;
 constexpr int kPrefillPanels = 2;
-// W4 decode streams a panel's weights faster than the hardware prefetchers fetch them ahead:
-// software prefetches this far ahead took a W4 decode matmul from 15-23 GB/s to 24-29 GB/s on one
-// core, from DRAM (distances of 1-32 KB tried; 16 KB best for one stream, 8 KB for two). W8
-// decode runs at 39-41 GB/s without them, and slower with them.
-constexpr int64_t kW4PrefetchBytes = 8192;
 // Decode walks this many parts of a thread's panels side by side: one stream per core left memory
 // idle (whole 0.6B model, 2 threads, alternated: W4 84-87 → 89-93 tok/s, W8 67-68 → 69-70;
 // four streams measured the same as two).
@@ -170,9 +168,14 @@ constexpr int kDecodeStreams = 2;
 int64_t panel_count(int64_t rows) {
   return (rows + kPanelRows - 1) / kPanelRows;
 }
+// W4: groups whose scales share a line.
+constexpr int64_t kGroupsPerScaleLine = 2;
+int64_t scale_lines(const MatrixRef& w) {
+  return (w.cols / w.group_size + kGroupsPerScaleLine - 1) / kGroupsPerScaleLine;
+}
 int64_t panel_bytes(const MatrixRef& w) {
   return w.dtype == DType::kW8 ? kPanelRows * w.cols
-                               : kPanelRows * (w.cols / 2 + 2 * (w.cols / w.group_size));
+                               : kPanelRows * w.cols / 2 + 64 * scale_lines(w);
 }
 
 // Panel p of w into out (panel_bytes(w) bytes), 4 bytes of a row at a time.
@@ -196,19 +199,22 @@ void pack_panel(const MatrixRef& w, int64_t p, uint8_t* out) {
     return (spread(v & 0xFFFF) | spread(v >> 16) << 4) ^ 0x88888888u;
   };
   for (int64_t k = 0; k < row_bytes / 4; ++k) {
+    // W4: a scale line before every other group's first octet (a last group alone pads it).
+    if (w4 && 8 * k % (kGroupsPerScaleLine * w.group_size) == 0) {
+      const int64_t first = 8 * k / w.group_size, groups = w.cols / w.group_size;
+      for (int64_t g = first; g < first + kGroupsPerScaleLine; ++g) {
+        for (int64_t i = 0; i < kPanelRows; ++i, out += 2) {
+          const int64_t row = p * kPanelRows + i;
+          const uint16_t scale = row < w.rows && g < groups ? w4_group_scales(w, row)[g] : 0;
+          std::memcpy(out, &scale, 2);
+        }
+      }
+    }
     for (int64_t i = 0; i < kPanelRows; ++i, out += 4) {
       uint32_t v = 0;
       if (rows[i] != nullptr) std::memcpy(&v, rows[i] + 4 * k, 4);
       v = panel_word(v);
       std::memcpy(out, &v, 4);
-    }
-  }
-  if (!w4) return;
-  for (int64_t g = 0; g < w.cols / w.group_size; ++g) {
-    for (int64_t i = 0; i < kPanelRows; ++i, out += 2) {
-      const int64_t row = p * kPanelRows + i;
-      const uint16_t scale = row < w.rows ? w4_group_scales(w, row)[g] : uint16_t{0};
-      std::memcpy(out, &scale, 2);
     }
   }
 }
@@ -249,26 +255,23 @@ QHX_AVX512 void panel_tile_vnni(const MatrixRef& w, const uint8_t* const (&panel
   }
   GroupCounter groups(kW4 ? w.group_size : kActivationBlock, kActivationBlock);
   int64_t group = -1;
-  const int64_t group_scales = kPanelRows * w.cols / 2;  // W4: 32 bytes per group after the octets
+  const uint8_t* scale_line[NP];
   for (int64_t b = 0; b < a.cols / kActivationBlock; ++b) {
     if (kW4 && groups.next() != group) {
       ++group;
+      const int64_t in_line = group % kGroupsPerScaleLine;
       for (int i = 0; i < NP; ++i) {
-        sw[i] = _mm512_cvtph_ps(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(panels[i] + group_scales + 32 * group)));
+        if (in_line == 0) {
+          scale_line[i] = panel[i];
+          panel[i] += 64;
+        }
+        sw[i] = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_line[i] + 32 * in_line)));
       }
     }
     __m512i dot[NP][NR];
     for (int i = 0; i < NP; ++i) {
       for (int t = 0; t < NR; ++t) dot[i][t] = _mm512_set1_epi32(a.block_corrections_of(t0 + t)[b]);
-    }
-    if (kW4 && NR == 1) {
-      for (int i = 0; i < NP; ++i) {
-        for (int k = 0; k < kStepsPerBlock; ++k) {
-          _mm_prefetch(reinterpret_cast<const char*>(panel[i]) + kW4PrefetchBytes + 64 * k,
-                       _MM_HINT_T0);
-        }
-      }
     }
     for (int k = 0; k < kStepsPerBlock; ++k) {
       for (int i = 0; i < NP; ++i) {
@@ -560,21 +563,26 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
     one_row.scales = static_cast<const float*>(w.scales) + row;
   } else {
     bytes.assign(w.cols / 2, 0);
+    // The group scales from the panel too (the row-major ones may have been released as well):
+    // the row's 2 bytes of each group in the scale line before the group's octets.
+    thread_local std::vector<uint16_t> scales;
+    scales.resize(w.cols / w.group_size);
+    const uint8_t* scale = step - 2 * (row % kPanelRows);
     for (int64_t c = 0; c < w.cols; c += 8, step += 64) {
+      if (c % w.group_size == 0) {
+        const int64_t group = c / w.group_size;
+        if (group % kGroupsPerScaleLine == 0) {
+          scale = step - 2 * (row % kPanelRows);
+          step += 64;
+        }
+        std::memcpy(&scales[group], scale + 32 * (group % kGroupsPerScaleLine), 2);
+      }
       for (int64_t j = 0; j < 4; ++j) {
         for (const int64_t col : {c + j, c + 4 + j}) {
           const int nibble = (col == c + j ? step[j] : step[j] >> 4) & 0x0F;
           bytes[col / 2] |= static_cast<uint8_t>(((nibble - 8) & 0x0F) << (4 * (col % 2)));
         }
       }
-    }
-    // The group scales from the panel too: the row-major ones may have been released as well.
-    const uint8_t* panel_scales = static_cast<const uint8_t*>(w.packed) +
-                                  row / kPanelRows * panel_bytes(w) + kPanelRows * w.cols / 2;
-    thread_local std::vector<uint16_t> scales;
-    scales.resize(w.cols / w.group_size);
-    for (size_t g = 0; g < scales.size(); ++g) {
-      std::memcpy(&scales[g], panel_scales + 2 * (kPanelRows * g + row % kPanelRows), 2);
     }
     one_row.scales = scales.data();
   }
