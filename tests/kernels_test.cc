@@ -215,8 +215,9 @@ TEST(ThreadPool, MatmulIsTheSameOnAnyNumberOfThreads) {
 }
 
 // The fast attention against the reference (GQA groups 1, 2, 4; a cached prefix; head sizes with
-// and without the AVX2 and NEON paths), and a query decoded alone equal bitwise to the same query
-// in a batch.
+// and without the AVX2 and NEON paths; prompts long enough that the heads' rows are gathered, on
+// threads that take whole heads or parts of them), and a query decoded alone equal bitwise to the
+// same query in a batch.
 TEST(Kernels, FastAttentionMatchesTheReference) {
   if (fast_kernels_are_the_reference()) GTEST_SKIP() << "no SIMD attention here";
   struct Case {
@@ -224,8 +225,8 @@ TEST(Kernels, FastAttentionMatchesTheReference) {
     int64_t first_pos, n_queries;
   } cases[] = {{{4, 4, 32}, 0, 9},    {{8, 4, 64}, 5, 7},     {{8, 2, 128}, 40, 3},
                {{8, 2, 256}, 17, 21}, {{16, 8, 128}, 30, 37}, {{4, 1, 12}, 3, 4},
-               {{2, 1, 6}, 2, 3}};
-  for (const int threads : {1, 2}) {
+               {{2, 1, 6}, 2, 3},     {{8, 2, 64}, 3, 50}};
+  for (const int threads : {1, 2, 3}) {
     set_kernel_threads(threads);
     for (const Case& c : cases) {
       const int64_t n_keys = c.first_pos + c.n_queries;
