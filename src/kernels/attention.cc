@@ -19,8 +19,11 @@
 namespace qhx {
 namespace {
 
-// Blocks of positions per key/value head from which causal_attention gathers a head's rows.
+// causal_attention gathers a head's rows from this many blocks of positions per head, and while
+// the copy takes at most kMaxGatherBytes per thread (past that the head's rows spill out of L2
+// anyway, and the copy would be scratch memory no plan counts).
 constexpr int64_t kMinBlocksToGather = 8;
+constexpr int64_t kMaxGatherBytes = int64_t{4} << 20;
 
 // Query rows that read the same keys and values (the query heads of one key/value head, at a few
 // consecutive positions), each with its scores scratch; sorted by n_keys, ascending.
@@ -367,7 +370,9 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
   // prefetchers do not follow them. When many blocks read them, the thread first copies its
   // head's rows side by side, as far as its blocks need them (a copy of 2 × 256 KB per head of
   // Qwen3-0.6B at 512 positions, next to 1 ms of arithmetic). Where a row lies changes no result.
-  const bool gather = kv_stride != hd && blocks >= kMinBlocksToGather;
+  const bool gather =
+      kv_stride != hd && blocks >= kMinBlocksToGather &&
+      2 * (first_pos + n_queries) * hd * static_cast<int64_t>(sizeof(float)) <= kMaxGatherBytes;
   static std::atomic<uint64_t> calls{0};
   const uint64_t call = gather ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   const auto attend_block = [&](int64_t kv, int64_t block) {
