@@ -118,8 +118,29 @@ TEST(Bench, ChatTurnsRunOnlyTheirNewTokens) {
     EXPECT_EQ(turns[t].n_processed, t == 0 ? 10 : 11);
     EXPECT_GT(turns[t].ttft_fresh_ms, 0);
   }
-  EXPECT_THROW(run_chat_bench(*model, {.turns = 100, .user_tokens = 10, .reply_tokens = 5}),
-               Error);
+  EXPECT_THROW(run_chat_bench(*model, {.turns = 100, .user_tokens = 10, .reply_tokens = 5}), Error);
+}
+
+// What a decoded token reads: the matrices but the embedding table (bf16 here), and the KV caches
+// of the context, which grow by a K and a V row per attention layer and token.
+TEST(Bench, DecodeStepBytesAreTheMatricesAndTheState) {
+  SynthShape shape{"tiny", false, 512, 64, 128, 4, 4, 2, 32, 0, 0, 0, 256};
+  test::TempDir dir;
+  write_synthetic_checkpoint(shape, dir.path() / "ckpt", 5);
+  const auto model = load_model(dir.path() / "ckpt");
+  const int64_t per_layer = 4 * 32 * 64 + 2 * (2 * 32 * 64) + 64 * 4 * 32 + 3 * 128 * 64;
+  const int64_t matrices = 2 * (4 * per_layer + 512 * 64);  // layers and the lm_head
+  EXPECT_EQ(model->decode_step_bytes(0), matrices);
+  EXPECT_EQ(model->decode_step_bytes(10), matrices + 10 * 4 * 2 * (2 * 32) * 4);
+  BenchConfig config;
+  config.n_prompt = 4;
+  config.n_gen = 6;
+  config.depth = 20;
+  config.repetitions = 1;
+  EXPECT_EQ(run_bench(*model, config).decode_step_bytes, model->decode_step_bytes(23));
+  const double bandwidth = read_bandwidth(int64_t{8} << 20, 2);
+  EXPECT_GT(bandwidth, 0.0);
+  EXPECT_TRUE(std::isfinite(bandwidth));
 }
 
 TEST(Bench, RefusesConfigurationsBeyondTheContext) {

@@ -35,6 +35,25 @@ class Decoder final : public Model {
     return total;
   }
 
+  int64_t decode_step_bytes(int64_t context) const override {
+    int64_t total = 0;
+    for (const MatrixRef* m : matrix_list(weights_)) {
+      if (m->data == nullptr) continue;  // a mixer this layer does not have
+      total += static_cast<int64_t>(matrix_bytes(m->dtype, m->rows, m->cols, m->group_size) +
+                                    matrix_scale_bytes(m->dtype, m->rows, m->cols, m->group_size));
+    }
+    const AttentionShape& a = attention_.shape;
+    const DeltaRuleShape& d = deltanet_.heads;
+    for (const DecoderLayer& l : weights_.layers) {
+      total += static_cast<int64_t>(sizeof(float)) *
+               (l.kind == LayerKind::kLinearAttention
+                    ? (deltanet_.conv_kernel - 1) * deltanet_.conv_channels() +
+                          d.n_v_heads * d.k_dim * d.v_dim
+                    : 2 * context * a.n_kv_heads * a.head_dim);
+    }
+    return total;
+  }
+
   std::unique_ptr<ModelState> new_state() const override {
     std::vector<LayerState> layers(weights_.layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -60,7 +79,7 @@ class Decoder final : public Model {
   // thread's forward pass holds the kernel pool.
   void pack_matrices() {
     std::vector<MatrixRef*> matrices;
-    for (MatrixRef* m : matrix_list()) {
+    for (MatrixRef* m : matrix_list(weights_)) {
       // Null: a mixer this layer does not have.
       if (m->data != nullptr && packs_for_int8_kernels(*m)) matrices.push_back(m);
     }
@@ -85,14 +104,16 @@ class Decoder final : public Model {
     }
   }
 
-  // Every matrix of the model, the lm_head first (the largest: it starts first when packing).
-  std::vector<MatrixRef*> matrix_list() {
-    std::vector<MatrixRef*> matrices{&weights_.lm_head};
-    for (DecoderLayer& l : weights_.layers) {
-      for (MatrixRef* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj,
-                           &l.attention.o_proj, &l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z,
-                           &l.deltanet.in_proj_b, &l.deltanet.in_proj_a, &l.deltanet.out_proj,
-                           &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj}) {
+  // Every matrix of the model but the embedding table, the lm_head first (the largest: it starts
+  // first when packing). Weights: DecoderWeights, const or not.
+  template <typename Weights>
+  static auto matrix_list(Weights& weights) -> std::vector<decltype(&weights.lm_head)> {
+    std::vector<decltype(&weights.lm_head)> matrices{&weights.lm_head};
+    for (auto& l : weights.layers) {
+      for (auto* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj,
+                      &l.attention.o_proj, &l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z,
+                      &l.deltanet.in_proj_b, &l.deltanet.in_proj_a, &l.deltanet.out_proj,
+                      &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj}) {
         matrices.push_back(m);
       }
     }

@@ -69,6 +69,11 @@ class Model {
   // every weight file), so that a saved state is never continued on another model.
   virtual const std::string& fingerprint() const = 0;
   virtual int64_t weights_bytes() const = 0;  // of the mapped weight files
+  // Bytes one decoded token reads with `context` tokens before it: every matrix but the embedding
+  // table (of which it reads a row), and the state (KV caches of `context` rows, conv and
+  // recurrent states). Decode is bound by it: divided into the memory's read bandwidth, it
+  // gives the tokens per second no kernel can pass.
+  virtual int64_t decode_step_bytes(int64_t context) const = 0;
   virtual std::unique_ptr<ModelState> new_state() const = 0;
   // Processes `ids` at positions n_past(), n_past()+1, ... and appends them to `state`.
   // `logits` receives [1 or ids.size(), vocab_size] floats. Throws Error on an id outside the

@@ -1,11 +1,14 @@
 #include "runtime/bench.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 #include <string>
 
+#include "kernels/thread_pool.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "util/clock.h"
@@ -84,10 +87,41 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
     }
   }
   result.state_bytes = state->bytes();
+  result.decode_step_bytes = model.decode_step_bytes(config.depth + config.n_gen / 2);
   result.prefill_tok_s = Spread::of(prefill);
   result.ttft_ms = Spread::of(ttft);
   result.decode_tok_s = Spread::of(decode);
   return result;
+}
+
+double read_bandwidth(int64_t bytes, int passes) {
+  const int64_t threads = kernel_threads();
+  const int64_t words = bytes / static_cast<int64_t>(sizeof(uint64_t)) / threads * threads;
+  void* p = ::mmap(nullptr, words * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return 0.0;
+  auto* data = static_cast<uint64_t*>(p);
+  for (int64_t i = 0; i < words; ++i) data[i] = static_cast<uint64_t>(i);  // distinct pages
+  std::vector<uint64_t> sums(threads);
+  double best = 0.0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto start = Clock::now();
+    kernel_pool().run(threads, [&](int64_t t) {
+      // Four sums, so that the loads, not one chain of adds, set the pace.
+      const uint64_t* slice = data + t * (words / threads);
+      uint64_t s[4] = {0, 0, 0, 0};
+      for (int64_t i = 0; i + 4 <= words / threads; i += 4) {
+        for (int j = 0; j < 4; ++j) s[j] += slice[i + j];
+      }
+      sums[t] = s[0] + s[1] + s[2] + s[3];
+    });
+    best = std::max(best, static_cast<double>(words * sizeof(uint64_t)) / seconds_since(start));
+  }
+  ::munmap(p, words * sizeof(uint64_t));
+  // The sums are the point of the reads: a compiler may not drop loads whose result is used.
+  volatile uint64_t sink = std::accumulate(sums.begin(), sums.end(), uint64_t{0});
+  (void)sink;
+  return best;
 }
 
 std::vector<ChatBenchTurn> run_chat_bench(const Model& model, const ChatBenchConfig& config) {

@@ -31,9 +31,18 @@ struct BenchResult {
   Spread ttft_ms;           // prefill + the first token's logits and greedy pick
   Spread decode_tok_s;      // n_gen greedy single-token steps after `depth` context tokens
   int64_t state_bytes = 0;  // the sequence state (KV caches, recurrent states) the runs used
+  // What a decoded token reads at the decode's mean context (Model::decode_step_bytes).
+  int64_t decode_step_bytes = 0;
 };
 
 BenchResult run_bench(const Model& model, const BenchConfig& config);
+
+// The memory's read bandwidth in bytes per second, as the kernel threads stream a buffer of
+// `bytes` (far past the last-level cache) once each pass: the best of `passes`. The ceiling
+// decode works against; 0 when the buffer cannot be mapped. Measured, never assumed: on a shared
+// or virtual machine it changes with where the threads run (this project's 2-core VM reads 50 or
+// 78 GB/s on two threads from one hour to the next, 41 on one).
+double read_bandwidth(int64_t bytes = int64_t{256} << 20, int passes = 5);
 
 // A multi-turn chat at the token level: each turn adds `user_tokens` random tokens to the
 // conversation and generates `reply_tokens` greedily. The same conversation is timed through one

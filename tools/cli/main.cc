@@ -515,6 +515,7 @@ int run_bench(const BenchArgs& args) {
     std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
                 "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
   }
+  std::vector<std::pair<qhx::BenchResult, qhx::Json>> results;  // JSON records wait for the probe
   for (const int64_t n_prompt : prompt_lengths) {
     for (const int64_t depth : depths) {
       qhx::BenchConfig config;
@@ -552,7 +553,7 @@ int run_bench(const BenchArgs& args) {
             {"commit", QHX_GIT_COMMIT},
             {"date", utc_date()},
             {"gate", gate}};
-        std::cout << record.dump() << std::endl;
+        results.emplace_back(r, record);
       } else {
         const auto cell = [](const qhx::Spread& s) {
           char buf[48];
@@ -565,7 +566,28 @@ int run_bench(const BenchArgs& args) {
                     cell(r.decode_tok_s).c_str(), cell(r.ttft_ms).c_str(),
                     static_cast<double>(r.state_bytes) / (1024.0 * 1024.0), peak_rss_mb());
         std::fflush(stdout);
+        results.emplace_back(r, qhx::Json());
       }
+    }
+  }
+  // The memory's read bandwidth, measured after the runs (its buffer would count in their peak
+  // RSS), against what each decode read.
+  const double bandwidth = qhx::read_bandwidth();
+  for (auto& [r, record] : results) {
+    const double read = static_cast<double>(r.decode_step_bytes) * r.decode_tok_s.mean;
+    const qhx::Json fraction =
+        bandwidth > 0 && r.config.n_gen > 0 ? qhx::Json(read / bandwidth) : qhx::Json();
+    if (args.json) {
+      record["memory_read_gb_s"] = bandwidth > 0 ? qhx::Json(bandwidth * 1e-9) : qhx::Json();
+      record["decode_read_gb_s"] = read * 1e-9;
+      record["decode_bandwidth_fraction"] = fraction;
+      std::cout << record.dump() << std::endl;
+    } else if (r.config.n_gen > 0 && bandwidth > 0) {
+      std::printf(
+          "decode at depth %lld reads %.1f MB a token: %.1f GB/s, %.0f%% of the %.1f GB/s "
+          "that %d threads read from memory\n",
+          static_cast<long long>(r.config.depth), r.decode_step_bytes / 1e6, read * 1e-9,
+          100 * read / bandwidth, bandwidth * 1e-9, qhx::kernel_threads());
     }
   }
   return 0;
