@@ -361,6 +361,13 @@ def render_table(rows: list[dict], args) -> str:
             lines.append(f"| {row['label']} | {test} | {cell(m['llama'])} | {cell(m['qhx'])} | "
                          f"{cell(m['ratio'], 2)} | {best_l:.1f}, {best_q:.1f}, "
                          f"{best_q / best_l:.2f} |")
+    for row in rows:
+        b = row.get("qhx_decode_bandwidth")
+        if b:
+            lines.append(f"\nqhx {row['label'].split(' vs ')[-1]} decode read "
+                         f"{100 * b['fraction']['mean']:.0f} ± {100 * b['fraction']['stddev']:.0f} % "
+                         f"of the memory's read bandwidth, {cell(b['memory_read_gb_s'])} GB/s on "
+                         f"{args.threads} threads (qhx bench, same runs).")
     return "\n".join(lines)
 
 
@@ -518,6 +525,12 @@ def main() -> None:
             qq = [r["qhx"][key] for r in rr]
             row[key] = {"llama": spread(ll), "qhx": spread(qq),
                         "ratio": spread([q / l for q, l in zip(qq, ll)])}
+        # qhx bench's own measure of the memory's read bandwidth and of the share its decode used.
+        fractions = [r["qhx"]["raw"].get("decode_bandwidth_fraction") for r in rr]
+        ceilings = [r["qhx"]["raw"].get("memory_read_gb_s") for r in rr]
+        if all(f is not None for f in fractions) and all(c is not None for c in ceilings):
+            row["qhx_decode_bandwidth"] = {"fraction": spread(fractions),
+                                           "memory_read_gb_s": spread(ceilings)}
         rows.append(row)
 
     first = rounds[pairs[0]["pair"]][0]
