@@ -138,6 +138,18 @@ TEST(Bench, DecodeStepBytesAreTheMatricesAndTheState) {
   config.depth = 20;
   config.repetitions = 1;
   EXPECT_EQ(run_bench(*model, config).decode_step_bytes, model->decode_step_bytes(23));
+  // Qwen3.5: one full-attention layer of four keeps a KV cache; the others' conv and recurrent
+  // states (a fresh state's bytes) are read whatever the context.
+  SynthShape hybrid_shape{"tiny", true, 512, 64, 128, 4, 4, 2, 32, 2, 4, 16, 256};
+  write_synthetic_checkpoint(hybrid_shape, dir.path() / "hybrid", 5);
+  const auto hybrid = load_model(dir.path() / "hybrid");
+  EXPECT_EQ(hybrid->decode_step_bytes(10) - hybrid->decode_step_bytes(0),
+            10 * 1 * 2 * (2 * 32) * 4);
+  const int64_t full = 2 * 4 * 32 * 64 + 2 * (2 * 32 * 64) + 64 * 4 * 32;  // gated q_proj
+  const int64_t linear = (2 * 2 * 16 + 4 * 16) * 64 + 4 * 16 * 64 + 2 * 4 * 64 + 64 * 4 * 16;
+  const int64_t hybrid_matrices = 2 * (full + 3 * linear + 4 * 3 * 128 * 64 + 512 * 64);
+  EXPECT_GT(hybrid->new_state()->bytes(), 0);
+  EXPECT_EQ(hybrid->decode_step_bytes(0), hybrid_matrices + hybrid->new_state()->bytes());
   const double bandwidth = read_bandwidth(int64_t{8} << 20, 2);
   EXPECT_GT(bandwidth, 0.0);
   EXPECT_TRUE(std::isfinite(bandwidth));
