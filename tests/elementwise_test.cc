@@ -169,9 +169,10 @@ TEST(Elementwise, CausalConvMatchesTheReferenceAndContinuesFromItsState) {
 }
 
 }  // namespace
-// A prompt's norms and gates are spread over the kernel threads: on 2 and 3 threads every
-// element equals what one thread computes (the gates on a length past a part boundary and not a
-// multiple of the vector, the norms over rows whose count is not a multiple of the threads).
+// A prompt's norms and gates are spread over the kernel threads: on 1, 2 and 3 threads every
+// element equals what one thread computes element by element (the gates on a length past a part
+// boundary and not a multiple of the vector, the norms over rows whose count is not a multiple of
+// the threads).
 TEST(Elementwise, ThreadsDoNotChangeAResult) {
   const int64_t n = 200003, rows = 517, width = 128;
   const std::vector<float> gate = gate_inputs(n, 12), up = random_vector(n, 13);
@@ -183,15 +184,25 @@ TEST(Elementwise, ThreadsDoNotChangeAResult) {
   for (int64_t r = 0; r < rows; ++r) {
     rms_norm(x.data() + r * width, w.data(), width, 1e-6f, norm_one.data() + r * width);
   }
-  for (const int threads : {2, 3}) {
+  // The residual add fused with the norm: the sum, then the norm of the sum.
+  const std::vector<float> y = random_vector(rows * width, 16, 3.0f);
+  std::vector<float> sum_one = x, added_norm_one(rows * width);
+  for (int64_t i = 0; i < rows * width; ++i) sum_one[i] += y[i];
+  for (int64_t r = 0; r < rows; ++r) {
+    rms_norm(sum_one.data() + r * width, w.data(), width, 1e-6f, added_norm_one.data() + r * width);
+  }
+  for (const int threads : {1, 2, 3}) {
     set_kernel_threads(threads);
-    std::vector<float> silu(n), sigmoid = up, norm(rows * width);
+    std::vector<float> silu(n), sigmoid = up, norm(rows * width), sum = x, added_norm(rows * width);
     silu_mul(gate.data(), up.data(), n, silu.data());
     sigmoid_gate(gate.data(), n, sigmoid.data());
     rms_norm_rows(x.data(), w.data(), rows, width, 1e-6f, norm.data());
+    add_rms_norm_rows(sum.data(), y.data(), w.data(), rows, width, 1e-6f, added_norm.data());
     EXPECT_EQ(silu, silu_one) << threads << " threads";
     EXPECT_EQ(sigmoid, sigmoid_one) << threads << " threads";
     EXPECT_EQ(norm, norm_one) << threads << " threads";
+    EXPECT_EQ(sum, sum_one) << threads << " threads";
+    EXPECT_EQ(added_norm, added_norm_one) << threads << " threads";
   }
   set_kernel_threads(1);
 }

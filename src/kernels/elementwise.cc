@@ -146,6 +146,16 @@ void rms_norm_rows(const float* x, const float* weight, int64_t n_rows, int64_t 
   });
 }
 
+void add_rms_norm_rows(float* h, const float* y, const float* weight, int64_t n_rows, int64_t n,
+                       float eps, float* x) {
+  split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = r * n; i < (r + 1) * n; ++i) h[i] += y[i];
+      rms_norm(h + r * n, weight, n, eps, x + r * n);
+    }
+  });
+}
+
 void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
                       const float* cos, const float* sin) {
 #if defined(__x86_64__)

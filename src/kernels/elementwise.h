@@ -15,6 +15,11 @@ void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* 
 void rms_norm_rows(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
                    float* y);
 
+// The residual add and the next norm in one pass: h += y, then x = rms_norm(h), row by row, rows
+// spread over the kernel threads.
+void add_rms_norm_rows(float* h, const float* y, const float* weight, int64_t n_rows, int64_t n,
+                       float eps, float* x);
+
 // In place, rotate-half RoPE on the first rotary_dim elements of each of n_vectors vectors.
 void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
                       const float* cos, const float* sin);

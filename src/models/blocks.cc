@@ -6,6 +6,7 @@
 #include "kernels/delta_rule.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
+#include "kernels/thread_pool.h"
 
 namespace qhx {
 namespace {
@@ -39,40 +40,42 @@ void attention_forward(const AttentionWeights& w, const AttentionParams& p, int6
   const int64_t q_width = n_heads * hd, kv_width = n_kv * hd;
   float* q = scratch(0, n_tokens * q_width);
   float* gate = scratch(1, p.output_gate ? n_tokens * q_width : 0);
-  float* k = scratch(2, n_tokens * kv_width);
-  float* v = scratch(3, n_tokens * kv_width);
-  if (p.output_gate) {
-    // q_proj yields [q_0 | g_0 | q_1 | g_1 | ...] per head; split it.
-    float* both = scratch(4, n_tokens * 2 * q_width);
-    matmul(x, n_tokens, {{w.q_proj, both}, {w.k_proj, k}, {w.v_proj, v}});
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t h = 0; h < n_heads; ++h) {
+  // K and V go straight into the cache's new rows (normed and rotated there).
+  cache.keys.resize((first_pos + n_tokens) * kv_width);
+  cache.values.resize((first_pos + n_tokens) * kv_width);
+  float* k = cache.keys.data() + first_pos * kv_width;
+  float* v = cache.values.data() + first_pos * kv_width;
+  // With an output gate, q_proj yields [q_0 | g_0 | q_1 | g_1 | ...] per head, split below.
+  float* both = p.output_gate ? scratch(4, n_tokens * 2 * q_width) : q;
+  matmul(x, n_tokens, {{w.q_proj, both}, {w.k_proj, k}, {w.v_proj, v}});
+
+  // Per token, the gate split off, per-head q/k RMSNorm, then RoPE at the token's absolute
+  // position; tokens spread over the kernel threads (the same arithmetic wherever they fall).
+  split_rows(n_tokens, 1, n_tokens * (q_width + kv_width), [&](int64_t begin, int64_t end) {
+    std::vector<float> cos(p.rotary_dim / 2), sin(p.rotary_dim / 2);
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t h = 0; p.output_gate && h < n_heads; ++h) {
         const float* src = both + (t * n_heads + h) * 2 * hd;
         std::copy(src, src + hd, q + (t * n_heads + h) * hd);
         std::copy(src + hd, src + 2 * hd, gate + (t * n_heads + h) * hd);
       }
+      float* qt = q + t * q_width;
+      float* kt = k + t * kv_width;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        rms_norm(qt + h * hd, w.q_norm.data(), hd, p.norm_eps, qt + h * hd);
+      }
+      for (int64_t h = 0; h < n_kv; ++h) {
+        rms_norm(kt + h * hd, w.k_norm.data(), hd, p.norm_eps, kt + h * hd);
+      }
+      for (size_t i = 0; i < p.inv_freq.size(); ++i) {
+        const float angle = static_cast<float>(first_pos + t) * p.inv_freq[i];
+        cos[i] = std::cos(angle);
+        sin[i] = std::sin(angle);
+      }
+      rope_rotate_half(qt, n_heads, hd, p.rotary_dim, cos.data(), sin.data());
+      rope_rotate_half(kt, n_kv, hd, p.rotary_dim, cos.data(), sin.data());
     }
-  } else {
-    matmul(x, n_tokens, {{w.q_proj, q}, {w.k_proj, k}, {w.v_proj, v}});
-  }
-
-  // Per-head q/k RMSNorm, then RoPE at each token's absolute position.
-  rms_norm_rows(q, w.q_norm.data(), n_tokens * n_heads, hd, p.norm_eps, q);
-  rms_norm_rows(k, w.k_norm.data(), n_tokens * n_kv, hd, p.norm_eps, k);
-  std::vector<float> cos(p.rotary_dim / 2), sin(p.rotary_dim / 2);
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    float* qt = q + t * q_width;
-    float* kt = k + t * kv_width;
-    for (size_t i = 0; i < p.inv_freq.size(); ++i) {
-      const float angle = static_cast<float>(first_pos + t) * p.inv_freq[i];
-      cos[i] = std::cos(angle);
-      sin[i] = std::sin(angle);
-    }
-    rope_rotate_half(qt, n_heads, hd, p.rotary_dim, cos.data(), sin.data());
-    rope_rotate_half(kt, n_kv, hd, p.rotary_dim, cos.data(), sin.data());
-  }
-  cache.keys.insert(cache.keys.end(), k, k + n_tokens * kv_width);
-  cache.values.insert(cache.values.end(), v, v + n_tokens * kv_width);
+  });
 
   float* attn = scratch(4, n_tokens * q_width);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

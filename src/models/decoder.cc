@@ -151,16 +151,14 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
     }
     read_row(weights_.embed_tokens, ids[t], h.data() + t * H);
   }
-  const auto norm_rows = [&](const std::vector<float>& scale) {
-    rms_norm_rows(h.data(), scale.data(), n_tokens, H, eps, x.data());
-  };
-  const auto add_to_residual = [&] {
-    for (int64_t i = 0; i < n_tokens * H; ++i) h[i] += y[i];
+  // Each block's output y joins the residual stream h in the same pass as the norm that follows.
+  const auto add_and_norm = [&](const std::vector<float>& scale) {
+    add_rms_norm_rows(h.data(), y.data(), scale.data(), n_tokens, H, eps, x.data());
   };
 
+  rms_norm_rows(h.data(), weights_.layers.front().input_norm.data(), n_tokens, H, eps, x.data());
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const DecoderLayer& layer = weights_.layers[i];
-    norm_rows(layer.input_norm);
     if (layer.kind == LayerKind::kFullAttention) {
       attention_forward(layer.attention, attention_, n_tokens, first_pos, x.data(), state.layers[i],
                         y.data());
@@ -168,16 +166,17 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
       gated_deltanet_forward(layer.deltanet, deltanet_, n_tokens, x.data(), state.layers[i],
                              y.data());
     }
-    add_to_residual();
-    norm_rows(layer.post_attention_norm);
+    add_and_norm(layer.post_attention_norm);
     mlp_forward(layer.mlp, n_tokens, x.data(), y.data());
-    add_to_residual();
+    if (i + 1 < weights_.layers.size()) add_and_norm(weights_.layers[i + 1].input_norm);
   }
   state.advance(n_tokens);
 
+  // The last block's output joins only the rows whose logits are asked for.
   const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
   const int64_t n_out = n_tokens - first_out;
-  rms_norm_rows(h.data() + first_out * H, weights_.final_norm.data(), n_out, H, eps, x.data());
+  add_rms_norm_rows(h.data() + first_out * H, y.data() + first_out * H, weights_.final_norm.data(),
+                    n_out, H, eps, x.data());
   logits.resize(n_out * vocab);
   matmul(x.data(), n_out, weights_.lm_head, logits.data());
 }
