@@ -305,10 +305,11 @@ bool same_bits(float a, float b) {
 // With one weight 1 per row (row r picks column r) and unit scales, each output is a single
 // quantized activation times its block scale, y[t, r] = sx · q_x[t, r], exactly on kernels that
 // sum without offsets. So they must quantize to the reference's bits: ties to even, extreme
-// magnitudes, all-zero and non-finite blocks (whose NaN scale reaches every output of the token).
+// magnitudes, all-zero and non-finite blocks (whose NaN scale reaches every output of the token),
+// in the first sixteen blocks and the four after them (kernels may take blocks sixteen at a time).
 TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
   const std::string path = matmul_int8_kernel_path();
-  constexpr int64_t n = 4 * kActivationBlock;  // rows = cols
+  constexpr int64_t n = 20 * kActivationBlock;  // rows = cols
   constexpr int64_t tokens = 6;
   std::vector<float> x = activations(tokens * n, 11);
   float* ties = &x[1 * n];  // each block's largest is 127 or 63.5: x · 1 or x · 2 lands on halves
@@ -321,9 +322,12 @@ TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
   std::fill(special, special + kActivationBlock, 0.0f);  // scale 0, as is the next block
   std::fill(special + kActivationBlock, special + 2 * kActivationBlock, -0.0f);
   for (int64_t c = 2 * kActivationBlock; c < n; ++c) special[c] *= c < 3 * n / 4 ? 1e-30f : 1e30f;
-  x[3 * n + 40] = std::numeric_limits<float>::infinity();
-  x[4 * n + 100] = -std::numeric_limits<float>::infinity();
-  x[5 * n + 7] = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t b : {9, 18}) {
+    std::fill(special + b * kActivationBlock, special + (b + 1) * kActivationBlock, 0.0f);
+  }
+  x[3 * n + 40] = std::numeric_limits<float>::infinity();                       // block 1
+  x[4 * n + 12 * kActivationBlock + 4] = -std::numeric_limits<float>::infinity();  // block 12
+  x[5 * n + 17 * kActivationBlock + 7] = std::numeric_limits<float>::quiet_NaN();  // block 17
 
   for (const DType dtype : {DType::kW8, DType::kW4}) {
     SCOPED_TRACE(dtype_name(dtype));

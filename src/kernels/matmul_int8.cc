@@ -93,27 +93,65 @@ QHX_AVX2 void quantize_token(const float* x, int64_t cols, int8_t* q, float* sca
   }
 }
 
+// Lanes 0–7 hold the maxima of a's neighbouring lane pairs, lanes 8–15 b's: four rounds of it
+// over sixteen vectors leave vector j's maximum in lane j.
+QHX_AVX512 inline __m512 max_lane_pairs(__m512 a, __m512 b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_max_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+}
+
 // quantize_token with 16 lanes: a block is two vectors, narrowed to bytes in one instruction each.
+// Sixteen blocks at a time share one tree for their largest magnitudes and one division for their
+// scales (a maximum is exact in any order, and the division is the reference's, lane by lane):
+// one horizontal maximum per block had been the longest step.
 QHX_AVX512 void quantize_token_avx512(const float* x, int64_t cols, int8_t* q, float* scales) {
   const __m512 largest = _mm512_set1_ps(3.40282347e38f);
-  for (int64_t b = 0; b < cols / kActivationBlock; ++b) {
-    const float* xb = x + b * kActivationBlock;
-    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-    const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
-    const __mmask16 non_finite =
-        _mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ);
-    const float block_max = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-    int8_t* qb = q + b * kActivationBlock;
-    if (non_finite != 0 || block_max == 0.0f) {
-      ref::quantize_activations(xb, kActivationBlock, qb, scales + b);
-      continue;
+  const int64_t n_blocks = cols / kActivationBlock;
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(16, n_blocks - b0));
+    __m512 block_max[16];
+    __mmask16 special = 0;  // non-finite blocks
+    for (int j = 0; j < 16; ++j) {
+      if (j >= n) {
+        block_max[j] = _mm512_setzero_ps();
+        continue;
+      }
+      const float* xb = x + (b0 + j) * kActivationBlock;
+      const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(xb));
+      const __m512 a1 = _mm512_abs_ps(_mm512_loadu_ps(xb + 16));
+      if ((_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) |
+           _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) != 0) {
+        special |= static_cast<__mmask16>(1u << j);
+      }
+      block_max[j] = _mm512_max_ps(a0, a1);
     }
-    scales[b] = block_max / 127.0f;
-    const __m512 inverse = _mm512_set1_ps(127.0f / block_max);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb),
-                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inverse))));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16),
-                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inverse))));
+    for (int width = 16; width > 1; width /= 2) {
+      for (int j = 0; j < width / 2; ++j) {
+        block_max[j] = max_lane_pairs(block_max[2 * j], block_max[2 * j + 1]);
+      }
+    }
+    const __m512 maxima = block_max[0];  // lane j: block b0 + j
+    special |= _mm512_cmp_ps_mask(maxima, _mm512_setzero_ps(), _CMP_EQ_OQ);
+    alignas(64) float block_scales[16], inverses[16];
+    _mm512_store_ps(block_scales, _mm512_div_ps(maxima, _mm512_set1_ps(127.0f)));
+    _mm512_store_ps(inverses, _mm512_div_ps(_mm512_set1_ps(127.0f), maxima));
+    for (int j = 0; j < n; ++j) {
+      const float* xb = x + (b0 + j) * kActivationBlock;
+      int8_t* qb = q + (b0 + j) * kActivationBlock;
+      if ((special >> j) & 1) {  // all zero or not finite: the reference's rules
+        ref::quantize_activations(xb, kActivationBlock, qb, scales + b0 + j);
+        continue;
+      }
+      scales[b0 + j] = block_scales[j];
+      const __m512 inverse = _mm512_set1_ps(inverses[j]);
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(qb),
+          _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb), inverse))));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16),
+                       _mm512_cvtsepi32_epi8(
+                           _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), inverse))));
+    }
   }
 }
 
