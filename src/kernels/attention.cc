@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "kernels/simd_avx2.h"
+#include "kernels/simd_avx512.h"
 #elif defined(__aarch64__)
 #include "kernels/neon.h"
 #endif
@@ -168,12 +169,10 @@ void attend_rows_avx2(const AttentionRow* rows, int n_rows, const float* keys, c
 // horizontal sum per score costs as much as the score's multiply-adds.
 constexpr int kKeysAtOnce = 16;
 
-// Adds neighbouring lanes of a and b: lanes 0–7 hold a's pairs, lanes 8–15 b's. Four rounds of it
-// over sixteen vectors leave vector j's sum in lane j, in a fixed order.
+// Sums of neighbouring lanes of a (lanes 0–7) and b (lanes 8–15): avx512::lane_pairs' tree.
 QHX_AVX512 inline __m512 add_lane_pairs(__m512 a, __m512 b) {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+  const avx512::LanePairs p = avx512::lane_pairs(a, b);
+  return _mm512_add_ps(p.even, p.odd);
 }
 
 // For RT rows and the four keys k[0..4): quads[r] holds, in lanes 4j..4j+3, four partial sums of

@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include "kernels/simd_avx2.h"
+#include "kernels/simd_avx512.h"
 #elif defined(__aarch64__)
 #include "kernels/neon.h"
 #endif
@@ -93,12 +94,10 @@ QHX_AVX2 void quantize_token(const float* x, int64_t cols, int8_t* q, float* sca
   }
 }
 
-// Lanes 0–7 hold the maxima of a's neighbouring lane pairs, lanes 8–15 b's: four rounds of it
-// over sixteen vectors leave vector j's maximum in lane j.
+// Maxima of neighbouring lanes of a (lanes 0–7) and b (lanes 8–15): avx512::lane_pairs' tree.
 QHX_AVX512 inline __m512 max_lane_pairs(__m512 a, __m512 b) {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  return _mm512_max_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+  const avx512::LanePairs p = avx512::lane_pairs(a, b);
+  return _mm512_max_ps(p.even, p.odd);
 }
 
 // quantize_token with 16 lanes: a block is two vectors, narrowed to bytes in one instruction each.
@@ -111,7 +110,7 @@ QHX_AVX512 void quantize_token_avx512(const float* x, int64_t cols, int8_t* q, f
   for (int64_t b0 = 0; b0 < n_blocks; b0 += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, n_blocks - b0));
     __m512 block_max[16];
-    __mmask16 special = 0;  // non-finite blocks
+    __mmask16 special = 0;  // blocks for the reference's rules: non-finite, then all zero too
     for (int j = 0; j < 16; ++j) {
       if (j >= n) {
         block_max[j] = _mm512_setzero_ps();

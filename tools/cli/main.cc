@@ -573,6 +573,9 @@ int run_bench(const BenchArgs& args) {
   // The memory's read bandwidth, measured after the runs (its buffer would count in their peak
   // RSS), against what each decode read.
   const double bandwidth = qhx::read_bandwidth();
+  if (bandwidth <= 0 && !args.json) {
+    std::printf("memory read bandwidth not measured: no room to map its buffer\n");
+  }
   for (auto& [r, record] : results) {
     const double read = static_cast<double>(r.decode_step_bytes) * r.decode_tok_s.mean;
     const qhx::Json fraction =
