@@ -39,8 +39,10 @@ std::vector<StateTensor> DecoderState::tensors() const {
       out.push_back({p + "conv", l.conv});
       out.push_back({p + "recurrent", l.recurrent});
     } else {
-      out.push_back({p + "keys", l.keys});
-      out.push_back({p + "values", l.values});
+      // The sequence's rows only: a forward pass grows the caches before it counts its tokens.
+      const size_t rows = std::min(l.keys.size(), static_cast<size_t>(n_past_ * l.kv_width));
+      out.push_back({p + "keys", std::span<const float>(l.keys).first(rows)});
+      out.push_back({p + "values", std::span<const float>(l.values).first(rows)});
     }
   }
   return out;
