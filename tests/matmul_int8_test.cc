@@ -191,8 +191,10 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
                 {DType::kW4, 67, 128, 64},
                 {DType::kW4, 1, 64, 64},
                 {DType::kW4, 7, 384, 192},
-                // Four panels, the last partial: decode walks two streams of two.
+                // Four panels, the last partial: decode walks two streams of two, prefill
+                // two tiles of two panels; seven: tiles of 3, 2 and 2.
                 {DType::kW8, 60, 96, 0},
+                {DType::kW8, 100, 64, 0},
                 {DType::kW4, 60, 128, 64}};
   std::printf("int8 kernel path: %s\n", matmul_int8_kernel_path());
   for (const Shape& s : shapes) {
@@ -325,7 +327,7 @@ TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
   for (const int64_t b : {9, 18}) {
     std::fill(special + b * kActivationBlock, special + (b + 1) * kActivationBlock, 0.0f);
   }
-  x[3 * n + 40] = std::numeric_limits<float>::infinity();                       // block 1
+  x[3 * n + 40] = std::numeric_limits<float>::infinity();                          // block 1
   x[4 * n + 12 * kActivationBlock + 4] = -std::numeric_limits<float>::infinity();  // block 12
   x[5 * n + 17 * kActivationBlock + 7] = std::numeric_limits<float>::quiet_NaN();  // block 17
 

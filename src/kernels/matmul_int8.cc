@@ -191,12 +191,13 @@ class GroupCounter {
 // row-token pair).
 
 constexpr int kPanelRows = 16;
-// Prefill tiles: 2 panels × 4 tokens, so that each weight vector serves 4 tokens and each
-// broadcast activation 2 panels (8 integer and 8 float accumulators). One panel × 8 tokens, which
-// loaded a broadcast for every multiply-add, ran 64-token matmuls at 260-280 GMAC/s on one core;
-// 2 × 4 at 320-350 (3 × 4, 4 × 3, 4 × 4 and 2 × 6 within a few percent of it).
+// Prefill tiles: 3 panels × 4 tokens, so that each weight vector serves 4 tokens and each
+// broadcast activation 3 panels (12 integer and 12 float accumulators, no spills). One panel × 8
+// tokens, which loaded a broadcast for every multiply-add, ran 64-token matmuls at 260-280 GMAC/s
+// on one core; 2 × 4 at 380-400 (512 tokens); 3 × 4 at 410-430; 4 × 4 and 3 × 5, which spill,
+// at 360-400. A range's panels that do not fill 3s go in tiles of 2 (…, 3, 2, 2 or …, 3, 2).
 constexpr int kPanelTokens = 4;
-constexpr int kPrefillPanels = 2;
+constexpr int kPrefillPanels = 3;
 // Decode walks this many parts of a thread's panels side by side: one stream per core left memory
 // idle (whole 0.6B model, 2 threads, alternated: W4 84-87 → 89-93 tok/s, W8 67-68 → 69-70;
 // four streams measured the same as two).
@@ -351,12 +352,26 @@ QHX_AVX512 void run_panel_tile(const MatrixRef& w, const Int8Activations& a, con
   }
 }
 
+// Panels [p, p + NP) for all tokens, kPanelTokens at a time (the last tile holds the rest).
+template <bool kW4, int NP, int... NR>
+void run_panels_all_tokens(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
+                           int64_t p, std::integer_sequence<int, NR...>) {
+  using Tile =
+      void (*)(const MatrixRef&, const Int8Activations&, const int64_t(&)[NP], int64_t, float*);
+  static constexpr Tile tiles[] = {run_panel_tile<kW4, NP, NR + 1>...};
+  int64_t ps[NP];
+  for (int i = 0; i < NP; ++i) ps[i] = p + i;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
+    tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, ps, t0, y);
+  }
+}
+
 // Panels [panel_begin, panel_end) for all tokens: kPrefillPanels panels × kPanelTokens tokens at a
-// time (a last odd panel alone). One token (decode) walks kDecodeStreams parts of the range side by
-// side: one stream per core left memory idle.
-template <bool kW4, int... NR>
+// time (the rest in tiles of 2, or a panel alone). One token (decode) walks kDecodeStreams parts of
+// the range side by side: one stream per core left memory idle.
+template <bool kW4>
 void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
-                int64_t panel_begin, int64_t panel_end, std::integer_sequence<int, NR...>) {
+                int64_t panel_begin, int64_t panel_end) {
   if (n_tokens == 1) {
     const int64_t part = (panel_end - panel_begin) / kDecodeStreams;
     int64_t p[kDecodeStreams];
@@ -369,26 +384,17 @@ void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, 
     }
     return;
   }
-  constexpr int NP = kPrefillPanels;
-  using Tiles =
-      void (*)(const MatrixRef&, const Int8Activations&, const int64_t(&)[NP], int64_t, float*);
-  static constexpr Tiles tiles[] = {run_panel_tile<kW4, NP, NR + 1>...};
-  using Tile =
-      void (*)(const MatrixRef&, const Int8Activations&, const int64_t(&)[1], int64_t, float*);
-  static constexpr Tile single[] = {run_panel_tile<kW4, 1, NR + 1>...};
+  constexpr auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
+  // n = 3k + 2j panels with as few tiles of 2 as can be: j = 0, 2, 1 for n % 3 = 0, 1, 2.
+  static_assert(kPrefillPanels == 3);
+  const int64_t n = panel_end - panel_begin;
+  const int64_t twos = n < 3 ? n / 2 : (3 - n % 3) % 3;
   int64_t p = panel_begin;
-  for (; p + NP <= panel_end; p += NP) {
-    int64_t ps[NP];
-    for (int i = 0; i < NP; ++i) ps[i] = p + i;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
-      tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, ps, t0, y);
-    }
+  for (; p + 3 <= panel_end - 2 * twos; p += 3) {
+    run_panels_all_tokens<kW4, 3>(w, a, n_tokens, y, p, tokens);
   }
-  for (; p < panel_end; ++p) {
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
-      single[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, {p}, t0, y);
-    }
-  }
+  for (; p + 2 <= panel_end; p += 2) run_panels_all_tokens<kW4, 2>(w, a, n_tokens, y, p, tokens);
+  if (p < panel_end) run_panels_all_tokens<kW4, 1>(w, a, n_tokens, y, p, tokens);
 }
 
 // ---- AVX2: 32 columns (one activation block) per vector, 8 lanes of 4 bytes ----
@@ -567,13 +573,12 @@ void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput>
       const int64_t hi = std::min(end, first[i + 1]) - first[i];
       if (lo >= hi) continue;
       const MatmulOutput& o = outputs[i];
-      const auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
       if (!panels) {
         matmul_rows(o.w, activations, n_tokens, o.y, lo, hi);
       } else if (w4) {
-        run_panels<true>(o.w, activations, n_tokens, o.y, lo, hi, tokens);
+        run_panels<true>(o.w, activations, n_tokens, o.y, lo, hi);
       } else {
-        run_panels<false>(o.w, activations, n_tokens, o.y, lo, hi, tokens);
+        run_panels<false>(o.w, activations, n_tokens, o.y, lo, hi);
       }
     }
   });
