@@ -216,16 +216,18 @@ TEST(ThreadPool, MatmulIsTheSameOnAnyNumberOfThreads) {
 
 // The fast attention against the reference (GQA groups 1, 2, 4; a cached prefix; head sizes with
 // and without the AVX2 and NEON paths; prompts long enough that the heads' rows are gathered, on
-// threads that take whole heads or parts of them), and a query decoded alone equal bitwise to the
-// same query in a batch.
+// threads that take whole heads or parts of them, a gather that grows into the last block of keys
+// the one before it held), and a query decoded alone equal bitwise to the same query in a batch.
 TEST(Kernels, FastAttentionMatchesTheReference) {
   if (fast_kernels_are_the_reference()) GTEST_SKIP() << "no SIMD attention here";
   struct Case {
     AttentionShape shape;
     int64_t first_pos, n_queries;
-  } cases[] = {{{4, 4, 32}, 0, 9},    {{8, 4, 64}, 5, 7},     {{8, 2, 128}, 40, 3},
-               {{8, 2, 256}, 17, 21}, {{16, 8, 128}, 30, 37}, {{4, 1, 12}, 3, 4},
-               {{2, 1, 6}, 2, 3},     {{8, 2, 64}, 3, 50}};
+  } cases[] = {
+      // First, as the first gathers on their threads: 67 then 72 rows (80 in whole blocks).
+      {{16, 8, 128}, 30, 37}, {{16, 8, 128}, 30, 42}, {{4, 4, 32}, 0, 9},
+      {{8, 4, 64}, 5, 7},     {{8, 2, 128}, 40, 3},   {{8, 2, 256}, 17, 21},
+      {{4, 1, 12}, 3, 4},     {{2, 1, 6}, 2, 3},      {{8, 2, 64}, 3, 50}};
   for (const int threads : {1, 2, 3}) {
     set_kernel_threads(threads);
     for (const Case& c : cases) {

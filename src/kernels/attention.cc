@@ -233,6 +233,85 @@ QHX_AVX512 void row_scores_avx512(const AttentionRow* rows, const float* keys, i
   }
 }
 
+// The same scores from keys transposed in blocks of kKeysAtOnce ([block][d][key], as
+// GatheredHead lays them out): lane j of a vector is key j, so no tree crosses lanes. The sums
+// keep row_scores_avx512's order to the bit: the partial sum of head_dim lanes ≡ l (mod 16),
+// multiply-added in order from zero, then the same pairwise tree over l = 0..15 (here adds of
+// whole vectors, pairs of neighbours first), so a gathered prefill row equals its decode.
+// KB consecutive blocks × RT rows into sums[b · RT + r].
+template <int RT, int KB>
+QHX_AVX512 void score_blocks_transposed(const AttentionRow* rows, const float* blocks,
+                                        int64_t head_dim, __m512* sums) {
+  __m512 pending[4][KB][RT];  // [level]: the sum of the last 2^level lanes still unpaired
+  const int64_t block_floats = head_dim * kKeysAtOnce;
+  for (int l = 0; l < kKeysAtOnce; ++l) {
+    __m512 acc[KB][RT];
+    for (int b = 0; b < KB; ++b) {
+      for (int r = 0; r < RT; ++r) acc[b][r] = _mm512_setzero_ps();
+    }
+    for (int64_t d = l; d < head_dim; d += kKeysAtOnce) {
+      __m512 kd[KB];
+      for (int b = 0; b < KB; ++b) {
+        kd[b] = _mm512_loadu_ps(blocks + b * block_floats + d * kKeysAtOnce);
+      }
+      for (int r = 0; r < RT; ++r) {
+        const __m512 qd = _mm512_set1_ps(rows[r].q[d]);
+        for (int b = 0; b < KB; ++b) acc[b][r] = _mm512_fmadd_ps(qd, kd[b], acc[b][r]);
+      }
+    }
+    int level = 0;
+    for (; l >> level & 1; ++level) {
+      for (int b = 0; b < KB; ++b) {
+        for (int r = 0; r < RT; ++r) acc[b][r] = _mm512_add_ps(pending[level][b][r], acc[b][r]);
+      }
+    }
+    for (int b = 0; b < KB; ++b) {
+      for (int r = 0; r < RT; ++r) {
+        (level == 4 ? sums[b * RT + r] : pending[level][b][r]) = acc[b][r];
+      }
+    }
+  }
+}
+
+using ScoreBlocks = void (*)(const AttentionRow*, const float*, int64_t, __m512*);
+template <int KB, typename RowCounts>
+struct ScoreTiles;
+template <int KB, int... RT>
+struct ScoreTiles<KB, std::integer_sequence<int, RT...>> {
+  static constexpr ScoreBlocks tiles[] = {score_blocks_transposed<RT + 1, KB>...};
+};
+
+// row_scores_avx512 for keys transposed in blocks (score_blocks_transposed), up to
+// kBlocksAtOnce blocks at a time: each broadcast element of a query serves them all (one block at
+// a time ran 0.6B-shaped prefill attention at 140-145 GFLOP/s on one core, two at 164-168,
+// three at 162-169 and four at 147-151).
+constexpr int kBlocksAtOnce = 2;
+template <int R>
+QHX_AVX512 void row_scores_transposed(const AttentionRow* rows, const float* keys, int64_t head_dim,
+                                      float scale) {
+  using RowCounts = std::make_integer_sequence<int, kRowsAtOnce>;
+  static constexpr const ScoreBlocks* tiles[] = {ScoreTiles<1, RowCounts>::tiles,
+                                                 ScoreTiles<2, RowCounts>::tiles};
+  __m512 sums[kBlocksAtOnce * R];
+  int first = 0;  // rows are sorted by n_keys: those before first have no keys left
+  for (int64_t j0 = 0; j0 < rows[R - 1].n_keys; j0 += kBlocksAtOnce * kKeysAtOnce) {
+    while (rows[first].n_keys <= j0) ++first;
+    const int rt = R - first;
+    const int blocks = static_cast<int>(std::min<int64_t>(
+        kBlocksAtOnce, (rows[R - 1].n_keys - j0 + kKeysAtOnce - 1) / kKeysAtOnce));
+    tiles[blocks - 1][rt - 1](rows + first, keys + j0 * head_dim, head_dim, sums);
+    for (int b = 0; b < blocks; ++b) {
+      const int64_t j = j0 + b * kKeysAtOnce;
+      for (int r = first; r < R; ++r) {
+        const int64_t n = std::min<int64_t>(kKeysAtOnce, rows[r].n_keys - j);
+        if (n <= 0) continue;
+        _mm512_mask_storeu_ps(rows[r].scores + j, static_cast<__mmask16>((1u << n) - 1),
+                              _mm512_mul_ps(sums[b * rt + r - first], _mm512_set1_ps(scale)));
+      }
+    }
+  }
+}
+
 // Output columns [d, d + 16·NV) of R rows, as row_outputs does with 8 lanes.
 template <int R, int NV>
 QHX_AVX512 void row_outputs_avx512(const AttentionRow* rows, const float* values, int64_t kv_stride,
@@ -261,11 +340,15 @@ QHX_AVX512 void row_outputs_avx512(const AttentionRow* rows, const float* values
   }
 }
 
-template <int R>
+template <int R, bool kKeysTransposed>
 QHX_AVX512 void attend_batch_avx512(const AttentionRow* rows, const float* keys,
                                     const float* values, int64_t kv_stride, int64_t head_dim,
                                     float scale) {
-  row_scores_avx512<R>(rows, keys, kv_stride, head_dim, scale);
+  if (kKeysTransposed) {
+    row_scores_transposed<R>(rows, keys, head_dim, scale);
+  } else {
+    row_scores_avx512<R>(rows, keys, kv_stride, head_dim, scale);
+  }
   for (int r = 0; r < R; ++r) softmax_avx2(rows[r].scores, rows[r].n_keys);
   int64_t d = 0;
   for (; d + 16 * kVectorsPerPass<R> <= head_dim; d += 16 * kVectorsPerPass<R>) {
@@ -274,14 +357,17 @@ QHX_AVX512 void attend_batch_avx512(const AttentionRow* rows, const float* keys,
   for (; d < head_dim; d += 16) row_outputs_avx512<R, 1>(rows, values, kv_stride, d);
 }
 
-// head_dim a multiple of 16.
+// head_dim a multiple of 16; keys as they lie (kKeysTransposed false) or transposed in blocks of
+// kKeysAtOnce (GatheredHead).
+template <bool kKeysTransposed>
 void attend_rows_avx512(const AttentionRow* rows, int n_rows, const float* keys,
                         const float* values, int64_t kv_stride, int64_t head_dim, float scale) {
   using Batch = void (*)(const AttentionRow*, const float*, const float*, int64_t, int64_t, float);
-  static constexpr Batch batches[] = {attend_batch_avx512<1>, attend_batch_avx512<2>,
-                                      attend_batch_avx512<3>, attend_batch_avx512<4>,
-                                      attend_batch_avx512<5>, attend_batch_avx512<6>,
-                                      attend_batch_avx512<7>, attend_batch_avx512<8>};
+  static constexpr Batch batches[] = {
+      attend_batch_avx512<1, kKeysTransposed>, attend_batch_avx512<2, kKeysTransposed>,
+      attend_batch_avx512<3, kKeysTransposed>, attend_batch_avx512<4, kKeysTransposed>,
+      attend_batch_avx512<5, kKeysTransposed>, attend_batch_avx512<6, kKeysTransposed>,
+      attend_batch_avx512<7, kKeysTransposed>, attend_batch_avx512<8, kKeysTransposed>};
   for (int r = 0; r < n_rows; r += kRowsAtOnce) {
     const int n = std::min(kRowsAtOnce, n_rows - r);
     batches[n - 1](rows + r, keys, values, kv_stride, head_dim, scale);
@@ -298,7 +384,9 @@ void attend_rows_neon(const AttentionRow* rows, int n_rows, const float* keys, c
 }
 #endif
 
-// One key/value head's first rows, side by side (causal_attention), kept for the next task.
+// One key/value head's first rows, side by side (causal_attention), kept for the next task. The
+// AVX-512 kernel takes the keys transposed in blocks of kKeysAtOnce ([block][d][key]); the others
+// read them as rows.
 struct GatheredHead {
   uint64_t call = 0;  // causal_attention call whose rows these are
   int64_t kv = -1;
@@ -307,20 +395,26 @@ struct GatheredHead {
 
   // Rows [0, n) of head kv in this call (capacity for `most` rows); rows already here are kept.
   void gather(uint64_t for_call, int64_t for_kv, const float* all_keys, const float* all_values,
-              int64_t n, int64_t most, int64_t kv_stride, int64_t head_dim) {
+              int64_t n, int64_t most, int64_t kv_stride, int64_t head_dim, bool transpose_keys) {
     if (call != for_call || kv != for_kv) {
       call = for_call;
       kv = for_kv;
       n_rows = 0;
     }
-    if (static_cast<int64_t>(keys.size()) < most * head_dim) {
-      keys.resize(most * head_dim);
-      values.resize(most * head_dim);
-    }
+    // Whole blocks of keys: lanes past the last row hold what they held (no row stores them).
+    const int64_t key_rows = (most + kKeysAtOnce - 1) / kKeysAtOnce * kKeysAtOnce;
+    keys.resize(std::max<size_t>(keys.size(), key_rows * head_dim));
+    values.resize(std::max<size_t>(values.size(), most * head_dim));
     for (; n_rows < n; ++n_rows) {
       const int64_t from = n_rows * kv_stride + kv * head_dim;
-      std::copy_n(all_keys + from, head_dim, keys.data() + n_rows * head_dim);
       std::copy_n(all_values + from, head_dim, values.data() + n_rows * head_dim);
+      if (!transpose_keys) {
+        std::copy_n(all_keys + from, head_dim, keys.data() + n_rows * head_dim);
+        continue;
+      }
+      float* column =
+          keys.data() + n_rows / kKeysAtOnce * kKeysAtOnce * head_dim + n_rows % kKeysAtOnce;
+      for (int64_t d = 0; d < head_dim; ++d) column[d * kKeysAtOnce] = all_keys[from + d];
     }
   }
 };
@@ -328,7 +422,7 @@ struct GatheredHead {
 // The SIMD kernel for this CPU and head size, or null for the reference.
 AttendRows fast_attend_rows([[maybe_unused]] int64_t head_dim) {
 #if defined(__x86_64__)
-  if (simd::has_avx512() && head_dim % 16 == 0) return attend_rows_avx512;
+  if (simd::has_avx512() && head_dim % 16 == 0) return attend_rows_avx512<false>;
   if (simd::has_avx2() && head_dim % 8 == 0) return attend_rows_avx2;
 #elif defined(__aarch64__)
   if (neon::enabled() && head_dim % 4 == 0) return attend_rows_neon;
@@ -336,12 +430,23 @@ AttendRows fast_attend_rows([[maybe_unused]] int64_t head_dim) {
   return nullptr;
 }
 
+// The kernel for rows of a GatheredHead, and whether it takes their keys transposed.
+AttendRows gathered_attend_rows(int64_t head_dim, bool& transposed_keys) {
+  const AttendRows attend = fast_attend_rows(head_dim);
+#if defined(__x86_64__)
+  transposed_keys = attend == attend_rows_avx512<false>;
+  if (transposed_keys) return attend_rows_avx512<true>;
+#endif
+  transposed_keys = false;
+  return attend;
+}
+
 }  // namespace
 
 const char* attention_kernel_path(int64_t head_dim) {
   const AttendRows attend = fast_attend_rows(head_dim);
 #if defined(__x86_64__)
-  if (attend == attend_rows_avx512) return "avx512";
+  if (attend == attend_rows_avx512<false>) return "avx512";
   if (attend == attend_rows_avx2) return "avx2+fma";
 #elif defined(__aarch64__)
   if (attend == attend_rows_neon) return "neon";
@@ -372,6 +477,8 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
   const bool gather =
       kv_stride != hd && blocks >= kMinBlocksToGather &&
       2 * (first_pos + n_queries) * hd * static_cast<int64_t>(sizeof(float)) <= kMaxGatherBytes;
+  bool transposed_keys = false;
+  const AttendRows attend_gathered = gathered_attend_rows(hd, transposed_keys);
   static std::atomic<uint64_t> calls{0};
   const uint64_t call = gather ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   const auto attend_block = [&](int64_t kv, int64_t block) {
@@ -394,9 +501,10 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
       return;
     }
     thread_local GatheredHead head;
-    head.gather(call, kv, keys, values, max_keys, first_pos + n_queries, kv_stride, hd);
-    attend(rows.data(), static_cast<int>(rows.size()), head.keys.data(), head.values.data(), hd, hd,
-           scale);
+    head.gather(call, kv, keys, values, max_keys, first_pos + n_queries, kv_stride, hd,
+                transposed_keys);
+    attend_gathered(rows.data(), static_cast<int>(rows.size()), head.keys.data(),
+                    head.values.data(), hd, hd, scale);
   };
   // A task is a run of one head's blocks: each head in as few parts as keep every thread busy
   // (whole heads measured 10-17% faster on two threads than blocks handed out one at a time, which
