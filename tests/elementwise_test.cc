@@ -7,10 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/matmul.h"
+#include "kernels/simd_avx2.h"
+#include "kernels/simd_avx512.h"
 #include "kernels/thread_pool.h"
 #include "support/fixtures.h"
 
@@ -106,6 +110,28 @@ TEST(Elementwise, GatesMatchTheReferenceOverTheWholeRange) {
     expect_close(gated, expected, 1e-6f, 1e-30f, "sigmoid_gate n=" + std::to_string(n));
   }
 }
+
+#if defined(__x86_64__)
+QHX_TARGET_AVX2 void exp_avx2(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, avx2::exp(_mm256_loadu_ps(x + i)));
+}
+QHX_TARGET_AVX512 void exp_avx512(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(y + i, avx512::exp(_mm512_loadu_ps(x + i)));
+}
+
+// The AVX-512 kernels' e^x is the AVX2 one's, bit for bit, over the whole range (clamps included):
+// silu_mul gives the same values on either.
+TEST(Elementwise, Avx512ExpIsTheAvx2ExpBitwise) {
+  if (!simd::has_avx512()) GTEST_SKIP() << "no AVX-512 here";
+  const std::vector<float> x = gate_inputs(19008, 12);  // a whole number of vectors
+  std::vector<float> y2(x.size()), y512(x.size());
+  exp_avx2(x.data(), static_cast<int64_t>(x.size()), y2.data());
+  exp_avx512(x.data(), static_cast<int64_t>(x.size()), y512.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&y2[i], &y512[i], sizeof(float)), 0) << "e^" << x[i];
+  }
+}
+#endif
 
 // Each op on the suffix [offset, n) of an array gives bitwise the values it gives there in the
 // whole array: the masked last block runs the same arithmetic as the full ones.

@@ -164,6 +164,28 @@ void attend_rows_avx2(const AttentionRow* rows, int n_rows, const float* keys, c
 
 #define QHX_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
 
+// softmax_avx2 with 16 lanes and masked tails.
+QHX_AVX512 void softmax_avx512(float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(x[0]);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = avx512::first_lanes(n - i);
+    m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
+  }
+  const __m512 max = _mm512_set1_ps(avx512::horizontal<true>(m));
+  __m512 sums = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = avx512::first_lanes(n - i);
+    const __m512 e = avx512::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), max));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    sums = _mm512_mask_add_ps(sums, k, sums, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / avx512::horizontal<false>(sums));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = avx512::first_lanes(n - i);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
+  }
+}
+
 // The AVX-512 kernel keeps each (row, key) score in a vector over head_dim and turns sixteen of
 // them into sixteen scores at once with a fixed tree of shuffles and adds: the AVX2 kernel's
 // horizontal sum per score costs as much as the score's multiply-adds.
@@ -349,7 +371,7 @@ QHX_AVX512 void attend_batch_avx512(const AttentionRow* rows, const float* keys,
   } else {
     row_scores_avx512<R>(rows, keys, kv_stride, head_dim, scale);
   }
-  for (int r = 0; r < R; ++r) softmax_avx2(rows[r].scores, rows[r].n_keys);
+  for (int r = 0; r < R; ++r) softmax_avx512(rows[r].scores, rows[r].n_keys);
   int64_t d = 0;
   for (; d + 16 * kVectorsPerPass<R> <= head_dim; d += 16 * kVectorsPerPass<R>) {
     row_outputs_avx512<R, kVectorsPerPass<R>>(rows, values, kv_stride, d);

@@ -1,9 +1,31 @@
 #include "kernels/int8_activations.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/thread_pool.h"
 
 namespace qhx {
 namespace {
+
+// Σ of one block's kActivationBlock quantized values.
+int32_t block_sum(const int8_t* q) {
+  static_assert(kActivationBlock == 32);
+#if defined(__x86_64__)
+  // SSE2 (every x86-64): sums of absolute differences of q + 128 from 0, 8 bytes at a time.
+  const __m128i offset = _mm_set1_epi8(-128), zero = _mm_setzero_si128();
+  const __m128i lo = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), offset);
+  const __m128i hi =
+      _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), offset);
+  const __m128i sums = _mm_add_epi64(_mm_sad_epu8(lo, zero), _mm_sad_epu8(hi, zero));
+  return _mm_cvtsi128_si32(sums) + _mm_extract_epi16(sums, 4) - 128 * kActivationBlock;
+#else
+  int32_t sum = 0;
+  for (int64_t c = 0; c < kActivationBlock; ++c) sum += q[c];
+  return sum;
+#endif
+}
 
 // The column of kernel byte i within each chunk of a nibble-split token: the chunk's even
 // columns, then its odd ones, matching weights unpacked as all low nibbles then all high ones.
@@ -53,11 +75,8 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
     }
     if (layout.block_offset != 0) {
       for (int64_t b = 0; b < n_blocks; ++b) {
-        int32_t sum = 0;
-        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) {
-          sum += quantized[c];
-        }
-        a.block_corrections[t * n_blocks + b] = -layout.block_offset * sum;
+        a.block_corrections[t * n_blocks + b] =
+            -layout.block_offset * block_sum(quantized + b * kActivationBlock);
       }
     }
   };

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/simd_exp.h"
+
 #define QHX_TARGET_AVX2 __attribute__((target("avx2,fma")))
 
 namespace qhx::avx2 {
@@ -24,21 +26,16 @@ QHX_TARGET_AVX2 inline __m256i first_lanes(int64_t n) {
                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// e^x within 2 ulp (Cephes' expf: x = n·ln2 + r, e^r by a degree-7 polynomial, times 2^n).
-// x is clamped to [-87.33, 88]: results saturate at 1.2e-38 and 1.7e38 instead of 0 and inf.
+// e^x within 2 ulp (kernels/simd_exp.h), x clamped to [-87.33, 88].
 QHX_TARGET_AVX2 inline __m256 exp(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  using namespace cephes_exp;
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kLowest)), _mm256_set1_ps(kHighest));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x − n·ln2 with ln2 split in two so that n·ln2_hi is exact.
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
+  __m256 p = _mm256_set1_ps(kPolynomial[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kPolynomial[i]));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i two_to_n =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
