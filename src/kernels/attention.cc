@@ -26,6 +26,10 @@ namespace {
 constexpr int64_t kMinBlocksToGather = 8;
 constexpr int64_t kMaxGatherBytes = int64_t{4} << 20;
 
+// The AVX-512 kernel's scores come this many keys at a time, and it reads gathered keys transposed
+// in blocks of this many (GatheredHead).
+constexpr int kKeysAtOnce = 16;
+
 // Query rows that read the same keys and values (the query heads of one key/value head, at a few
 // consecutive positions), each with its scores scratch; sorted by n_keys, ascending.
 struct AttentionRow {
@@ -187,9 +191,8 @@ QHX_AVX512 void softmax_avx512(float* x, int64_t n) {
 }
 
 // The AVX-512 kernel keeps each (row, key) score in a vector over head_dim and turns sixteen of
-// them into sixteen scores at once with a fixed tree of shuffles and adds: the AVX2 kernel's
-// horizontal sum per score costs as much as the score's multiply-adds.
-constexpr int kKeysAtOnce = 16;
+// them (kKeysAtOnce) into sixteen scores at once with a fixed tree of shuffles and adds: the AVX2
+// kernel's horizontal sum per score costs as much as the score's multiply-adds.
 
 // Sums of neighbouring lanes of a (lanes 0–7) and b (lanes 8–15): avx512::lane_pairs' tree.
 QHX_AVX512 inline __m512 add_lane_pairs(__m512 a, __m512 b) {
