@@ -119,8 +119,8 @@ QHX_TARGET_AVX512 void exp_avx512(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(y + i, avx512::exp(_mm512_loadu_ps(x + i)));
 }
 
-// The AVX-512 kernels' e^x is the AVX2 one's, bit for bit, over the whole range (clamps included):
-// silu_mul gives the same values on either.
+// The AVX-512 kernels' e^x (the attention's softmax) is the AVX2 one's, bit for bit, over the
+// whole range (clamps included).
 TEST(Elementwise, Avx512ExpIsTheAvx2ExpBitwise) {
   if (!simd::has_avx512()) GTEST_SKIP() << "no AVX-512 here";
   const std::vector<float> x = gate_inputs(19008, 12);  // a whole number of vectors

@@ -7,7 +7,6 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
-#include "kernels/simd_avx512.h"
 #include "kernels/thread_pool.h"
 
 namespace qhx {
@@ -63,20 +62,6 @@ QHX_TARGET_AVX2 void silu_mul_avx2(const float* gate, const float* up, int64_t n
   for_each_block(n, [&](int64_t i, auto block) QHX_TARGET_AVX2 {
     block.store(out + i, _mm256_mul_ps(silu(block.load(gate + i)), block.load(up + i)));
   });
-}
-
-// silu_mul_avx2 in sixteen lanes (the same bits: avx512::exp equals avx2::exp).
-QHX_TARGET_AVX512 void silu_mul_avx512(const float* gate, const float* up, int64_t n, float* out) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = avx512::first_lanes(n - i);
-    const __m512 g = _mm512_maskz_loadu_ps(k, gate + i);
-    const __m512 one_plus_exp_neg =
-        _mm512_add_ps(one, avx512::exp(_mm512_sub_ps(_mm512_setzero_ps(), g)));
-    _mm512_mask_storeu_ps(
-        out + i, k,
-        _mm512_mul_ps(_mm512_div_ps(g, one_plus_exp_neg), _mm512_maskz_loadu_ps(k, up + i)));
-  }
 }
 
 QHX_TARGET_AVX2 void sigmoid_gate_avx2(const float* gate, int64_t n, float* x) {
@@ -182,7 +167,6 @@ void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotar
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   in_parts(n, [&](int64_t i, int64_t count) {
 #if defined(__x86_64__)
-    if (simd::has_avx512()) return silu_mul_avx512(gate + i, up + i, count, out + i);
     if (simd::has_avx2()) return silu_mul_avx2(gate + i, up + i, count, out + i);
 #endif
     ref::silu_mul(gate + i, up + i, count, out + i);
