@@ -191,13 +191,15 @@ class GroupCounter {
 // row-token pair).
 
 constexpr int kPanelRows = 16;
-// Prefill tiles: 3 panels × 4 tokens, so that each weight vector serves 4 tokens and each
+// Prefill tiles: W8 3 panels × 4 tokens, so that each weight vector serves 4 tokens and each
 // broadcast activation 3 panels (12 integer and 12 float accumulators, no spills). One panel × 8
 // tokens, which loaded a broadcast for every multiply-add, ran 64-token matmuls at 260-280 GMAC/s
 // on one core; 2 × 4 at 380-400 (512 tokens); 3 × 4 at 410-430; 4 × 4 and 3 × 5, which spill,
 // at 360-400. A range's panels that do not fill 3s go in tiles of 2 (…, 3, 2, 2 or …, 3, 2).
+// W4, whose steps also split nibbles, stays at 2 × 4: 350-375 GMAC/s, 3 × 4 ran 283-346.
 constexpr int kPanelTokens = 4;
-constexpr int kPrefillPanels = 3;
+template <bool kW4>
+constexpr int kPrefillPanels = kW4 ? 2 : 3;
 // Decode walks this many parts of a thread's panels side by side: one stream per core left memory
 // idle (whole 0.6B model, 2 threads, alternated: W4 84-87 → 89-93 tok/s, W8 67-68 → 69-70;
 // four streams measured the same as two).
@@ -367,8 +369,8 @@ void run_panels_all_tokens(const MatrixRef& w, const Int8Activations& a, int64_t
 }
 
 // Panels [panel_begin, panel_end) for all tokens: kPrefillPanels panels × kPanelTokens tokens at a
-// time (the rest in tiles of 2, or a panel alone). One token (decode) walks kDecodeStreams parts of
-// the range side by side: one stream per core left memory idle.
+// time (W8's rest in tiles of 2, W4's last odd panel alone). One token (decode) walks
+// kDecodeStreams parts of the range side by side: one stream per core left memory idle.
 template <bool kW4>
 void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                 int64_t panel_begin, int64_t panel_end) {
@@ -385,12 +387,12 @@ void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, 
     return;
   }
   constexpr auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
-  // n = 3k + 2j panels with as few tiles of 2 as can be: j = 0, 2, 1 for n % 3 = 0, 1, 2.
-  static_assert(kPrefillPanels == 3);
+  // W8: n = 3k + 2j panels with as few tiles of 2 as can be (j = 0, 2, 1 for n % 3 = 0, 1, 2).
+  static_assert(kPrefillPanels<kW4> == (kW4 ? 2 : 3));
   const int64_t n = panel_end - panel_begin;
-  const int64_t twos = n < 3 ? n / 2 : (3 - n % 3) % 3;
+  const int64_t threes = kW4 || n < 3 ? 0 : n / 3 - (n % 3 == 1 ? 1 : 0);
   int64_t p = panel_begin;
-  for (; p + 3 <= panel_end - 2 * twos; p += 3) {
+  for (int64_t i = 0; i < threes; ++i, p += 3) {
     run_panels_all_tokens<kW4, 3>(w, a, n_tokens, y, p, tokens);
   }
   for (; p + 2 <= panel_end; p += 2) run_panels_all_tokens<kW4, 2>(w, a, n_tokens, y, p, tokens);
