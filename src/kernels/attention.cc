@@ -200,6 +200,12 @@ QHX_AVX512 inline __m512 add_lane_pairs(__m512 a, __m512 b) {
   return _mm512_add_ps(p.even, p.odd);
 }
 
+// scale · sums into the row's scores of keys [j, j + kKeysAtOnce), as far as the row has keys.
+QHX_AVX512 inline void store_scores(const AttentionRow& row, int64_t j, __m512 sums, float scale) {
+  _mm512_mask_storeu_ps(row.scores + j, avx512::first_lanes(row.n_keys - j),
+                        _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+}
+
 // For RT rows and the four keys k[0..4): quads[r] holds, in lanes 4j..4j+3, four partial sums of
 // q_r·k_j; each (row, key) product is summed lane by lane over head_dim in order, so a row gets the
 // same bits in any tile. The rows share each key load and the keys each row load; keys are read
@@ -251,9 +257,7 @@ QHX_AVX512 void row_scores_avx512(const AttentionRow* rows, const float* keys, i
     for (int r = first; r < R; ++r) {
       const __m512 sums = add_lane_pairs(add_lane_pairs(quads[0][r], quads[1][r]),
                                          add_lane_pairs(quads[2][r], quads[3][r]));
-      const int64_t n = std::min<int64_t>(kKeysAtOnce, rows[r].n_keys - j0);
-      _mm512_mask_storeu_ps(rows[r].scores + j0, static_cast<__mmask16>((1u << n) - 1),
-                            _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+      store_scores(rows[r], j0, sums, scale);
     }
   }
 }
@@ -317,6 +321,7 @@ QHX_AVX512 void row_scores_transposed(const AttentionRow* rows, const float* key
   using RowCounts = std::make_integer_sequence<int, kRowsAtOnce>;
   static constexpr const ScoreBlocks* tiles[] = {ScoreTiles<1, RowCounts>::tiles,
                                                  ScoreTiles<2, RowCounts>::tiles};
+  static_assert(std::size(tiles) == kBlocksAtOnce);
   __m512 sums[kBlocksAtOnce * R];
   int first = 0;  // rows are sorted by n_keys: those before first have no keys left
   for (int64_t j0 = 0; j0 < rows[R - 1].n_keys; j0 += kBlocksAtOnce * kKeysAtOnce) {
@@ -327,12 +332,7 @@ QHX_AVX512 void row_scores_transposed(const AttentionRow* rows, const float* key
     tiles[blocks - 1][rt - 1](rows + first, keys + j0 * head_dim, head_dim, sums);
     for (int b = 0; b < blocks; ++b) {
       const int64_t j = j0 + b * kKeysAtOnce;
-      for (int r = first; r < R; ++r) {
-        const int64_t n = std::min<int64_t>(kKeysAtOnce, rows[r].n_keys - j);
-        if (n <= 0) continue;
-        _mm512_mask_storeu_ps(rows[r].scores + j, static_cast<__mmask16>((1u << n) - 1),
-                              _mm512_mul_ps(sums[b * rt + r - first], _mm512_set1_ps(scale)));
-      }
+      for (int r = first; r < R; ++r) store_scores(rows[r], j, sums[b * rt + r - first], scale);
     }
   }
 }

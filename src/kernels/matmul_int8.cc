@@ -198,8 +198,6 @@ constexpr int kPanelRows = 16;
 // at 360-400. A range's panels that do not fill 3s go in tiles of 2 (…, 3, 2, 2 or …, 3, 2).
 // W4, whose steps also split nibbles, stays at 2 × 4: 350-375 GMAC/s, 3 × 4 ran 283-346.
 constexpr int kPanelTokens = 4;
-template <bool kW4>
-constexpr int kPrefillPanels = kW4 ? 2 : 3;
 // Decode walks this many parts of a thread's panels side by side: one stream per core left memory
 // idle (whole 0.6B model, 2 threads, alternated: W4 84-87 → 89-93 tok/s, W8 67-68 → 69-70;
 // four streams measured the same as two).
@@ -344,7 +342,7 @@ QHX_AVX512 void run_panel_tile(const MatrixRef& w, const Int8Activations& a, con
   panel_tile_vnni<kW4, NP, NR>(w, panels, a, t0, out);
   for (int i = 0; i < NP; ++i) {
     const int64_t r0 = p[i] * kPanelRows;
-    const __mmask16 rows = w.rows - r0 >= kPanelRows ? 0xFFFF : (1u << (w.rows - r0)) - 1;
+    const __mmask16 rows = avx512::first_lanes(w.rows - r0);
     const __m512 scales =
         kW4 ? _mm512_set1_ps(1.0f)
             : _mm512_maskz_loadu_ps(rows, static_cast<const float*>(w.scales) + r0);
@@ -368,9 +366,9 @@ void run_panels_all_tokens(const MatrixRef& w, const Int8Activations& a, int64_t
   }
 }
 
-// Panels [panel_begin, panel_end) for all tokens: kPrefillPanels panels × kPanelTokens tokens at a
-// time (W8's rest in tiles of 2, W4's last odd panel alone). One token (decode) walks
-// kDecodeStreams parts of the range side by side: one stream per core left memory idle.
+// Panels [panel_begin, panel_end) for all tokens, kPanelTokens tokens at a time: W8 in tiles of 3
+// panels (the rest in tiles of 2), W4 in tiles of 2 (a last odd panel alone). One token (decode)
+// walks kDecodeStreams parts of the range side by side: one stream per core left memory idle.
 template <bool kW4>
 void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                 int64_t panel_begin, int64_t panel_end) {
@@ -388,7 +386,6 @@ void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, 
   }
   constexpr auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
   // W8: n = 3k + 2j panels with as few tiles of 2 as can be (j = 0, 2, 1 for n % 3 = 0, 1, 2).
-  static_assert(kPrefillPanels<kW4> == (kW4 ? 2 : 3));
   const int64_t n = panel_end - panel_begin;
   const int64_t threes = kW4 || n < 3 ? 0 : n / 3 - (n % 3 == 1 ? 1 : 0);
   int64_t p = panel_begin;

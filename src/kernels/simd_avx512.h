@@ -42,9 +42,10 @@ QHX_TARGET_AVX512 inline float horizontal(__m512 v) {
   return _mm_cvtss_f32(d);
 }
 
-// The first min(n, 16) lanes (n ≥ 0): masked loads read zeros in the others, masked stores skip
-// them.
+// The first n lanes, none for n ≤ 0 and all sixteen for n ≥ 16: masked loads read zeros in the
+// others, masked stores skip them.
 QHX_TARGET_AVX512 inline __mmask16 first_lanes(int64_t n) {
+  if (n <= 0) return 0;
   return n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
 }
 
