@@ -168,6 +168,7 @@ TEST(Bench, DecodeStepBytesAreTheMatricesAndTheState) {
   EXPECT_LT(bandwidth, 1e13);
 }
 
+// Configurations past the context fail with an error; one that fills it exactly runs.
 TEST(Bench, RefusesConfigurationsBeyondTheContext) {
   SynthShape shape{"tiny", false, 64, 32, 64, 1, 2, 1, 16, 0, 0, 0, 16};
   test::TempDir dir;
@@ -178,6 +179,11 @@ TEST(Bench, RefusesConfigurationsBeyondTheContext) {
   config.depth = 10;
   config.n_gen = 8;
   EXPECT_THROW(run_bench(*model, config), Error);
+  // A prompt of the whole context is within it: the warm-up must not add tokens after it.
+  config.n_prompt = 16;
+  config.depth = 8;
+  config.repetitions = 1;
+  EXPECT_GT(run_bench(*model, config).prefill_tok_s.min, 0);
 }
 
 }  // namespace

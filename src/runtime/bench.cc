@@ -62,6 +62,7 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
   // it, ±90 over 3 repetitions instead of ±7-20), then two tokens decode.
   if (config.n_prompt > 0) {
     model.forward(random_ids(config.n_prompt, vocab, rng), *state, LogitsFor::kLastToken, logits);
+    state->reset();  // a prompt of the whole context leaves no room for the decoded two
   }
   for (const int32_t id : random_ids(2, vocab, rng)) {
     model.forward(std::span<const int32_t>(&id, 1), *state, LogitsFor::kLastToken, logits);
