@@ -200,9 +200,7 @@ def check_official_python(python: str) -> None:
 # models
 
 def find_tokenizer(explicit: Path | None) -> Path:
-    candidates = [explicit] if explicit else [REPO.parent / "shared/fixtures/tokenizer/qwen3",
-                                               REPO / "shared/fixtures/tokenizer/qwen3",
-                                               Path("/work/shared/fixtures/tokenizer/qwen3")]
+    candidates = [explicit] if explicit else [REPO / "tests/fixtures/tokenizer/qwen3"]
     for c in candidates:
         if c and (c / "tokenizer.json").exists():
             return c
@@ -413,7 +411,7 @@ def parse_args() -> argparse.Namespace:
                    help="qhx binary (default: build/qhx; make it with tools/setup.sh build)")
     g.add_argument("--tokenizer", type=Path, default=None,
                    help="directory with the Qwen3 tokenizer.json + tokenizer_config.json "
-                        "(default: ../shared/fixtures/tokenizer/qwen3)")
+                        "(default: tests/fixtures/tokenizer/qwen3)")
     g.add_argument("--converter", choices=["numpy", "official"], default="numpy",
                    help="numpy: bench/hf_to_gguf_numpy.py in CACHE/venv (default); official: "
                         "llama.cpp's convert_hf_to_gguf.py run by --python")

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "runtime/session.h"
 #include "support/fixtures.h"
@@ -74,6 +75,26 @@ TEST(CApiTest, OpeningAMissingModelNamesIt) {
       << qhx_last_error();
   EXPECT_EQ(qhx_model_open(nullptr, nullptr, &model), QHX_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(qhx_last_error()).find("path is NULL"), std::string::npos);
+}
+
+// n_threads 0 means every hardware thread the process may use, for the kernels too.
+TEST(CApiTest, ZeroThreadsMeansEveryHardwareThread) {
+  qhx_model_options options;
+  qhx_model_options_default(&options);
+  EXPECT_EQ(options.n_threads, 0);
+  for (const int32_t asked : {1, 0}) {
+    options.n_threads = asked;
+    ModelHandle m(&options);
+    qhx_model_info info;
+    ASSERT_EQ(qhx_model_get_info(m.model, &info), QHX_OK);
+    const int expected = asked > 0 ? asked : qhx::hardware_threads();
+    EXPECT_EQ(info.n_threads, expected);
+    EXPECT_EQ(qhx::kernel_threads(), expected);
+    EXPECT_EQ(qhx::kernel_pool().size(), expected);
+  }
+  EXPECT_GE(qhx::hardware_threads(), 1);
+  EXPECT_LE(qhx::hardware_threads(),
+            static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }
 
 TEST(CApiTest, ModelInfo) {
@@ -331,7 +352,7 @@ TEST(CApiTest, ChatTemplateRendersAndReportsErrors) {
   ModelHandle m;  // it ships the genuine Qwen3 template
   char* text = nullptr;
   // Hugging Face's rendering of the same request (shared fixture, made by transformers).
-  std::ifstream cases(qhx::test::shared_dir() / "fixtures/tokenizer/qwen3/chat.jsonl");
+  std::ifstream cases(qhx::test::tokenizer_fixture_dir("qwen3") / "chat.jsonl");
   nlohmann::json expected;
   for (std::string line; std::getline(cases, line);) {
     expected = nlohmann::json::parse(line);

@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
-const fs::path kQwen3Dir = test::shared_dir() / "fixtures/tokenizer/qwen3";
+const fs::path kQwen3Dir = test::tokenizer_fixture_dir("qwen3");
+const fs::path kQwen35Dir = test::tokenizer_fixture_dir("qwen3_5");
 
 using test::read_file;
 
@@ -38,12 +39,23 @@ const Tokenizer& qwen3_tokenizer() {
   return tokenizer;
 }
 
+const Tokenizer& qwen35_tokenizer() {
+  static const Tokenizer tokenizer = Tokenizer::load(kQwen35Dir);
+  return tokenizer;
+}
+
+// The keyword arguments of apply_chat_template a case passed besides the named inputs.
+constexpr const char* kTemplateKwargs[] = {"add_vision_id"};
+
 ChatTemplateInputs inputs_of(const Json& c) {
   ChatTemplateInputs in;
   in.messages = c.at("messages");
   if (c.contains("tools")) in.tools = c["tools"];
   in.add_generation_prompt = c.value("add_generation_prompt", true);
   if (c.contains("enable_thinking")) in.enable_thinking = c["enable_thinking"].get<bool>();
+  for (const char* kwarg : kTemplateKwargs) {
+    if (c.contains(kwarg)) in.extra_context[kwarg] = c[kwarg];
+  }
   return in;
 }
 
@@ -83,17 +95,28 @@ TEST(ChatGolden, FeaturesTemplate) {
                                         qwen3_tokenizer().special_token_strings()));
 }
 
-// The shared Qwen3 chat cases: the text and, through the tokenizer, the ids.
-TEST(ChatGolden, SharedQwen3CasesTextAndIds) {
-  const ChatTemplate chat = ChatTemplate::from_tokenizer(qwen3_tokenizer(), "qwen3");
-  const auto cases = read_jsonl(kQwen3Dir / "chat.jsonl");
-  ASSERT_GE(cases.size(), 18u);
+// The genuine checkpoints' chat cases (made by transformers): the text and, through the
+// tokenizer, the ids.
+void check_genuine_cases(const Tokenizer& tokenizer, const fs::path& dir, size_t at_least) {
+  const ChatTemplate chat = ChatTemplate::from_tokenizer(tokenizer, dir.filename().string());
+  const auto cases = read_jsonl(dir / "chat.jsonl");
+  ASSERT_GE(cases.size(), at_least);
   for (const Json& c : cases) {
     SCOPED_TRACE(c.at("name").get<std::string>());
     const std::string text = chat.render(inputs_of(c));
     EXPECT_EQ(text, c.at("text").get<std::string>());
-    EXPECT_EQ(qwen3_tokenizer().encode(text), c.at("ids").get<std::vector<int32_t>>());
+    EXPECT_EQ(tokenizer.encode(text), c.at("ids").get<std::vector<int32_t>>());
   }
+}
+
+TEST(ChatGolden, Qwen3CasesTextAndIds) {
+  check_genuine_cases(qwen3_tokenizer(), kQwen3Dir, 18);
+}
+
+// Qwen3.5-0.8B's template: XML tool calls, tool responses, reasoning dropped before the last
+// query, thinking off unless enable_thinking is true, content as parts, add_vision_id.
+TEST(ChatGolden, Qwen35CasesTextAndIds) {
+  check_genuine_cases(qwen35_tokenizer(), kQwen35Dir, 21);
 }
 
 // ---- the engine, feature by feature ----
@@ -250,6 +273,7 @@ test::CliRun qhx_template(const std::string& args, const std::string& input) {
   return test::run_qhx("template " + args, input);
 }
 
+// Qwen3's cases with the flags, Qwen3.5's with every argument in "chat_template_kwargs".
 TEST(ChatCli, PrintsTheRenderedTextExactly) {
   for (const Json& c : read_jsonl(kQwen3Dir / "chat.jsonl")) {
     SCOPED_TRACE(c.at("name").get<std::string>());
@@ -265,12 +289,33 @@ TEST(ChatCli, PrintsTheRenderedTextExactly) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, c.at("text").get<std::string>());
   }
+  for (const Json& c : read_jsonl(kQwen35Dir / "chat.jsonl")) {
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    Json request = {{"messages", c["messages"]}};
+    if (c.contains("tools")) request["tools"] = c["tools"];
+    Json kwargs = {{"add_generation_prompt", c.at("add_generation_prompt")}};
+    for (const char* name : {"enable_thinking", "add_vision_id"}) {
+      if (c.contains(name)) kwargs[name] = c[name];
+    }
+    request["chat_template_kwargs"] = kwargs;
+    const test::CliRun r = qhx_template("--model " + kQwen35Dir.string(), request.dump());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, c.at("text").get<std::string>());
+  }
 }
 
 TEST(ChatCli, RejectsBadInputWithOneLine) {
   const std::string model = "--model " + kQwen3Dir.string();
   for (const auto& [input, part] : std::vector<std::pair<std::string, std::string>>{
            {"{\"messages\": [], \"extra\": 1}", "unknown key 'extra'"},
+           {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+            "\"chat_template_kwargs\": {\"add_generation_prompt\": 1}}",
+            "stdin: chat_template_kwargs.add_generation_prompt: expected true or false"},
+           {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+            "\"chat_template_kwargs\": {\"tools\": []}}",
+            "chat_template_kwargs.tools: not a keyword argument here"},
+           {"{\"messages\": [], \"chat_template_kwargs\": []}",
+            "chat_template_kwargs: expected a JSON object"},
            {"not json", "invalid JSON"},
            {"{\"tools\": []}", "missing \"messages\""},
            {"{\"messages\": []}", "empty conversation"}}) {

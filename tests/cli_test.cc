@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/thread_pool.h"
 #include "support/cli_run.h"
 #include "support/fixtures.h"
 #include "support/raw_safetensors.h"
@@ -413,10 +414,14 @@ TEST(Cli, ChatReusesTurnsAndSavesAndLoads) {
   ASSERT_EQ(replies.size(), 4u) << first.out;
   EXPECT_EQ(replies[0], replies[1]);  // greedy regeneration
   const std::vector<std::string> stats = lines(first.err);
-  ASSERT_GE(stats.size(), 4u) << first.err;
-  EXPECT_NE(stats[1].find(", 0 processed"), std::string::npos) << stats[1];
-  EXPECT_EQ(stats[2].find(" 0 reused"), std::string::npos) << stats[2];
-  EXPECT_EQ(stats[3].find("saved "), 0u) << stats[3];
+  ASSERT_GE(stats.size(), 5u) << first.err;
+  // Without -t the chat runs on every hardware thread the process may use.
+  EXPECT_NE(stats[0].find("| threads " + std::to_string(hardware_threads()) + "]"),
+            std::string::npos)
+      << stats[0];
+  EXPECT_NE(stats[2].find(", 0 processed"), std::string::npos) << stats[2];
+  EXPECT_EQ(stats[3].find(" 0 reused"), std::string::npos) << stats[3];
+  EXPECT_EQ(stats[4].find("saved "), 0u) << stats[4];
 
   const CliRun resumed = qhx(chat, "/load " + saved + "\nAmen.\n");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;

@@ -12,26 +12,29 @@
 #include <string>
 #include <vector>
 
+#include "support/fixtures.h"
 #include "util/error.h"
 #include "util/json_file.h"
 
 namespace qhx {
 namespace {
 
-std::filesystem::path shared_dir() {
-  if (const char* env = std::getenv("QHX_SHARED_DIR"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return std::filesystem::path(QHX_SOURCE_DIR) / ".." / "shared";
+std::filesystem::path fixture_dir(const std::string& family) {
+  return test::tokenizer_fixture_dir(family);
 }
 
 std::filesystem::path qwen3_dir() {
-  return shared_dir() / "fixtures" / "tokenizer" / "qwen3";
+  return fixture_dir("qwen3");
+}
+
+const Tokenizer& tokenizer(const std::string& family) {
+  static const Tokenizer qwen3 = Tokenizer::load(fixture_dir("qwen3"));
+  static const Tokenizer qwen3_5 = Tokenizer::load(fixture_dir("qwen3_5"));
+  return family == "qwen3" ? qwen3 : qwen3_5;
 }
 
 const Tokenizer& qwen3() {
-  static const Tokenizer tok = Tokenizer::load(qwen3_dir());
-  return tok;
+  return tokenizer("qwen3");
 }
 
 const Json& qwen3_tokenizer_json() {
@@ -47,8 +50,8 @@ struct Case {
   std::string decoded_skip;  // decode(ids, skip_special=true)
 };
 
-std::vector<Case> read_cases(const std::string& name) {
-  const std::filesystem::path path = qwen3_dir() / name;
+std::vector<Case> read_cases(const std::string& family, const std::string& name) {
+  const std::filesystem::path path = fixture_dir(family) / name;
   std::ifstream in(path);
   EXPECT_TRUE(in) << "cannot open " << path;
   std::vector<Case> cases;
@@ -77,48 +80,55 @@ std::string join(const std::vector<int32_t>& ids) {
   return out.empty() ? "[]" : out + "]";
 }
 
-// Encodes every case and reports all mismatches in one message.
-void expect_encodes(const std::vector<Case>& cases) {
-  ASSERT_FALSE(cases.empty());
-  std::ostringstream failures;
-  int failed = 0;
-  for (const Case& c : cases) {
-    const std::vector<int32_t> got = qwen3().encode(c.text);
-    if (got != c.ids) {
-      ++failed;
-      failures << "\n  " << c.label << ": expected " << join(c.ids) << " got " << join(got);
+// The genuine Qwen3 and Qwen3.5 tokenizers against Hugging Face's ids for them.
+class TokenizerCases : public testing::TestWithParam<std::string> {
+ protected:
+  const Tokenizer& tok() const { return tokenizer(GetParam()); }
+
+  // Encodes every case and reports all mismatches in one message.
+  void expect_encodes(const std::vector<Case>& cases) const {
+    ASSERT_FALSE(cases.empty());
+    std::ostringstream failures;
+    int failed = 0;
+    for (const Case& c : cases) {
+      const std::vector<int32_t> got = tok().encode(c.text);
+      if (got != c.ids) {
+        ++failed;
+        failures << "\n  " << c.label << ": expected " << join(c.ids) << " got " << join(got);
+      }
     }
+    EXPECT_EQ(failed, 0) << failed << " of " << cases.size() << " cases fail:" << failures.str();
   }
-  EXPECT_EQ(failed, 0) << failed << " of " << cases.size() << " cases fail:" << failures.str();
+};
+
+INSTANTIATE_TEST_SUITE_P(Families, TokenizerCases, testing::Values("qwen3", "qwen3_5"));
+
+TEST_P(TokenizerCases, EncodeMatchesReference) {
+  expect_encodes(read_cases(GetParam(), "cases.jsonl"));
 }
 
-TEST(TokenizerCases, EncodeMatchesReference) {
-  expect_encodes(read_cases("cases.jsonl"));
+TEST_P(TokenizerCases, EncodeChatTextsMatchesReference) {
+  expect_encodes(read_cases(GetParam(), "chat.jsonl"));
 }
 
-TEST(TokenizerCases, EncodeChatTextsMatchesReference) {
-  expect_encodes(read_cases("chat.jsonl"));
-}
-
-TEST(TokenizerCases, DecodeMatchesReference) {
-  const std::vector<Case> cases = read_cases("cases.jsonl");
+TEST_P(TokenizerCases, DecodeMatchesReference) {
+  const std::vector<Case> cases = read_cases(GetParam(), "cases.jsonl");
   ASSERT_FALSE(cases.empty());
   std::ostringstream failures;
   for (const Case& c : cases) {
-    if (qwen3().decode(c.ids) != c.decoded) failures << " " << c.label;
-    if (qwen3().decode(c.ids, true) != c.decoded_skip)
-      failures << " " << c.label << "(skip_special)";
+    if (tok().decode(c.ids) != c.decoded) failures << " " << c.label;
+    if (tok().decode(c.ids, true) != c.decoded_skip) failures << " " << c.label << "(skip_special)";
   }
   EXPECT_EQ(failures.str(), "") << "decode fails for ids:" << failures.str();
 }
 
-TEST(TokenizerCases, StreamingMatchesDecode) {
-  const std::vector<Case> cases = read_cases("cases.jsonl");
+TEST_P(TokenizerCases, StreamingMatchesDecode) {
+  const std::vector<Case> cases = read_cases(GetParam(), "cases.jsonl");
   ASSERT_FALSE(cases.empty());
   std::ostringstream failures;
   for (const bool skip : {false, true}) {
     for (const Case& c : cases) {
-      StreamingDecoder stream(qwen3(), skip);
+      StreamingDecoder stream(tok(), skip);
       std::string text;
       for (const int32_t id : c.ids) text += stream.push(id);
       text += stream.flush();
@@ -148,6 +158,43 @@ TEST(Tokenizer, Metadata) {
   EXPECT_EQ(tok.token_bytes(151644), "<|im_start|>");
   EXPECT_THROW(tok.token_bytes(151669), Error);
   EXPECT_THROW(tok.token_bytes(-1), Error);
+}
+
+TEST(Tokenizer, Qwen35Metadata) {
+  const Tokenizer& tok = tokenizer("qwen3_5");
+  EXPECT_EQ(tok.size(), 248077);
+  EXPECT_EQ(tok.eos_id(), 248046);
+  EXPECT_EQ(tok.pad_id(), 248044);
+  EXPECT_EQ(tok.token_to_id("<|im_end|>"), 248046);
+  EXPECT_EQ(tok.token_to_id("<think>"), 248068);
+  EXPECT_FALSE(tok.is_special(248068));
+  // The 7 audio tokens only tokenizer_config.json's added_tokens_decoder lists, with its flags.
+  EXPECT_EQ(tok.token_to_id("<|audio_start|>"), 248070);
+  EXPECT_EQ(tok.token_to_id("<|audio_pad|>"), 248076);
+  EXPECT_TRUE(tok.is_special(248070));
+  EXPECT_EQ(tok.encode("a<|audio_start|>b"), (std::vector<int32_t>{64, 248070, 65}));
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{64, 248070, 65}, true), "ab");
+}
+
+// Hugging Face's NFC uses Unicode 9.0 tables: every string whose normalization depends on the
+// table version (tests/fixtures/tokenizer/nfc, made by tokenizers itself) comes back from an
+// encode and decode as tokenizers normalized it.
+TEST(Tokenizer, NfcIsHuggingFaces) {
+  const std::filesystem::path path =
+      test::source_dir() / "tests/fixtures/tokenizer/nfc/cases.jsonl";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  int checked = 0, failed = 0;
+  std::ostringstream failures;
+  for (std::string line; std::getline(in, line); ++checked) {
+    const Json j = parse_json(line, path.string());
+    const std::string text = j["text"].get<std::string>(), nfc = j["nfc"].get<std::string>();
+    const std::string got = tokenizer("qwen3_5").decode(tokenizer("qwen3_5").encode(text));
+    if (got != nfc && ++failed <= 10)
+      failures << "\n  " << j["text"].dump() << " -> " << Json(got).dump();
+  }
+  EXPECT_GT(checked, 5000);
+  EXPECT_EQ(failed, 0) << failures.str();
 }
 
 TEST(Tokenizer, SkipSpecialKeepsNonSpecialAddedTokens) {
@@ -376,6 +423,74 @@ TEST(TokenizerLoad, UnsupportedShapesAreNamed) {
             std::string::npos)
       << bad_regex;
   EXPECT_NE(bad_regex.find("missing closing parenthesis"), std::string::npos) << bad_regex;
+}
+
+TEST(TokenizerLoad, AddedTokensDecoderMustAgreeWithTokenizerJson) {
+  TempDir dir;
+  std::filesystem::copy_file(qwen3_dir() / "tokenizer.json", dir.path() / "tokenizer.json");
+  Json config = read_json_file(qwen3_dir() / "tokenizer_config.json");
+  config["added_tokens_decoder"]["151645"]["content"] = "<|im_stop|>";
+  dir.write("tokenizer_config.json", config.dump());
+  const std::string error = load_error(dir.path());
+  EXPECT_NE(error.find("tokenizer_config.json: added_tokens_decoder.151645.content: "
+                       "'<|im_stop|>' disagrees with tokenizer.json's added tokens"),
+            std::string::npos)
+      << error;
+  config["added_tokens_decoder"].erase("151645");
+  config["added_tokens_decoder"]["x"] = {{"content", "<x>"}};
+  dir.write("tokenizer_config.json", config.dump());
+  EXPECT_NE(load_error(dir.path()).find("added_tokens_decoder.x: expected a token id"),
+            std::string::npos);
+}
+
+// The streaming reader names the entry of the big tables that is wrong.
+TEST(TokenizerLoad, BadTableEntriesAreNamed) {
+  const auto error_for = [](const std::string& model_tables) {
+    TempDir dir;
+    Json json = qwen3_tokenizer_json();
+    json.erase("model");
+    std::string text = json.dump();
+    text.insert(1, "\"model\": {\"type\": \"BPE\", " + model_tables + "}, ");
+    dir.write("tokenizer.json", text);
+    return load_error(dir.path());
+  };
+  const std::string bytes = [] {
+    std::string out;
+    for (int b = 0; b < 256; ++b) {
+      out += (b ? ", " : "") + Json(spelling(std::string(1, static_cast<char>(b)))).dump() + ": " +
+             std::to_string(b);
+    }
+    return out;
+  }();
+  EXPECT_EQ(error_for("\"vocab\": {" + bytes + "}, \"merges\": []"), "");
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"ab\": -1}, \"merges\": []")
+                .find("model.vocab.ab: expected a token id"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"ab\": \"1\"}, \"merges\": []")
+                .find("model.vocab.ab: expected a token id"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"a\": 300}, \"merges\": []")
+                .find("model.vocab.a: listed twice"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"ab\": 7}, \"merges\": []")
+                .find("model.vocab.ab: id 7 used twice"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": [], \"merges\": []").find("model.vocab: expected a JSON object"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}").find("model.merges: missing"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": {}")
+                .find("model.merges: expected an array"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [\"a b\", \"a b c\"]")
+                .find("model.merges[1]: expected \"left right\""),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [[\"a\"]]")
+                .find("model.merges[0]: expected [\"left\", \"right\"] or \"left right\""),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [[\"a\", 1]]")
+                .find("model.merges[0]: expected [\"left\", \"right\"]"),
+            std::string::npos);
 }
 
 // A copy of the Qwen3 tokenizer whose split regex is replaced by `pattern`.

@@ -51,7 +51,8 @@ void qhx_string_free(char* text);
 typedef struct qhx_model qhx_model;
 
 typedef struct qhx_model_options {
-  int32_t n_threads;      /* compute threads; 0: every hardware thread (process-wide setting) */
+  int32_t n_threads;      /* compute threads; 0: every hardware thread the process may use
+                             (its CPU affinity); a process-wide setting */
   int64_t context_length; /* tokens per session; 0: as long as the model allows and memory holds */
   int32_t max_sessions;   /* sessions live at once, counted by memory admission; default 1 */
   int64_t prefix_cache_bytes; /* bound of the prefix cache shared by sessions; 0: none */
@@ -75,6 +76,7 @@ typedef struct qhx_model_info {
   const int32_t* eos_ids;     /* generation stops on these by default */
   size_t n_eos_ids;
   int32_t has_chat_template;
+  int32_t n_threads; /* compute threads the model was opened with (0 in the options: every one) */
 } qhx_model_info;
 
 /* The pointers stay valid while the model is open. */
@@ -94,14 +96,18 @@ qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_le
 qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
                           int32_t skip_special, char* text, size_t capacity, size_t* text_len);
 
+/* The request's "chat_template_kwargs" apply first; an option set away from its default wins. */
 typedef struct qhx_template_options {
-  int32_t add_generation_prompt; /* default 1 */
-  int32_t enable_thinking;       /* -1 (default): not passed to the template; 0: false; 1: true */
+  int32_t add_generation_prompt; /* default 1; 0: no generation prompt */
+  int32_t enable_thinking;       /* -1 (default): as the request says (not passed if it does not);
+                                    0: false; 1: true */
 } qhx_template_options;
 
 void qhx_template_options_default(qhx_template_options* options);
 /* Renders the checkpoint's chat template exactly as transformers' apply_chat_template does.
- * request_json: {"messages": [...], "tools": [...]} (tools optional), OpenAI-style messages.
+ * request_json: {"messages": [...], "tools": [...], "chat_template_kwargs": {...}} (tools and
+ * kwargs optional), OpenAI-style messages; the kwargs are apply_chat_template's keyword
+ * arguments (add_generation_prompt, enable_thinking, or any template variable). 
  * *text is allocated; free it with qhx_string_free. */
 qhx_status qhx_apply_chat_template(const qhx_model* model, const char* request_json,
                                    const qhx_template_options* options, char** text);

@@ -38,6 +38,7 @@ struct qhx_model {
   int64_t context_length = 0;
   int64_t memory_estimate = 0;
   std::string admission_note;
+  int32_t n_threads = 0;
 };
 
 struct qhx_session {
@@ -269,9 +270,8 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->dir = dir;
     opened->name = fs::path(path).filename().string();
     if (opened->name.empty()) opened->name = fs::path(path).parent_path().filename().string();
-    if (options->n_threads > 0) {
-      qhx::set_kernel_threads(options->n_threads);
-    }
+    opened->n_threads = options->n_threads > 0 ? options->n_threads : qhx::hardware_threads();
+    qhx::set_kernel_threads(opened->n_threads);
     std::vector<int32_t> bundle_stop_ids;
     if (qhx::is_bundle(dir)) {
       bundle_stop_ids =
@@ -336,6 +336,7 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->eos_ids = model->eos_ids.data();
   info->n_eos_ids = model->eos_ids.size();
   info->has_chat_template = model->chat_template.has_value();
+  info->n_threads = model->n_threads;
   return QHX_OK;
 }
 
@@ -405,7 +406,8 @@ qhx_status render_chat(const qhx_model* model, const char* request_json,
     inputs = qhx::parse_chat_request(request_json, "chat request");
   });
   if (parsed != QHX_OK) return parsed;
-  inputs.add_generation_prompt = options->add_generation_prompt != 0;
+  // The options, where they differ from their defaults, win over the request's kwargs.
+  if (options->add_generation_prompt == 0) inputs.add_generation_prompt = false;
   if (options->enable_thinking >= 0) inputs.enable_thinking = options->enable_thinking != 0;
   return guarded(QHX_ERROR_TEMPLATE, [&] { text = model->chat_template->render(inputs); });
 }

@@ -99,8 +99,9 @@ ChatTemplateInputs parse_chat_request(std::string_view json, const std::string& 
   }
   if (!request.is_object()) fail(where, "expected a JSON object with \"messages\"");
   for (const auto& [key, value] : request.items()) {
-    if (key != "messages" && key != "tools") {
-      fail(where, "unknown key '" + key + "' (expected \"messages\" and \"tools\")");
+    if (key != "messages" && key != "tools" && key != "chat_template_kwargs") {
+      fail(where, "unknown key '" + key +
+                      "' (expected \"messages\", \"tools\" and \"chat_template_kwargs\")");
     }
   }
   if (!request.contains("messages")) fail(where, "missing \"messages\"");
@@ -108,6 +109,24 @@ ChatTemplateInputs parse_chat_request(std::string_view json, const std::string& 
   inputs.messages = std::move(request["messages"]);
   if (!inputs.messages.is_array()) fail(where + ": messages", "expected an array");
   if (request.contains("tools")) inputs.tools = std::move(request["tools"]);
+  if (request.contains("chat_template_kwargs")) {
+    // apply_chat_template(**kwargs): its own arguments by name, the rest template variables.
+    const nlohmann::ordered_json& kwargs = request["chat_template_kwargs"];
+    const std::string at = where + ": chat_template_kwargs";
+    if (!kwargs.is_object()) fail(at, "expected a JSON object");
+    for (const auto& [name, value] : kwargs.items()) {
+      if (name == "add_generation_prompt") {
+        if (!value.is_boolean()) fail(at + "." + name, "expected true or false");
+        inputs.add_generation_prompt = value.get<bool>();
+      } else if (name == "enable_thinking" && value.is_boolean()) {
+        inputs.enable_thinking = value.get<bool>();
+      } else if (name == "messages" || name == "tools" || name == "documents") {
+        fail(at + "." + name, "not a keyword argument here (\"" + name + "\" is its own input)");
+      } else {
+        inputs.extra_context[name] = value;
+      }
+    }
+  }
   return inputs;
 }
 

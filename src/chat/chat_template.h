@@ -24,8 +24,11 @@ struct ChatTemplateInputs {
   nlohmann::ordered_json extra_context = nlohmann::ordered_json::object();  // other kwargs
 };
 
-// A request {"messages": [...], "tools": [...]} ("tools" optional) as JSON text; any other key,
-// or a "messages" that is not an array, throws Error naming `where`.
+// A request {"messages": [...], "tools": [...], "chat_template_kwargs": {...}} (tools and kwargs
+// optional) as JSON text. The kwargs are what apply_chat_template(**kwargs) takes:
+// add_generation_prompt and enable_thinking set those inputs, any other name becomes a template
+// variable (add_vision_id, ...). Any other key, or a "messages" that is not an array, throws Error
+// naming `where`.
 ChatTemplateInputs parse_chat_request(std::string_view json, const std::string& where);
 
 class ChatTemplate {

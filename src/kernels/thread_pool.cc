@@ -1,9 +1,14 @@
 #include "kernels/thread_pool.h"
 
+#ifdef __linux__
+#include <sched.h>
+#endif
+
 #include <algorithm>
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "util/error.h"
 
@@ -88,6 +93,17 @@ std::unique_ptr<ThreadPool>& pool_slot() {
 }
 
 }  // namespace
+
+int hardware_threads() {
+  // The CPUs this process may use (taskset, cgroup cpusets), not every CPU of the machine.
+  int n = 0;
+#ifdef __linux__
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) n = CPU_COUNT(&allowed);
+#endif
+  if (n < 1) n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(n, 1, 256);
+}
 
 void set_kernel_threads(int n_threads) {
   if (n_threads < 1 || n_threads > 256) {

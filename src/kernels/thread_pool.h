@@ -55,6 +55,9 @@ void split_rows(int64_t n_rows, int64_t granularity, int64_t work,
 // remaining tasks have run.
 void run_on_own_threads(int64_t n_tasks, int n_threads, const std::function<void(int64_t)>& task);
 
+// Every hardware thread the process may run on (at least 1, at most 256): the default count.
+int hardware_threads();
+
 // The pool the kernels use (created on first use with kernel_threads() threads).
 void set_kernel_threads(int n_threads);  // throws Error unless 1 ≤ n ≤ 256
 int kernel_threads();

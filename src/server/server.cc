@@ -617,10 +617,10 @@ void Server::Impl::parse_completion(const Json& body, Completion& c) const {
     qhx_template_options template_options;
     qhx_template_options_default(&template_options);
     if (const Json* kwargs = field(body, "chat_template_kwargs")) {
+      // Passed to the template as apply_chat_template(**kwargs) would pass them.
       if (!kwargs->is_object()) throw wrong_type("chat_template_kwargs", "an object");
-      if (const auto thinking = bool_field(*kwargs, "enable_thinking")) {
-        template_options.enable_thinking = *thinking ? 1 : 0;
-      }
+      if (kwargs->contains("enable_thinking")) bool_field(*kwargs, "enable_thinking");
+      request["chat_template_kwargs"] = *kwargs;
     }
     char* text = nullptr;
     const qhx_status status =

@@ -5,6 +5,8 @@
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/stringpiece.h>
+#include <unicode/uniset.h>
+#include <unicode/unistr.h>
 #include <unicode/utypes.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "tokenizer/tokenizer_json.h"
 #include "util/error.h"
 #include "util/json_file.h"
 #include "util/utf8.h"
@@ -27,8 +30,6 @@ constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 // What Hugging Face's ByteLevel pre-tokenizer splits with when use_regex is true (GPT-2's).
 constexpr std::string_view kByteLevelPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-// Far above any real vocabulary; keeps a corrupt id from sizing a huge table.
-constexpr int64_t kMaxTokenId = int64_t{1} << 24;
 
 // ---------------------------------------------------------------------------------------------
 // GPT-2 byte <-> character table (MODELS.md §4.2).
@@ -68,21 +69,25 @@ size_t utf8_length(uint8_t lead) {
   return 4;
 }
 
-// The raw bytes a vocabulary string stands for, through the byte table; nullopt when a
-// character is not in the table. `s` is valid UTF-8 (it came from JSON).
-std::optional<std::string> unmap_bytes(std::string_view s) {
+// Appends the raw bytes a vocabulary string stands for, through the byte table, to `out`;
+// false (and `out` as it was) when a character is not in the table. `s` is valid UTF-8 (it
+// came from JSON).
+bool unmap_bytes(std::string_view s, std::string& out) {
   const ByteTable& table = byte_table();
-  std::string out;
+  const size_t start = out.size();
   for (size_t i = 0; i < s.size();) {
     const auto lead = static_cast<uint8_t>(s[i]);
     const size_t len = utf8_length(lead);
     char32_t c = len == 1 ? lead : lead & (0x7F >> len);
     for (size_t k = 1; k < len; ++k) c = (c << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
-    if (c >= table.to_byte.size() || table.to_byte[c] < 0) return std::nullopt;
+    if (c >= table.to_byte.size() || table.to_byte[c] < 0) {
+      out.resize(start);
+      return false;
+    }
     out += static_cast<char>(table.to_byte[c]);
     i += len;
   }
-  return out;
+  return true;
 }
 
 // Bytes of one maximal subpart of an ill-formed sequence at the start of `s` (Unicode's
@@ -175,7 +180,7 @@ bool bool_member(const Json& object, std::string_view parent, std::string_view k
   return value->get<bool>();
 }
 
-int32_t token_id(const Json& value, std::string_view field, const std::string& file) {
+int32_t token_id(const Json& value, const std::string& field, const std::string& file) {
   if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
       value.get<int64_t>() >= kMaxTokenId) {
     fail_field(file, field,
@@ -326,11 +331,33 @@ Regex compile_regex(std::string_view pattern, const std::string& file, std::stri
   return Regex(regex);
 }
 
+// NFC as Hugging Face tokenizers computes it. Its tables (the unicode-normalization-alignments
+// crate) are Unicode 9.0.0's; ICU's are newer. A code point assigned after 9.0 is unknown to
+// them: it neither decomposes nor composes, and its combining class is 0. Normalizing only the
+// code points of Unicode 9.0, with every other one a boundary left as it is, therefore gives
+// exactly Hugging Face's NFC (Unicode's stability policy keeps the older code points' data
+// unchanged). tests/fixtures/tokenizer/nfc pins this against tokenizers itself.
+class HuggingFaceNfc {
+ public:
+  HuggingFaceNfc() {
+    UErrorCode status = U_ZERO_ERROR;
+    const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+    if (U_FAILURE(status)) fail("ICU", std::string("NFC normalizer: ") + u_errorName(status));
+    unicode_9_0_.applyPattern(icu::UnicodeString("[:age=9.0:]", -1, US_INV), status);
+    if (U_FAILURE(status)) fail("ICU", std::string("Unicode 9.0 set: ") + u_errorName(status));
+    unicode_9_0_.freeze();
+    filtered_ = std::make_unique<icu::FilteredNormalizer2>(*nfc, unicode_9_0_);
+  }
+  const icu::Normalizer2& get() const { return *filtered_; }
+
+ private:
+  icu::UnicodeSet unicode_9_0_;
+  std::unique_ptr<icu::FilteredNormalizer2> filtered_;
+};
+
 const icu::Normalizer2& nfc_normalizer() {
-  UErrorCode status = U_ZERO_ERROR;
-  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
-  if (U_FAILURE(status)) fail("ICU", std::string("NFC normalizer: ") + u_errorName(status));
-  return *nfc;
+  static const HuggingFaceNfc nfc;
+  return nfc.get();
 }
 
 enum class Kind : uint8_t { kUnknown, kVocab, kAdded, kSpecial };
@@ -371,14 +398,72 @@ struct Workspace {
   std::vector<int32_t> cached_ids;
 };
 
+// The vocabulary's spellings -> ids: open addressing over ids, the spellings kept in the one
+// buffer read from tokenizer.json (a map of strings costs ~70 bytes more per token). Each slot
+// keeps 32 bits of its spelling's hash, so a probe reads a spelling only when those match.
+class SpellingIndex {
+ public:
+  void init(std::string text, size_t count) {
+    text_ = std::move(text);
+    int bits = 4;
+    while ((size_t{1} << bits) < 2 * count) ++bits;
+    slots_.assign(size_t{1} << bits, Slot{});
+    mask_ = slots_.size() - 1;
+  }
+
+  // False when `spelling` is listed already.
+  bool insert(TokenizerJson::Span spelling, int32_t id) {
+    if (static_cast<size_t>(id) >= spellings_.size()) spellings_.resize(id + 1);
+    spellings_[id] = spelling;
+    const std::string_view key = text(spelling);
+    const uint64_t h = hash(key);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].id < 0) {
+        slots_[i] = Slot{static_cast<uint32_t>(h >> 32), id};
+        return true;
+      }
+      if (matches(slots_[i], h, key)) return false;
+    }
+  }
+
+  std::optional<int32_t> find(std::string_view spelling) const {
+    if (slots_.empty()) return std::nullopt;
+    const uint64_t h = hash(spelling);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].id < 0) return std::nullopt;
+      if (matches(slots_[i], h, spelling)) return slots_[i].id;
+    }
+  }
+
+  std::string_view text(TokenizerJson::Span s) const {
+    return std::string_view(text_).substr(s.begin, s.size);
+  }
+
+ private:
+  struct Slot {
+    uint32_t tag = 0;  // the hash's upper half
+    int32_t id = -1;   // -1: empty
+  };
+  static uint64_t hash(std::string_view s) { return std::hash<std::string_view>()(s); }
+  bool matches(Slot slot, uint64_t h, std::string_view key) const {
+    return slot.tag == static_cast<uint32_t>(h >> 32) && text(spellings_[slot.id]) == key;
+  }
+
+  std::string text_;
+  std::vector<TokenizerJson::Span> spellings_;  // by id
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
 struct Tokenizer::Impl {
-  std::vector<std::string> bytes;                  // by id
+  std::string token_text;                          // every token's bytes, one after the other
+  std::vector<TokenizerJson::Span> token_span;     // by id, in token_text
   std::vector<Kind> kinds;                         // by id
-  std::unordered_map<std::string, int32_t> vocab;  // byte-level spelling -> id
+  SpellingIndex vocab;                             // byte-level spelling -> id
   std::unordered_map<std::string, int32_t> added;  // content -> id
   std::array<int32_t, 256> byte_ids{};
   MergeTable merges;
@@ -391,34 +476,38 @@ struct Tokenizer::Impl {
   bool add_bos = false;
   std::vector<std::pair<std::string, std::string>> special_token_strings;
 
-  void set_token(int32_t id, std::string token_bytes, Kind kind) {
-    if (static_cast<size_t>(id) >= bytes.size()) {
-      bytes.resize(id + 1);
+  // Records token `id` as the bytes appended to token_text since `begin`.
+  void set_token(int32_t id, size_t begin, Kind kind) {
+    if (static_cast<size_t>(id) >= kinds.size()) {
+      token_span.resize(id + 1);
       kinds.resize(id + 1, Kind::kUnknown);
     }
-    bytes[id] = std::move(token_bytes);
+    token_span[id] = {static_cast<uint32_t>(begin),
+                      static_cast<uint32_t>(token_text.size() - begin)};
     kinds[id] = kind;
   }
 
-  // The bytes decode emits for `id`; nullptr when it emits nothing.
-  const std::string* decoded_bytes(int32_t id, bool skip_special) const {
-    if (id < 0 || static_cast<size_t>(id) >= kinds.size()) return nullptr;
+  // The bytes decode emits for `id`; nullopt when it emits nothing.
+  std::optional<std::string_view> decoded_bytes(int32_t id, bool skip_special) const {
+    if (id < 0 || static_cast<size_t>(id) >= kinds.size()) return std::nullopt;
     const Kind kind = kinds[id];
-    if (kind == Kind::kUnknown || (skip_special && kind == Kind::kSpecial)) return nullptr;
-    return &bytes[id];
+    if (kind == Kind::kUnknown || (skip_special && kind == Kind::kSpecial)) return std::nullopt;
+    return std::string_view(token_text).substr(token_span[id].begin, token_span[id].size);
   }
 
   std::optional<int32_t> lookup(std::string_view token) const {
-    const std::string key(token);
-    if (auto it = added.find(key); it != added.end()) return it->second;
-    if (auto it = vocab.find(key); it != vocab.end()) return it->second;
-    return std::nullopt;
+    if (auto it = added.find(std::string(token)); it != added.end()) return it->second;
+    return vocab.find(token);
   }
 
-  void load_model(const Json& root, const std::string& file);
+  void load_model(const Json& root, TokenizerJson& tables, const std::string& file);
   void load_normalizer(const Json& root, const std::string& file);
   void load_added_tokens(const Json& root, const std::string& file);
+  // One added token: `token` is an entry of added_tokens (tokenizer.json) or of
+  // added_tokens_decoder (tokenizer_config.json), named `field` in `file`.
+  void add_token(int32_t id, const Json& token, const std::string& field, const std::string& file);
   void load_pre_tokenizer(const Json& root, const std::string& file);
+  void load_added_tokens_decoder(const Json& config, const std::string& file);
   void load_config(const std::filesystem::path& dir);
 
   void encode_segment(std::string_view text, Workspace& ws, std::vector<int32_t>& out) const;
@@ -426,7 +515,7 @@ struct Tokenizer::Impl {
   void bpe(std::string_view piece, Workspace& ws, std::vector<int32_t>& out) const;
 };
 
-void Tokenizer::Impl::load_model(const Json& root, const std::string& file) {
+void Tokenizer::Impl::load_model(const Json& root, TokenizerJson& tables, const std::string& file) {
   const Json& model = member(root, "", "model", file);
   const std::string type = string_member(model, "model", "type", file);
   if (type != "BPE") fail_field(file, "model.type", "unsupported '" + type + "', expected BPE");
@@ -446,57 +535,55 @@ void Tokenizer::Impl::load_model(const Json& root, const std::string& file) {
     fail_field(file, "model.ignore_merges", "unsupported true");
   }
 
-  const Json& vocab_json = member(model, "model", "vocab", file);
-  if (!vocab_json.is_object()) fail_field(file, "model.vocab", "expected a JSON object");
-  vocab.reserve(vocab_json.size());
-  for (const auto& [spelling, value] : vocab_json.items()) {
-    const int32_t id = token_id(value, "model.vocab." + spelling, file);
-    if (static_cast<size_t>(id) < kinds.size() && kinds[id] != Kind::kUnknown) {
-      fail_field(file, "model.vocab." + spelling, "id " + std::to_string(id) + " used twice");
+  if (!tables.has_vocab) fail_field(file, "model.vocab", "missing");
+  int32_t max_id = -1;
+  for (const TokenizerJson::VocabEntry& e : tables.vocab) max_id = std::max(max_id, e.id);
+  kinds.reserve(max_id + 1);
+  token_span.reserve(max_id + 1);
+  token_text.reserve(tables.vocab_text.size());
+  vocab.init(std::move(tables.vocab_text), tables.vocab.size());
+  for (const TokenizerJson::VocabEntry& e : tables.vocab) {
+    const std::string_view spelling = vocab.text(e.spelling);
+    if (static_cast<size_t>(e.id) < kinds.size() && kinds[e.id] != Kind::kUnknown) {
+      fail_field(file, "model.vocab." + std::string(spelling),
+                 "id " + std::to_string(e.id) + " used twice");
     }
     // Like Hugging Face's ByteLevel decoder, a spelling outside the byte table stands for
     // its own UTF-8 bytes.
-    set_token(id, unmap_bytes(spelling).value_or(spelling), Kind::kVocab);
-    vocab.emplace(spelling, id);
+    const size_t begin = token_text.size();
+    if (!unmap_bytes(spelling, token_text)) token_text.append(spelling);
+    set_token(e.id, begin, Kind::kVocab);
+    if (!vocab.insert(e.spelling, e.id)) {
+      fail_field(file, "model.vocab." + std::string(spelling), "listed twice");
+    }
   }
+  token_text.shrink_to_fit();
   // Every byte needs a token, so BPE can start from single bytes and never needs unk_token.
   for (int b = 0; b < 256; ++b) {
     const std::string spelling = byte_spelling(static_cast<uint8_t>(b));
-    const auto it = vocab.find(spelling);
-    if (it == vocab.end()) {
+    const std::optional<int32_t> id = vocab.find(spelling);
+    if (!id) {
       fail_field(file, "model.vocab",
                  "no token for byte " + std::to_string(b) + " ('" + spelling +
                      "'), not a byte-level vocabulary");
     }
-    byte_ids[b] = it->second;
+    byte_ids[b] = *id;
   }
 
-  const Json& merges_json = member(model, "model", "merges", file);
-  if (!merges_json.is_array()) fail_field(file, "model.merges", "expected an array");
-  merges.reserve(merges_json.size());
-  for (size_t rank = 0; rank < merges_json.size(); ++rank) {
-    const Json& entry = merges_json[rank];
-    const std::string field = "model.merges[" + std::to_string(rank) + "]";
-    std::string left, right;
-    if (entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_string()) {
-      left = entry[0].get<std::string>();
-      right = entry[1].get<std::string>();
-    } else if (entry.is_string()) {
-      const std::string text = entry.get<std::string>();
-      const size_t space = text.find(' ');
-      if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
-        fail_field(file, field, "expected \"left right\"");
-      }
-      left = text.substr(0, space);
-      right = text.substr(space + 1);
-    } else {
-      fail_field(file, field, "expected [\"left\", \"right\"] or \"left right\"");
+  if (!tables.has_merges) fail_field(file, "model.merges", "missing");
+  merges.reserve(tables.merges.size());
+  std::string joined;
+  for (size_t rank = 0; rank < tables.merges.size(); ++rank) {
+    const std::string_view left = tables.merge_text_of(tables.merges[rank].left);
+    const std::string_view right = tables.merge_text_of(tables.merges[rank].right);
+    joined.assign(left).append(right);
+    const auto l = vocab.find(left), r = vocab.find(right), m = vocab.find(joined);
+    if (!l || !r || !m) {
+      fail_field(
+          file, "model.merges[" + std::to_string(rank) + "]",
+          "'" + std::string(left) + "' + '" + std::string(right) + "': token not in model.vocab");
     }
-    const auto l = vocab.find(left), r = vocab.find(right), m = vocab.find(left + right);
-    if (l == vocab.end() || r == vocab.end() || m == vocab.end()) {
-      fail_field(file, field, "'" + left + "' + '" + right + "': token not in model.vocab");
-    }
-    merges.insert(l->second, r->second, Merge{static_cast<int32_t>(rank), m->second});
+    merges.insert(*l, *r, Merge{static_cast<int32_t>(rank), *m});
   }
 }
 
@@ -517,30 +604,36 @@ void Tokenizer::Impl::load_added_tokens(const Json& root, const std::string& fil
   for (size_t i = 0; i < tokens->size(); ++i) {
     const Json& token = (*tokens)[i];
     const std::string field = "added_tokens[" + std::to_string(i) + "]";
-    const int32_t id = token_id(member(token, field, "id", file), field + ".id", file);
-    std::string content = string_member(token, field, "content", file);
-    if (content.empty()) fail_field(file, field + ".content", "empty");
-    for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
-      if (bool_member(token, field, flag, file, false)) {
-        fail_field(file, join_path(field, flag), "unsupported true");
-      }
+    add_token(token_id(member(token, field, "id", file), field + ".id", file), token, field, file);
+  }
+}
+
+void Tokenizer::Impl::add_token(int32_t id, const Json& token, const std::string& field,
+                                const std::string& file) {
+  std::string content = string_member(token, field, "content", file);
+  if (content.empty()) fail_field(file, field + ".content", "empty");
+  for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+    if (bool_member(token, field, flag, file, false)) {
+      fail_field(file, join_path(field, flag), "unsupported true");
     }
-    const bool special = bool_member(token, field, "special", file, false);
-    const bool normalized = bool_member(token, field, "normalized", file, !special);
-    set_token(id, content, special ? Kind::kSpecial : Kind::kAdded);
-    added[content] = id;
-    if (normalized && nfc != nullptr) {
-      // Such a token is looked for in normalized text, so it is normalized too.
-      UErrorCode status = U_ZERO_ERROR;
-      std::string normal;
-      icu::StringByteSink<std::string> sink(&normal);
-      nfc->normalizeUTF8(0, icu::StringPiece(content.data(), static_cast<int32_t>(content.size())),
-                         sink, nullptr, status);
-      if (U_FAILURE(status)) fail_field(file, field + ".content", u_errorName(status));
-      normalized_tokens.add(std::move(normal), id);
-    } else {
-      (normalized ? normalized_tokens : raw_tokens).add(std::move(content), id);
-    }
+  }
+  const bool special = bool_member(token, field, "special", file, false);
+  const bool normalized = bool_member(token, field, "normalized", file, !special);
+  const size_t begin = token_text.size();
+  token_text.append(content);
+  set_token(id, begin, special ? Kind::kSpecial : Kind::kAdded);
+  added[content] = id;
+  if (normalized && nfc != nullptr) {
+    // Such a token is looked for in normalized text, so it is normalized too.
+    UErrorCode status = U_ZERO_ERROR;
+    std::string normal;
+    icu::StringByteSink<std::string> sink(&normal);
+    nfc->normalizeUTF8(0, icu::StringPiece(content.data(), static_cast<int32_t>(content.size())),
+                       sink, nullptr, status);
+    if (U_FAILURE(status)) fail_field(file, field + ".content", u_errorName(status));
+    normalized_tokens.add(std::move(normal), id);
+  } else {
+    (normalized ? normalized_tokens : raw_tokens).add(std::move(content), id);
   }
 }
 
@@ -596,11 +689,40 @@ void Tokenizer::Impl::load_pre_tokenizer(const Json& root, const std::string& fi
   check_byte_level(steps[1], "pre_tokenizer.pretokenizers[1]", false);
 }
 
+// tokenizer_config.json's added_tokens_decoder ({"<id>": {"content": ..., "special": ...}}) can
+// hold added tokens that tokenizer.json lacks (Qwen3.5 keeps its 7 audio tokens only there);
+// transformers adds them, so they are added here too. One tokenizer.json has is checked to be
+// the same token.
+void Tokenizer::Impl::load_added_tokens_decoder(const Json& config, const std::string& file) {
+  const Json* tokens = optional_member(config, "", "added_tokens_decoder", file);
+  if (tokens == nullptr) return;
+  if (!tokens->is_object()) fail_field(file, "added_tokens_decoder", "expected a JSON object");
+  for (const auto& [key, token] : tokens->items()) {
+    const std::string field = "added_tokens_decoder." + key;
+    char* end = nullptr;
+    const long long id = std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id >= kMaxTokenId) {
+      fail_field(file, field,
+                 "expected a token id (integer 0.." + std::to_string(kMaxTokenId - 1) + ")");
+    }
+    const std::string content = string_member(token, field, "content", file);
+    const auto known = added.find(content);
+    if (known != added.end() && known->second == id) continue;
+    if (known != added.end() || (static_cast<size_t>(id) < kinds.size() &&
+                                 (kinds[id] == Kind::kAdded || kinds[id] == Kind::kSpecial))) {
+      fail_field(file, field + ".content",
+                 "'" + content + "' disagrees with tokenizer.json's added tokens");
+    }
+    add_token(static_cast<int32_t>(id), token, field, file);
+  }
+}
+
 void Tokenizer::Impl::load_config(const std::filesystem::path& dir) {
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
   if (std::filesystem::exists(config_path)) {
     const std::string file = config_path.string();
     const Json config = read_json_file(config_path);
+    load_added_tokens_decoder(config, file);
     // A special token is named by a string or by an object with "content".
     const auto special = [&](const char* key) -> std::optional<int32_t> {
       const Json* value = optional_member(config, "", key, file);
@@ -766,9 +888,11 @@ Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) 
 Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / "tokenizer.json";
   const std::string file = path.string();
-  const Json root = read_json_file(path);
+  TokenizerJson tables = read_tokenizer_json(path);
+  const Json& root = tables.rest;
+  if (!root.is_object()) fail(file, "expected a JSON object");
   auto impl = std::make_shared<Impl>();
-  impl->load_model(root, file);
+  impl->load_model(root, tables, file);
   impl->load_normalizer(root, file);  // before added tokens: normalized ones get normalized
   impl->load_added_tokens(root, file);
   impl->load_pre_tokenizer(root, file);
@@ -806,7 +930,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, std::string_view w
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string raw;
   for (const int32_t id : ids) {
-    if (const std::string* b = impl_->decoded_bytes(id, skip_special)) raw += *b;
+    if (const auto b = impl_->decoded_bytes(id, skip_special)) raw += *b;
   }
   std::string out;
   out.reserve(raw.size());
@@ -815,9 +939,9 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
 }
 
 std::string Tokenizer::token_bytes(int32_t id) const {
-  const std::string* b = impl_->decoded_bytes(id, false);
-  if (b == nullptr) fail("tokenizer", "unknown token id " + std::to_string(id));
-  return *b;
+  const auto b = impl_->decoded_bytes(id, false);
+  if (!b) fail("tokenizer", "unknown token id " + std::to_string(id));
+  return std::string(*b);
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
@@ -860,7 +984,7 @@ StreamingDecoder::StreamingDecoder(const Tokenizer& tok, bool skip_special)
 // Held bytes always start at a lead byte, so what is emitted before them decodes the same
 // whatever follows, and the concatenation equals a one-shot decode.
 std::string StreamingDecoder::push(int32_t id) {
-  if (const std::string* b = tok_->impl_->decoded_bytes(id, skip_special_)) pending_ += *b;
+  if (const auto b = tok_->impl_->decoded_bytes(id, skip_special_)) pending_ += *b;
   const size_t ready = pending_.size() - incomplete_utf8_suffix(pending_);
   std::string out;
   append_lossy_utf8(std::string_view(pending_).substr(0, ready), out);

@@ -1,4 +1,5 @@
-// Paths shared by the tests: the repo root and ../shared, independent of the working directory.
+// Paths shared by the tests, independent of the working directory. Everything a test reads is
+// inside the repository: a clone must pass on its own.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,9 @@ inline std::filesystem::path source_dir() {
   return QHX_SOURCE_DIR;
 }
 
-inline std::filesystem::path shared_dir() {
-  if (const char* env = std::getenv("QHX_SHARED_DIR")) return env;
-  return source_dir().parent_path() / "shared";
+// The genuine tokenizer files and Hugging Face's reference ids for them ("qwen3", "qwen3_5").
+inline std::filesystem::path tokenizer_fixture_dir(const std::string& family) {
+  return source_dir() / "tests" / "fixtures" / "tokenizer" / family;
 }
 
 // n samples of N(0, scale²) from a fixed seed.

@@ -63,6 +63,10 @@ class Chat {
       throw ChatError(args.model + ": the tokenizer has no chat template");
     }
     if (*info.admission_note != '\0') std::fprintf(stderr, "qhx: %s\n", info.admission_note);
+    if (args.stats) {
+      std::fprintf(stderr, "[%s | context %lld | threads %d]\n", info.name,
+                   static_cast<long long>(info.context_length), info.n_threads);
+    }
     check(qhx_session_create(model_, nullptr, &session_));
     check(qhx_generate_options_default(model_, &generate_));
     generate_.max_new_tokens = args.max_new_tokens;

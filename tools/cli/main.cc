@@ -90,7 +90,7 @@ std::pair<int32_t, float> parse_logit_bias(const std::string& item) {
 
 // -t / --threads for the commands that run a model: default, every hardware thread.
 int default_threads() {
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return qhx::hardware_threads();
 }
 
 void add_threads_option(CLI::App* command, int& threads) {
@@ -716,7 +716,8 @@ struct TemplateArgs {
   std::optional<bool> enable_thinking;
 };
 
-// stdin holds {"messages": [...], "tools": [...]}; prints the template's text as it is.
+// stdin holds {"messages": [...], "tools": [...], "chat_template_kwargs": {...}}; prints the
+// template's text as it is. The flags win over the kwargs.
 int run_template(const TemplateArgs& args) {
   const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(args.model);
   const std::string origin = (fs::path(args.model) / "chat_template").string();
@@ -724,8 +725,8 @@ int run_template(const TemplateArgs& args) {
   const std::string input((std::istreambuf_iterator<char>(std::cin)),
                           std::istreambuf_iterator<char>());
   qhx::ChatTemplateInputs inputs = qhx::parse_chat_request(input, "stdin");
-  inputs.add_generation_prompt = !args.no_generation_prompt;
-  inputs.enable_thinking = args.enable_thinking;
+  if (args.no_generation_prompt) inputs.add_generation_prompt = false;
+  if (args.enable_thinking) inputs.enable_thinking = args.enable_thinking;
   const std::string text = chat.render(inputs);
   std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;

@@ -11,7 +11,7 @@ import pathlib
 from transformers import AutoTokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TOKENIZER_DIR = ROOT.parent / "shared" / "fixtures" / "tokenizer" / "qwen3"
+TOKENIZER_DIR = ROOT / "tests" / "fixtures" / "tokenizer" / "qwen3"
 OUT_DIR = ROOT / "tests" / "fixtures" / "chat"
 
 WEATHER = {

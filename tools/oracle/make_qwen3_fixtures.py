@@ -44,7 +44,7 @@ from oracle_common import (
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT_REL = "tools/oracle/make_qwen3_fixtures.py"
-TOKENIZER_SRC = Path("/work/shared/fixtures/tokenizer/qwen3")
+TOKENIZER_SRC = REPO / "tests/fixtures/tokenizer/qwen3"
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "LICENSE", "NOTICE"]
 
 SAMPLE_STRIDE = 13            # "sampled" logit rows: 0, 13, 26, ...

@@ -40,7 +40,7 @@ from tokenizers import Tokenizer
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
-TOKENIZER_DIR = REPO.parent / "shared" / "fixtures" / "tokenizer" / "qwen3"
+TOKENIZER_DIR = REPO / "tests" / "fixtures" / "tokenizer" / "qwen3"
 EOT = 151643  # <|endoftext|>
 VOCAB = 151936
 HELD_OUT_EVERY, HELD_OUT_PHASE = 50, 25
