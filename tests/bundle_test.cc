@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
+#include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
 
 namespace qhx {
@@ -136,6 +137,23 @@ TEST_F(BundleTest, QuantizedBundlesPassTheirGate) {
                     r.int8_activation_gate->summary().c_str());
       }
     }
+  }
+}
+
+// The real Qwen3.5 vocabulary (248,320 rows, an untied head) and tokenizer: W8 and W4 bundles
+// pass the default gate on its text prompts, and the bundle runs.
+TEST_F(BundleTest, FullVocabularyQwen35BundlesPassTheirGate) {
+  const fs::path source = test::source_dir() / "models/qwen3.5-tiny-random";
+  for (DType d : {DType::kW8, DType::kW4}) {
+    ConvertOptions o;
+    o.weights = d;
+    const fs::path out = bundle("tiny-" + std::string(dtype_name(d)));
+    const ConvertResult r = forge_convert(source, out, o);
+    ASSERT_TRUE(r.gate.has_value());
+    EXPECT_TRUE(r.published) << dtype_name(d) << ": " << r.gate->summary();
+    const auto model = load_model(out);
+    EXPECT_EQ(model->config().vocab_size, 248320);
+    EXPECT_EQ(Tokenizer::load(out).size(), 248077);
   }
 }
 

@@ -6,10 +6,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kernels/thread_pool.h"
@@ -23,8 +25,9 @@ const std::string kModel = (qhx::test::source_dir() / "models" / "qwen3.5-kjv").
 
 struct ModelHandle {
   qhx_model* model = nullptr;
-  explicit ModelHandle(const qhx_model_options* options = nullptr) {
-    EXPECT_EQ(qhx_model_open(kModel.c_str(), options, &model), QHX_OK) << qhx_last_error();
+  explicit ModelHandle(const qhx_model_options* options = nullptr,
+                       const std::string& dir = kModel) {
+    EXPECT_EQ(qhx_model_open(dir.c_str(), options, &model), QHX_OK) << qhx_last_error();
   }
   ~ModelHandle() { qhx_model_close(model); }
 };
@@ -293,12 +296,14 @@ std::string chat_request(const std::vector<std::pair<std::string, std::string>>&
 // fresh sessions each given the whole history, and each turn runs only the tokens the session
 // has not seen. With thinking off, Qwen3's template renders a generation prompt with an empty
 // think block but earlier replies without it, so each turn also reruns the previous reply, from
-// the checkpoint at its header.
-class FiveTurnChat : public ::testing::TestWithParam<int> {};
+// the checkpoint at its header. Qwen3.5's template (qwen3.5-tiny-random: the real vocabulary and
+// template) has thinking off unless it is asked for, so its default turns are like that too.
+class FiveTurnChat : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(FiveTurnChat, ReusesStateAndMatchesFreshRuns) {
-  const int enable_thinking = GetParam();
-  ModelHandle m;
+  const auto& [model_name, enable_thinking] = GetParam();
+  ModelHandle m(nullptr, (qhx::test::source_dir() / "models" / model_name).string());
+  const bool thinking_off = enable_thinking == 0 || model_name == "qwen3.5-tiny-random";
   SessionHandle chat(m.model);
   const qhx_generate_options options = greedy(m.model, 16);
   qhx_template_options template_options;
@@ -325,7 +330,7 @@ TEST_P(FiveTurnChat, ReusesStateAndMatchesFreshRuns) {
               QHX_OK);
     EXPECT_EQ(reused.ids, scratch.ids) << "turn " << turn;
     EXPECT_EQ(f.n_processed, f.n_prompt);
-    if (turn > 0 && enable_thinking < 0) {
+    if (turn > 0 && !thinking_off) {
       // Up to the end of the previous reply (its last token was chosen but not yet run).
       EXPECT_EQ(r.n_reused, previous_prompt + previous_generated - 1) << "turn " << turn;
     } else if (turn > 0) {
@@ -344,9 +349,15 @@ TEST_P(FiveTurnChat, ReusesStateAndMatchesFreshRuns) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CApiTest, FiveTurnChat, ::testing::Values(-1, 0), [](const auto& info) {
-  return info.param < 0 ? "TemplateDefault" : "ThinkingOff";
-});
+INSTANTIATE_TEST_SUITE_P(CApiTest, FiveTurnChat,
+                         ::testing::Combine(::testing::Values("qwen3.5-kjv", "qwen3.5-tiny-random"),
+                                            ::testing::Values(-1, 0)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param);
+                           std::erase_if(name, [](char c) { return !std::isalnum(c); });
+                           return name +
+                                  (std::get<1>(info.param) < 0 ? "TemplateDefault" : "ThinkingOff");
+                         });
 
 TEST(CApiTest, ChatTemplateRendersAndReportsErrors) {
   ModelHandle m;  // it ships the genuine Qwen3 template

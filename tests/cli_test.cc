@@ -199,7 +199,7 @@ TEST_F(CliBrokenModel, HeaderOffsetsPastTheEnd) {
 
 TEST_F(CliBrokenModel, MissingTensor) {
   test::RawSafetensors raw = weights();
-  raw.header.erase("model.layers.1.mlp.up_proj.weight");
+  raw.erase("model.layers.1.mlp.up_proj.weight");
   raw.write(model() / "model.safetensors");
   expect_user_error(generate(), {"model", "missing tensor 'model.layers.1.mlp.up_proj.weight'"});
 }
@@ -246,7 +246,7 @@ TEST_F(CliBrokenQwen3_5, RunsWhenIntact) {
 
 TEST_F(CliBrokenQwen3_5, MissingALog) {
   test::RawSafetensors raw = weights();
-  raw.header.erase("model.layers.1.linear_attn.A_log");
+  raw.erase("model.layers.1.linear_attn.A_log");
   raw.write(model() / "model.safetensors");
   expect_user_error(generate(), {"missing tensor 'model.layers.1.linear_attn.A_log'"});
 }
@@ -432,6 +432,19 @@ TEST(Cli, ChatReusesTurnsAndSavesAndLoads) {
   const CliRun missing = qhx(chat, "/load " + saved + "-missing\n");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find(saved + "-missing"), std::string::npos) << missing.err;
+}
+
+// The real Qwen3.5 vocabulary and chat template in `qhx chat`: the second turn reuses the first.
+TEST(Cli, ChatRunsOnTheFullQwen35Vocabulary) {
+  const std::string chat = "chat --model " +
+                           (test::source_dir() / "models/qwen3.5-tiny-random").string() +
+                           " --greedy -n 6 --stats";
+  const CliRun r = qhx(chat, "Hello\nName a colour.\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("[qwen3.5-tiny-random | context 4096 | threads"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("prompt 13 tokens: 0 reused, 13 processed"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(" 0 reused", r.err.find("reply 6 tokens")), std::string::npos) << r.err;
 }
 
 }  // namespace

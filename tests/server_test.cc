@@ -31,12 +31,13 @@ constexpr int64_t kContext = 4096;
 // slot's own state, which is what the slot choice is tested on.
 class ServerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  static void SetUpTestSuite() { open_model(kModelDir); }
+  static void open_model(const std::string& dir) {
     qhx_model_options options;
     qhx_model_options_default(&options);
     options.context_length = kContext;
     options.max_sessions = 3;
-    ASSERT_EQ(qhx_model_open(kModelDir.c_str(), &options, &model_), QHX_OK) << qhx_last_error();
+    ASSERT_EQ(qhx_model_open(dir.c_str(), &options, &model_), QHX_OK) << qhx_last_error();
   }
   static void TearDownTestSuite() {
     qhx_model_close(model_);
@@ -674,6 +675,88 @@ TEST_F(ServerTest, ResentConversationReusesItsSlot) {
   std::vector<int32_t> a2 = a;
   for (const int32_t id : tokenize(" Speak unto the children")) a2.push_back(id);
   EXPECT_GE(turn(a2)["timings"]["cache_n"], static_cast<int64_t>(a.size()));
+}
+
+// The same server on a model with the real Qwen3.5 vocabulary and chat template.
+class Qwen35ServerTest : public ServerTest {
+ protected:
+  static void SetUpTestSuite() {
+    open_model((test::source_dir() / "models/qwen3.5-tiny-random").string());
+  }
+};
+
+// Qwen3.5's XML tool calls: what the model writes becomes OpenAI tool_calls (arguments typed by
+// the tool's schema), and sent back with the tool's result it renders as the model wrote it.
+TEST_F(Qwen35ServerTest, XmlToolCallRoundTrip) {
+  start(1);
+  const Json question = {{"role", "user"}, {"content", "Weather in Paris for 3 days?"}};
+  const Json tools =
+      Json::array({{{"type", "function"},
+                    {"function",
+                     {{"name", "get_weather"},
+                      {"parameters",
+                       {{"type", "object"},
+                        {"properties",
+                         {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}}}}}}}});
+  OutputFormat format;
+  format.tool_calls = true;
+  format.tools = tools;
+  const std::string written =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  const Json call_message = assistant_message(parse_chat_output(written, format), "chatcmpl-9");
+  ASSERT_EQ(call_message["tool_calls"].size(), 1u) << call_message;
+  const Json& function = call_message["tool_calls"][0]["function"];
+  EXPECT_EQ(function["name"], "get_weather");
+  EXPECT_EQ(Json::parse(function["arguments"].get<std::string>()),
+            (Json{{"city", "Paris"}, {"days", 3}}));
+
+  const Json history = Json::array({question,
+                                    call_message,
+                                    {{"role", "tool"},
+                                     {"tool_call_id", call_message["tool_calls"][0]["id"]},
+                                     {"content", "Sunny, 21 C"}}});
+  const auto [status, body] =
+      post("/v1/chat/completions",
+           Json{{"messages", history}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_TRUE(body["choices"][0]["message"]["content"].is_string()) << body;
+
+  Json expected = history;
+  expected[1]["content"] = "";
+  expected[1]["tool_calls"][0]["function"]["arguments"] = {{"city", "Paris"}, {"days", 3}};
+  const auto rendered = chat_text(expected, tools);
+  ASSERT_TRUE(rendered) << qhx_last_error();
+  EXPECT_NE(rendered->find("<think>\n\n</think>\n\n" + written + "<|im_end|>"), std::string::npos)
+      << *rendered;
+  EXPECT_NE(rendered->find("<|im_start|>user\n<tool_response>\nSunny, 21 C\n</tool_response>"),
+            std::string::npos)
+      << *rendered;
+  EXPECT_EQ(body["usage"]["prompt_tokens"], static_cast<int64_t>(tokenize(*rendered).size()));
+}
+
+// A 4-turn chat over HTTP: each turn processes only what the slot has not seen (the template
+// drops the empty think block of earlier replies, so the last reply is rerun from its header).
+TEST_F(Qwen35ServerTest, FourTurnChatProcessesOnlyNewTokens) {
+  start(1);
+  Json messages = Json::array();
+  int64_t previous_prompt = 0;
+  for (const char* question : {"Hello", "Name a colour.", "And another?", "Thanks."}) {
+    messages.push_back({{"role", "user"}, {"content", question}});
+    const auto [status, body] =
+        post("/v1/chat/completions",
+             Json{{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+    ASSERT_EQ(status, 200) << body;
+    const int64_t prompt = body["usage"]["prompt_tokens"], reused = body["timings"]["cache_n"];
+    EXPECT_EQ(body["timings"]["prompt_n"], prompt - reused);
+    if (previous_prompt > 0) {
+      // Up to the previous generation prompt's "<|im_start|>assistant\n<think>\n\n</think>\n\n".
+      EXPECT_EQ(reused, previous_prompt - 7) << body;
+    }
+    previous_prompt = prompt;
+    messages.push_back(body["choices"][0]["message"]);
+    messages.back().erase("reasoning_content");
+  }
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ void qhx_template_options_default(qhx_template_options* options);
 /* Renders the checkpoint's chat template exactly as transformers' apply_chat_template does.
  * request_json: {"messages": [...], "tools": [...], "chat_template_kwargs": {...}} (tools and
  * kwargs optional), OpenAI-style messages; the kwargs are apply_chat_template's keyword
- * arguments (add_generation_prompt, enable_thinking, or any template variable). 
+ * arguments (add_generation_prompt, enable_thinking, or any template variable).
  * *text is allocated; free it with qhx_string_free. */
 qhx_status qhx_apply_chat_template(const qhx_model* model, const char* request_json,
                                    const qhx_template_options* options, char** text);
@@ -190,6 +190,12 @@ void qhx_session_destroy(qhx_session* session); /* NULL is allowed */
 qhx_status qhx_session_generate(qhx_session* session, const int32_t* tokens, size_t n_tokens,
                                 const qhx_generate_options* options, qhx_token_callback callback,
                                 void* user_data, qhx_generate_result* result);
+/* Continues a chat the caller rendered and tokenized itself: as qhx_session_generate, and like
+ * qhx_session_chat it keeps the state at the start of the last turn's header (<|im_start|>), where
+ * the next turn's rendering of this reply begins to differ (templates drop reasoning). */
+qhx_status qhx_session_chat_tokens(qhx_session* session, const int32_t* tokens, size_t n_tokens,
+                                   const qhx_generate_options* options, qhx_token_callback callback,
+                                   void* user_data, qhx_generate_result* result);
 /* Renders request_json (as qhx_apply_chat_template) and continues that conversation. */
 qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
                             const qhx_template_options* template_options,

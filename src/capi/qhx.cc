@@ -507,20 +507,31 @@ qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
     return s;
   }
   std::vector<int32_t> tokens;
-  std::vector<int64_t> checkpoint_at;
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
-    const qhx::Tokenizer& tokenizer = tokenizer_of(session->model);
-    tokens = tokenizer.encode(text, "rendered chat");
-    // Chat templates re-render earlier replies, often differently from how the model saw them
-    // (Qwen3 and Qwen3.5 drop their thinking): the next turn then differs right after this
-    // reply's header, so a model with recurrent state needs a checkpoint at its start.
-    if (const auto header = tokenizer.token_to_id("<|im_start|>")) {
-      const auto last = std::find(tokens.rbegin(), tokens.rend(), *header);
-      if (last != tokens.rend()) checkpoint_at.push_back(tokens.rend() - last - 1);
-    }
+    tokens = tokenizer_of(session->model).encode(text, "rendered chat");
   });
   if (status != QHX_OK) return status;
-  return run_generation(session, tokens, checkpoint_at, options, callback, user_data, result);
+  return qhx_session_chat_tokens(session, tokens.data(), tokens.size(), options, callback,
+                                 user_data, result);
+}
+
+qhx_status qhx_session_chat_tokens(qhx_session* session, const int32_t* tokens, size_t n_tokens,
+                                   const qhx_generate_options* options, qhx_token_callback callback,
+                                   void* user_data, qhx_generate_result* result) {
+  QHX_REQUIRE(session, "qhx_session_chat_tokens");
+  QHX_REQUIRE_BUFFER(tokens, n_tokens, "qhx_session_chat_tokens");
+  const std::span<const int32_t> prompt(tokens, n_tokens);
+  // Chat templates re-render earlier replies, often differently from how the model saw them
+  // (Qwen3 and Qwen3.5 drop their thinking): the next turn then differs right after this
+  // reply's header, so a model with recurrent state needs a checkpoint at its start.
+  std::vector<int64_t> checkpoint_at;
+  if (session->model->tokenizer) {
+    if (const auto header = session->model->tokenizer->token_to_id("<|im_start|>")) {
+      const auto last = std::find(prompt.rbegin(), prompt.rend(), *header);
+      if (last != prompt.rend()) checkpoint_at.push_back(prompt.rend() - last - 1);
+    }
+  }
+  return run_generation(session, prompt, checkpoint_at, options, callback, user_data, result);
 }
 
 void qhx_session_cancel(qhx_session* session) {

@@ -507,8 +507,9 @@ Outcome Server::Impl::run(Slot& slot, Job& job) {
     TokenSink sink{&slot, &job};
     const Completion& c = job.request;
     qhx_generate_result& result = outcome.result;
-    outcome.status = qhx_session_generate(slot.session, c.prompt.data(), c.prompt.size(),
-                                          &c.options, on_token, &sink, &result);
+    const auto generate = c.chat ? qhx_session_chat_tokens : qhx_session_generate;
+    outcome.status = generate(slot.session, c.prompt.data(), c.prompt.size(), &c.options, on_token,
+                              &sink, &result);
     if (outcome.status != QHX_OK) outcome.error = qhx_last_error();
     if (result.text != nullptr) outcome.text = result.text;
     qhx_string_free(result.text);
