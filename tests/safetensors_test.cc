@@ -2,7 +2,10 @@
 // error that names the file and the tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -116,6 +119,189 @@ TEST(Safetensors, MalformedHeadersAreRejected) {
   raw.header["b"]["shape"] = {-1};
   raw.write(path);
   expect_error([&] { SafetensorsFile::open(path); }, {"'b'", "shape"});
+}
+
+// Writes a file whose header is `header` verbatim (no padding) followed by `data`.
+void write_verbatim(const fs::path& path, const std::string& header, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xFF));
+  out << header << data;
+}
+
+// The layout rules of the reference (safetensors' Metadata::validate): sorted by byte range, the
+// tensors tile the data, from 0 to its end, with no hole and no overlap.
+TEST(Safetensors, HoleBetweenTensorsIsRefused) {
+  test::TempDir dir;
+  const fs::path path = dir.path() / "x.safetensors";
+  RawSafetensors raw;
+  const float f32[6] = {1, 2, 3, 4, 5, 6};
+  raw.add("a", "F32", {6}, f32, sizeof f32);
+  raw.data.append(32, '\0');  // as the old 64-byte-aligning writer left
+  raw.add("b", "F32", {2}, f32, 8);
+  raw.write(path);
+  expect_error([&] { SafetensorsFile::open(path); },
+               {path.string() + ": tensor 'b': data_offsets: begins at 56 but the previous "
+                                "tensor 'a' ends at 24 (a hole of 32 bytes; safetensors files "
+                                "have none)"});
+}
+
+TEST(Safetensors, FirstTensorNotAtZeroIsAHole) {
+  test::TempDir dir;
+  const fs::path path = dir.path() / "x.safetensors";
+  RawSafetensors raw;
+  raw.data.assign(16, '\0');
+  const float f32[2] = {1, 2};
+  raw.add("a", "F32", {2}, f32, sizeof f32);
+  raw.write(path);
+  expect_error([&] { SafetensorsFile::open(path); },
+               {path.string() + ": tensor 'a': data_offsets: begins at 16 but the data starts "
+                                "at 0 (a hole of 16 bytes"});
+}
+
+TEST(Safetensors, OverlappingTensorsAreRefused) {
+  test::TempDir dir;
+  const fs::path path = dir.path() / "x.safetensors";
+  RawSafetensors raw;
+  const float f32[3] = {1, 2, 3};
+  raw.add("a", "F32", {2}, f32, 8);
+  raw.add("b", "F32", {1}, f32 + 2, 4);
+  raw.header["b"]["data_offsets"] = {4, 8};  // inside 'a'
+  raw.data.resize(8);
+  raw.write(path);
+  expect_error([&] { SafetensorsFile::open(path); },
+               {path.string() + ": tensor 'b': data_offsets: begins at 4 and overlaps the "
+                                "previous tensor 'a' (which ends at 8)"});
+  // Two tensors over the same bytes overlap too.
+  raw.header["b"] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}};
+  raw.write(path);
+  expect_error([&] { SafetensorsFile::open(path); }, {"'b'", "overlaps the previous tensor 'a'"});
+}
+
+TEST(Safetensors, BytesAfterTheLastTensorAreRefused) {
+  test::TempDir dir;
+  const fs::path path = dir.path() / "x.safetensors";
+  RawSafetensors raw = sample_file();
+  raw.data.append(5, '\0');
+  raw.write(path);
+  expect_error([&] { SafetensorsFile::open(path); },
+               {path.string() + ": 5 bytes after the last tensor's end (the data must end where "
+                                "the last tensor does)"});
+  RawSafetensors empty;
+  empty.data = "abc";
+  empty.write(path);
+  expect_error([&] { SafetensorsFile::open(path); },
+               {path.string() + ": 3 bytes of data but the header lists no tensors"});
+  empty.data.clear();
+  empty.write(path);
+  EXPECT_TRUE(SafetensorsFile::open(path).tensors().empty());
+}
+
+TEST(Safetensors, ZeroSizeTensorsFitAnywhere) {
+  test::TempDir dir;
+  const fs::path path = dir.path() / "x.safetensors";
+  RawSafetensors raw;
+  const float f32[2] = {1, 2};
+  raw.add("first", "F32", {0}, nullptr, 0);
+  raw.add("a", "F32", {2}, f32, sizeof f32);
+  raw.add("middle", "BF16", {3, 0}, nullptr, 0);
+  raw.add("b", "F32", {1}, f32, 4);
+  raw.add("last", "U8", {0}, nullptr, 0);
+  raw.write(path);
+  const auto file = SafetensorsFile::open(path);
+  ASSERT_EQ(file.tensors().size(), 5u);
+  EXPECT_EQ(file.find("middle")->nbytes, 0u);
+  EXPECT_EQ(file.find("middle")->shape, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(reinterpret_cast<const float*>(file.find("b")->data)[0], 1.0f);
+
+  raw.header["last"]["data_offsets"] = {16, 16};  // past the data: a hole before it
+  raw.data.append(4, '\0');
+  raw.write(path);
+  expect_error([&] { SafetensorsFile::open(path); },
+               {"'last'", "begins at 16 but the previous tensor 'b' ends at 12"});
+}
+
+// As the reference reader (safetensors 0.8): whitespace around the JSON object is allowed, an
+// empty header is not.
+TEST(Safetensors, HeaderWhitespaceIsAllowedAsByTheReference) {
+  test::TempDir dir;
+  const fs::path path = dir.path() / "x.safetensors";
+  const std::string data(8, '\0');
+  write_verbatim(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data);
+  EXPECT_EQ(SafetensorsFile::open(path).tensors().size(), 1u);
+  write_verbatim(path, R"( {"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}  )", data);
+  EXPECT_EQ(SafetensorsFile::open(path).tensors().size(), 1u);
+  write_verbatim(path, "", "");
+  expect_error([&] { SafetensorsFile::open(path); }, {path.string() + ": header is empty"});
+}
+
+TEST(Safetensors, WriterLaysTensorsOutAsTheReferenceDoes) {
+  test::TempDir dir;
+  const fs::path path = dir.path() / "x.safetensors";
+  // Given out of order, mixed sizes: the file must still have every tensor aligned.
+  const std::vector<SafetensorsEntry> entries = {
+      {"w.small", DType::kU8, {3}},   {"b.bf16", DType::kBF16, {5}}, {"a.f32", DType::kF32, {2, 3}},
+      {"c.i64", DType::kI64, {3}},    {"d.f16", DType::kF16, {1}},   {"e.f32", DType::kF32, {1}},
+      {"empty", DType::kF32, {0, 4}}, {"f.i32", DType::kI32, {2}},   {"z.bool", DType::kBool, {2}},
+      {"A.bf16", DType::kBF16, {7}},
+  };
+  auto pattern = [](size_t i, size_t k) { return static_cast<std::byte>(i * 37 + k * 11 + 1); };
+  std::vector<int> calls(entries.size(), 0);
+  std::vector<size_t> call_order;
+  write_safetensors(path, entries, [&](size_t i, std::span<std::byte> bytes) {
+    ASSERT_LT(i, entries.size());
+    ++calls[i];
+    call_order.push_back(i);
+    for (size_t k = 0; k < bytes.size(); ++k) bytes[k] = pattern(i, k);
+  });
+  EXPECT_EQ(calls, std::vector<int>(entries.size(), 1));
+
+  // Read back: the bytes of each tensor, in place (aligned in the file, so not copied).
+  const auto file = SafetensorsFile::open(path);
+  ASSERT_EQ(file.tensors().size(), entries.size());
+  const std::span<const std::byte> all = file.bytes();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    SCOPED_TRACE(entries[i].name);
+    const TensorView* t = file.find(entries[i].name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->dtype, entries[i].dtype);
+    EXPECT_EQ(t->shape, entries[i].shape);
+    EXPECT_TRUE(t->data >= all.data() && t->data + t->nbytes <= all.data() + all.size());
+    for (size_t k = 0; k < t->nbytes; ++k) ASSERT_EQ(t->data[k], pattern(i, k)) << k;
+  }
+
+  // The raw header: 8-byte aligned data, tensors back to back from 0 to the end of the data, by
+  // descending alignment and then by name, as the Python writer orders them.
+  const RawSafetensors raw = RawSafetensors::read(path);
+  const uint64_t header_len = fs::file_size(path) - 8 - raw.data.size();
+  EXPECT_EQ((8 + header_len) % 8, 0u);
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;
+  for (const auto& [name, entry] : raw.header.items()) {
+    ranges.emplace_back(entry["data_offsets"][0].get<uint64_t>(),
+                        entry["data_offsets"][1].get<uint64_t>(), name);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t end = 0;
+  std::vector<std::string> names;
+  for (const auto& [b, e, name] : ranges) {
+    EXPECT_EQ(b, end) << name;
+    EXPECT_EQ(b % dtype_size(file.find(name)->dtype), 0u) << name;
+    end = e;
+    names.push_back(name);
+  }
+  EXPECT_EQ(end, raw.data.size());
+  const std::vector<std::string> expected = {"c.i64",  "a.f32",  "e.f32", "empty",   "f.i32",
+                                             "A.bf16", "b.bf16", "d.f16", "w.small", "z.bool"};
+  EXPECT_EQ(names, expected);  // the zero-size one sorts between its neighbours
+  // fill is called in file order.
+  std::vector<std::string> filled;
+  for (const size_t i : call_order) filled.push_back(entries[i].name);
+  EXPECT_EQ(filled, expected);
+
+  // Names must be distinct.
+  const std::vector<SafetensorsEntry> twice = {{"x", DType::kF32, {1}}, {"x", DType::kBF16, {1}}};
+  expect_error([&] { write_safetensors(path, twice, [](size_t, std::span<std::byte>) {}); },
+               {"'x'", "given twice"});
 }
 
 TEST(Checkpoint, ShardedIndexIsFollowed) {

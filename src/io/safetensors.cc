@@ -1,8 +1,11 @@
 #include "io/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <set>
+#include <tuple>
 
 #include "util/error.h"
 #include "util/json_file.h"
@@ -11,7 +14,38 @@ namespace qhx {
 
 namespace {
 
-constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // same bound as the reference implementation
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference's MAX_HEADER_SIZE
+
+// The rank of a dtype in the reference's `Dtype` enum, which lists dtypes in increasing
+// alignment; its writer lays tensors out by descending rank, then by name.
+int reference_rank(DType dtype) {
+  switch (dtype) {
+    case DType::kBool:
+      return 0;
+    case DType::kU8:
+      return 1;
+    case DType::kI8:
+      return 2;
+    case DType::kI16:
+      return 3;
+    case DType::kF16:
+      return 4;
+    case DType::kBF16:
+      return 5;
+    case DType::kI32:
+      return 6;
+    case DType::kF32:
+      return 7;
+    case DType::kF64:
+      return 8;
+    case DType::kI64:
+      return 9;
+    case DType::kW8:
+    case DType::kW4:
+      break;
+  }
+  return -1;
+}
 
 uint64_t read_le64(const std::byte* p) {
   uint64_t v = 0;
@@ -38,11 +72,17 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
                     std::to_string(bytes.size() - 8));
   }
   const std::string_view header(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
+  if (header.empty()) fail(where, "header is empty (it must be a JSON object)");
   const Json json = parse_json(header, where + ": header");
   if (!json.is_object()) fail(where, "header is not a JSON object");
 
   const std::byte* data_start = bytes.data() + 8 + header_len;
   const uint64_t data_size = bytes.size() - 8 - header_len;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
   for (const auto& [name, entry] : json.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) fail(where, "__metadata__ is not an object");
@@ -93,6 +133,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
                                                 " bytes but shape " + view.shape_string() + " of " +
                                                 dtype_str + " needs " + std::to_string(expected));
     }
+    ranges.push_back({begin, end, name});
     view.nbytes = expected;
     view.data = data_start + begin;
     const size_t align = dtype_size(view.dtype);
@@ -104,29 +145,79 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     }
     st.tensors_.emplace(name, std::move(view));
   }
+
+  // The tensors must tile the data exactly, as the reference's Metadata::validate requires:
+  // sorted by byte range, each begins where the previous ends (the first at 0) and the last
+  // ends where the data does. Zero-size tensors fit anywhere in that sequence.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t previous_end = 0;
+  const std::string* previous = nullptr;
+  for (const Range& r : ranges) {
+    const std::string tensor_where = where + ": tensor '" + r.name + "': data_offsets";
+    const std::string after =
+        previous ? "the previous tensor '" + *previous + "' ends at " + std::to_string(previous_end)
+                 : "the data starts at 0";
+    if (r.begin > previous_end) {
+      fail(tensor_where, "begins at " + std::to_string(r.begin) + " but " + after + " (a hole of " +
+                             std::to_string(r.begin - previous_end) +
+                             " bytes; safetensors files have none)");
+    }
+    if (r.begin < previous_end) {
+      fail(tensor_where, "begins at " + std::to_string(r.begin) +
+                             " and overlaps the previous tensor '" + *previous +
+                             "' (which ends at " + std::to_string(previous_end) + ")");
+    }
+    previous_end = r.end;
+    previous = &r.name;
+  }
+  if (previous_end != data_size) {
+    fail(where, std::to_string(data_size - previous_end) +
+                    (previous ? " bytes after the last tensor's end (the data must end where the "
+                                "last tensor does)"
+                              : " bytes of data but the header lists no tensors (the data must "
+                                "hold the tensors and nothing else)"));
+  }
   return st;
 }
 
 void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
                        const std::function<void(size_t, std::span<std::byte>)>& fill) {
-  constexpr uint64_t kAlign = 64;
-  Json header = Json::object();
-  std::vector<uint64_t> begins, sizes;
+  // The reference writer's layout: by descending dtype alignment, then by name, back to back.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int ra = reference_rank(tensors[a].dtype), rb = reference_rank(tensors[b].dtype);
+    if (ra != rb) return ra > rb;
+    return tensors[a].name < tensors[b].name;
+  });
+  // The header lists the tensors in file order, as the reference writer does.
+  std::string text = "{";
+  std::set<std::string_view> names;
+  std::vector<uint64_t> sizes(tensors.size());
   uint64_t offset = 0;
-  for (const SafetensorsEntry& t : tensors) {
+  for (const size_t i : order) {
+    const SafetensorsEntry& t = tensors[i];
+    const std::string where = path.string() + ": tensor '" + t.name + "'";
+    if (t.name == "__metadata__") fail(where, "the name is reserved for the metadata");
+    if (!names.insert(t.name).second) fail(where, "given twice");
+    if (reference_rank(t.dtype) < 0) {
+      fail(where, "dtype " + std::string(dtype_name(t.dtype)) + " has no safetensors name");
+    }
     uint64_t numel = 1;
     for (const int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-    const uint64_t size = numel * dtype_size(t.dtype);
-    begins.push_back(offset);
-    sizes.push_back(size);
-    header[t.name] = {{"dtype", dtype_name(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + size}}};
-    offset = (offset + size + kAlign - 1) / kAlign * kAlign;
+    sizes[i] = numel * dtype_size(t.dtype);
+    const nlohmann::ordered_json entry = {{"dtype", dtype_name(t.dtype)},
+                                          {"shape", t.shape},
+                                          {"data_offsets", {offset, offset + sizes[i]}}};
+    if (text.size() > 1) text += ',';
+    text += Json(t.name).dump() + ":" + entry.dump();
+    offset += sizes[i];
   }
-  std::string text = header.dump();
-  // Pad the header with spaces so that the data (8 + header bytes in) starts 64-byte aligned.
-  text.append((kAlign - (8 + text.size()) % kAlign) % kAlign, ' ');
+  text += '}';
+  // Pad the header with spaces so that the data (8 + header bytes in) starts 8-byte aligned.
+  text.append((8 - text.size() % 8) % 8, ' ');
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) fail(path.string(), "cannot create");
   uint8_t length[8];
@@ -134,14 +225,10 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
   out.write(reinterpret_cast<const char*>(length), 8);
   out << text;
   std::vector<std::byte> buffer;
-  uint64_t written = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string padding(begins[i] - written, '\0');
-    out.write(padding.data(), static_cast<std::streamsize>(padding.size()));
+  for (const size_t i : order) {
     buffer.assign(sizes[i], std::byte{0});
     fill(i, buffer);
     out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(sizes[i]));
-    written = begins[i] + sizes[i];
   }
   out.flush();
   if (!out) fail(path.string(), "write failed (disk full?)");

@@ -18,7 +18,8 @@ namespace qhx {
 
 class SafetensorsFile final : public TensorFile {
  public:
-  // Maps and validates the whole header: every error names the file and the tensor.
+  // Maps and validates the whole header: every error names the file and the tensor. Accepts the
+  // layouts the reference accepts: sorted by byte range, the tensors tile the data exactly.
   static SafetensorsFile open(const std::filesystem::path& path);
 
  private:
@@ -36,8 +37,11 @@ struct SafetensorsEntry {
   std::vector<int64_t> shape;
 };
 
-// Writes `path`: the header (tensors in the order given, each at an offset aligned to 64 bytes),
-// then fill(i, bytes) for each tensor i into a buffer of exactly its size.
+// Writes `path` as the reference (Python/Rust `safetensors`) writer lays it out: the tensors back
+// to back with no holes, by descending dtype alignment and then by name (so each starts aligned to
+// its element size), the header listing them in that order, padded with spaces so the data starts
+// 8-byte aligned. fill(i, bytes) is called once per tensor, in file order, with i the tensor's
+// index in `tensors` and a zeroed buffer of exactly its size. Names must be distinct.
 void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
                        const std::function<void(size_t, std::span<std::byte>)>& fill);
 

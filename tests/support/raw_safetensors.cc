@@ -27,6 +27,20 @@ void RawSafetensors::add(const std::string& name, const std::string& dtype,
   header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
 }
 
+void RawSafetensors::erase(const std::string& name) {
+  const Json offsets = header.at(name).at("data_offsets");
+  const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+  header.erase(name);
+  data.erase(begin, end - begin);
+  for (auto& [key, entry] : header.items()) {
+    if (key == "__metadata__") continue;
+    Json& o = entry["data_offsets"];
+    for (int k = 0; k < 2; ++k) {
+      if (o[k].get<uint64_t>() >= end) o[k] = o[k].get<uint64_t>() - (end - begin);
+    }
+  }
+}
+
 void RawSafetensors::write(const std::filesystem::path& path, size_t align) const {
   std::string text = header.dump();
   while ((8 + text.size()) % align != 0) text += ' ';

@@ -19,7 +19,11 @@ struct RawSafetensors {
   // Appends a tensor at the end of the data, recording its offsets in the header.
   void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
            const void* bytes, size_t nbytes);
-  // Writes the 8-byte length, the header padded with spaces to `align`, then the data.
+  // Removes a tensor and its bytes, moving the tensors after it down so that the file keeps no
+  // hole (a bare header.erase would leave one, which SafetensorsFile::open refuses).
+  void erase(const std::string& name);
+  // Writes the 8-byte length, the header padded with spaces so that 8 + its length is a multiple
+  // of `align`, then the data as it is (holes or misalignment in it are kept).
   void write(const std::filesystem::path& path, size_t align = 8) const;
 };
 
