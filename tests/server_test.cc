@@ -735,6 +735,34 @@ TEST_F(Qwen35ServerTest, XmlToolCallRoundTrip) {
   EXPECT_EQ(body["usage"]["prompt_tokens"], static_cast<int64_t>(tokenize(*rendered).size()));
 }
 
+// Qwen3.5's template opens the think block itself when thinking is asked for (the prompt ends in
+// "<think>\n"), and closes it empty otherwise: the reasoning is split off in the first case only.
+TEST_F(Qwen35ServerTest, ReasoningFollowsEnableThinking) {
+  start(1);
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Hello"}}});
+  Json request = {{"messages", messages},
+                  {"max_tokens", 2},
+                  {"temperature", 0},
+                  {"logit_bias", {{"248069", 100}}}};  // "</think>"
+  request["chat_template_kwargs"] = {{"enable_thinking", true}};
+  const auto thinking = post("/v1/chat/completions", request);
+  ASSERT_EQ(thinking.first, 200) << thinking.second;
+  const Json& opened = thinking.second["choices"][0]["message"];
+  EXPECT_EQ(opened["reasoning_content"], "") << opened;
+  EXPECT_EQ(opened["content"], "</think>") << opened;
+  EXPECT_EQ(thinking.second["usage"]["prompt_tokens"],
+            static_cast<int64_t>(tokenize("<|im_start|>user\nHello<|im_end|>\n"
+                                          "<|im_start|>assistant\n<think>\n")
+                                     .size()));
+
+  request.erase("chat_template_kwargs");
+  const auto plain = post("/v1/chat/completions", request);
+  ASSERT_EQ(plain.first, 200) << plain.second;
+  const Json& closed = plain.second["choices"][0]["message"];
+  EXPECT_FALSE(closed.contains("reasoning_content")) << closed;
+  EXPECT_EQ(closed["content"], "</think></think>") << closed;
+}
+
 // A 4-turn chat over HTTP: each turn processes only what the slot has not seen (the template
 // drops the empty think block of earlier replies, so the last reply is rerun from its header).
 TEST_F(Qwen35ServerTest, FourTurnChatProcessesOnlyNewTokens) {
