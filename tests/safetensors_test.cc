@@ -143,7 +143,8 @@ TEST(Safetensors, HoleBetweenTensorsIsRefused) {
   expect_error([&] { SafetensorsFile::open(path); },
                {path.string() + ": tensor 'b': data_offsets: begins at 56 but the previous "
                                 "tensor 'a' ends at 24 (a hole of 32 bytes; safetensors files "
-                                "have none)"});
+                                "have none: a checkpoint from an older qhx forge synth must be "
+                                "written again)"});
 }
 
 TEST(Safetensors, FirstTensorNotAtZeroIsAHole) {

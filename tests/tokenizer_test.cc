@@ -445,12 +445,12 @@ TEST(TokenizerLoad, AddedTokensDecoderMustAgreeWithTokenizerJson) {
 
 // The streaming reader names the entry of the big tables that is wrong.
 TEST(TokenizerLoad, BadTableEntriesAreNamed) {
-  const auto error_for = [](const std::string& model_tables) {
+  const auto error_for = [](const std::string& model_tables, const std::string& type = "BPE") {
     TempDir dir;
     Json json = qwen3_tokenizer_json();
     json.erase("model");
     std::string text = json.dump();
-    text.insert(1, "\"model\": {\"type\": \"BPE\", " + model_tables + "}, ");
+    text.insert(1, "\"model\": {\"type\": \"" + type + "\", " + model_tables + "}, ");
     dir.write("tokenizer.json", text);
     return load_error(dir.path());
   };
@@ -476,6 +476,19 @@ TEST(TokenizerLoad, BadTableEntriesAreNamed) {
                 .find("model.vocab.ab: id 7 used twice"),
             std::string::npos);
   EXPECT_NE(error_for("\"vocab\": [], \"merges\": []").find("model.vocab: expected a JSON object"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": 1, \"merges\": []").find("model.vocab: expected a JSON object"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"vocab\": null, \"merges\": []").find("model.vocab: missing"),
+            std::string::npos);
+  // A Unigram model (its vocab an array) is named by its type, as before the streaming reader.
+  EXPECT_NE(error_for("\"vocab\": [[\"a\", 0.0]], \"merges\": []", "Unigram")
+                .find("model.type: unsupported 'Unigram', expected BPE"),
+            std::string::npos);
+  // A key given twice keeps its last value, as a JSON tree does.
+  EXPECT_EQ(error_for("\"vocab\": {\"x\": 5}, \"vocab\": {" + bytes + "}, \"merges\": []"), "");
+  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [\"a b\"], \"merges\": [\"a c d\"]")
+                .find("model.merges[0]: expected \"left right\""),
             std::string::npos);
   EXPECT_NE(error_for("\"vocab\": {" + bytes + "}").find("model.merges: missing"),
             std::string::npos);

@@ -271,7 +271,12 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->name = fs::path(path).filename().string();
     if (opened->name.empty()) opened->name = fs::path(path).parent_path().filename().string();
     opened->n_threads = options->n_threads > 0 ? options->n_threads : qhx::hardware_threads();
-    qhx::set_kernel_threads(opened->n_threads);
+    {
+      // The pool is process-wide: no forward pass of another model may be using it while it is
+      // replaced.
+      const qhx::ComputeTurn turn;
+      qhx::set_kernel_threads(opened->n_threads);
+    }
     std::vector<int32_t> bundle_stop_ids;
     if (qhx::is_bundle(dir)) {
       bundle_stop_ids =
@@ -408,7 +413,10 @@ qhx_status render_chat(const qhx_model* model, const char* request_json,
   if (parsed != QHX_OK) return parsed;
   // The options, where they differ from their defaults, win over the request's kwargs.
   if (options->add_generation_prompt == 0) inputs.add_generation_prompt = false;
-  if (options->enable_thinking >= 0) inputs.enable_thinking = options->enable_thinking != 0;
+  if (options->enable_thinking >= 0) {
+    inputs.enable_thinking = options->enable_thinking != 0;
+    inputs.extra_context.erase("enable_thinking");  // a kwarg that was not a bool
+  }
   return guarded(QHX_ERROR_TEMPLATE, [&] { text = model->chat_template->render(inputs); });
 }
 

@@ -160,9 +160,11 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
         previous ? "the previous tensor '" + *previous + "' ends at " + std::to_string(previous_end)
                  : "the data starts at 0";
     if (r.begin > previous_end) {
-      fail(tensor_where, "begins at " + std::to_string(r.begin) + " but " + after + " (a hole of " +
-                             std::to_string(r.begin - previous_end) +
-                             " bytes; safetensors files have none)");
+      fail(tensor_where,
+           "begins at " + std::to_string(r.begin) + " but " + after + " (a hole of " +
+               std::to_string(r.begin - previous_end) +
+               " bytes; safetensors files have none: a checkpoint from an older qhx forge "
+               "synth must be written again)");
     }
     if (r.begin < previous_end) {
       fail(tensor_where, "begins at " + std::to_string(r.begin) +

@@ -356,8 +356,9 @@ class HuggingFaceNfc {
 };
 
 const icu::Normalizer2& nfc_normalizer() {
-  static const HuggingFaceNfc nfc;
-  return nfc.get();
+  // Never destroyed, as ICU's own singletons: a thread may still encode while the process exits.
+  static const HuggingFaceNfc* nfc = new HuggingFaceNfc;
+  return nfc->get();
 }
 
 enum class Kind : uint8_t { kUnknown, kVocab, kAdded, kSpecial };
@@ -535,7 +536,10 @@ void Tokenizer::Impl::load_model(const Json& root, TokenizerJson& tables, const 
     fail_field(file, "model.ignore_merges", "unsupported true");
   }
 
-  if (!tables.has_vocab) fail_field(file, "model.vocab", "missing");
+  if (!tables.has_vocab) {
+    member(model, "model", "vocab", file);  // "missing" when absent or null
+    fail_field(file, "model.vocab", "expected a JSON object");
+  }
   int32_t max_id = -1;
   for (const TokenizerJson::VocabEntry& e : tables.vocab) max_id = std::max(max_id, e.id);
   kinds.reserve(max_id + 1);
@@ -570,7 +574,10 @@ void Tokenizer::Impl::load_model(const Json& root, TokenizerJson& tables, const 
     byte_ids[b] = *id;
   }
 
-  if (!tables.has_merges) fail_field(file, "model.merges", "missing");
+  if (!tables.has_merges) {
+    member(model, "model", "merges", file);
+    fail_field(file, "model.merges", "expected an array");
+  }
   merges.reserve(tables.merges.size());
   std::string joined;
   for (size_t rank = 0; rank < tables.merges.size(); ++rank) {

@@ -19,20 +19,20 @@ class Reader {
 
   Reader(TokenizerJson& out, const std::string& where) : out_(out), where_(where) {}
 
-  bool null() { return scalar(nullptr, "null"); }
-  bool boolean(bool v) { return scalar(v, "a boolean"); }
+  bool null() { return scalar(nullptr); }
+  bool boolean(bool v) { return scalar(v); }
   bool number_integer(number_integer_t v) {
     if (in(Role::kVocab)) return vocab_id(v >= 0 ? static_cast<int64_t>(v) : -1);
-    return scalar(v, "a number");
+    return scalar(v);
   }
   bool number_unsigned(number_unsigned_t v) {
     if (in(Role::kVocab)) {
       return vocab_id(v < static_cast<uint64_t>(kMaxTokenId) ? static_cast<int64_t>(v) : -1);
     }
-    return scalar(v, "a number");
+    return scalar(v);
   }
-  bool number_float(number_float_t v, const string_t&) { return scalar(v, "a number"); }
-  bool binary(binary_t&) { return scalar(nullptr, "binary"); }
+  bool number_float(number_float_t v, const string_t&) { return scalar(v); }
+  bool binary(binary_t&) { return scalar(nullptr); }
 
   bool string(string_t& v) {
     if (in(Role::kMerges)) {
@@ -48,7 +48,7 @@ class Reader {
       pair_.push_back(std::move(v));
       return true;
     }
-    return scalar(std::move(v), "a string");
+    return scalar(std::move(v));
   }
 
   bool start_object(size_t) {
@@ -58,13 +58,22 @@ class Reader {
       return true;
     }
     if (model_table("vocab")) {
+      // A key given twice keeps its last value, as a JSON tree would.
       out_.has_vocab = true;
+      out_.vocab.clear();
+      out_.vocab_text.clear();
       stack_.push_back({Role::kVocab, nullptr, false});
       return true;
     }
-    if (model_table("merges")) fail_field("model.merges", "expected an array");
-    if (!in(Role::kTree)) return scalar(nullptr, "an object");
+    if (!in(Role::kTree)) return scalar(nullptr);
     const bool is_model = stack_.back().is_root && key_ == "model";
+    if (is_model) {  // "model" given twice: its last value counts
+      out_.has_vocab = out_.has_merges = false;
+      out_.vocab.clear();
+      out_.vocab_text.clear();
+      out_.merges.clear();
+      out_.merge_text.clear();
+    }
     Json* node = slot();
     *node = Json::object();
     stack_.push_back({Role::kTree, node, false, is_model});
@@ -75,16 +84,17 @@ class Reader {
     if (stack_.empty()) fail(where_, "expected a JSON object");
     if (model_table("merges")) {
       out_.has_merges = true;
+      out_.merges.clear();
+      out_.merge_text.clear();
       stack_.push_back({Role::kMerges, nullptr, false});
       return true;
     }
-    if (model_table("vocab")) fail_field("model.vocab", "expected a JSON object");
     if (in(Role::kMerges)) {
       pair_.clear();
       stack_.push_back({Role::kMergePair, nullptr, false});
       return true;
     }
-    if (!in(Role::kTree)) return scalar(nullptr, "an array");
+    if (!in(Role::kTree)) return scalar(nullptr);
     Json* node = slot();
     *node = Json::array();
     stack_.push_back({Role::kTree, node, false});
@@ -130,7 +140,9 @@ class Reader {
 
   bool in(Role role) const { return !stack_.empty() && stack_.back().role == role; }
 
-  // Whether the value about to start is model.<name>.
+  // Whether the value about to start is model.<name>. A model.vocab that is not an object, or
+  // model.merges that is not an array, goes into the tree instead, for the loader to name after
+  // it has checked model.type (a Unigram model's vocab is an array).
   bool model_table(std::string_view name) const {
     return in(Role::kTree) && stack_.back().is_model && key_ == name;
   }
@@ -151,12 +163,8 @@ class Reader {
   }
 
   template <typename T>
-  bool scalar(T&& value, std::string_view what) {
+  bool scalar(T&& value) {
     if (stack_.empty()) fail(where_, "expected a JSON object");
-    if (model_table("vocab") || model_table("merges")) {
-      if (what == "null") return true;  // as if absent
-      fail_field("model." + key_, key_ == "vocab" ? "expected a JSON object" : "expected an array");
-    }
     switch (stack_.back().role) {
       case Role::kTree:
         *slot() = std::forward<T>(value);

@@ -31,8 +31,8 @@ struct TokenizerJson {
     Span left, right;  // in merge_text
   };
 
-  Json rest;  // the document without model.vocab and model.merges
-  bool has_vocab = false, has_merges = false;
+  Json rest;  // the document without model.vocab and model.merges (unless they had another type)
+  bool has_vocab = false, has_merges = false;  // read into the tables
   std::string vocab_text;  // the spellings, one after the other
   std::vector<VocabEntry> vocab;
   std::string merge_text;
