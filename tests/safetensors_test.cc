@@ -13,6 +13,7 @@
 #include "support/fixtures.h"
 #include "support/raw_safetensors.h"
 #include "util/error.h"
+#include "util/json_file.h"
 
 namespace qhx {
 namespace {
@@ -131,6 +132,30 @@ void write_verbatim(const fs::path& path, const std::string& header, const std::
 
 // The layout rules of the reference (safetensors' Metadata::validate): sorted by byte range, the
 // tensors tile the data, from 0 to its end, with no hole and no overlap.
+// Files with every layout question (tests/fixtures/safetensors/layouts, made by
+// tools/oracle/make_safetensors_layouts.py): qhx accepts exactly those Hugging Face's
+// safetensors library accepts, and refuses the others with a line naming the file.
+TEST(Safetensors, AcceptsExactlyWhatTheReferenceAccepts) {
+  const fs::path dir = test::source_dir() / "tests/fixtures/safetensors/layouts";
+  const Json verdicts = read_json_file(dir / "verdicts.json");
+  ASSERT_GE(verdicts.at("files").size(), 15u);
+  for (const auto& [name, verdict] : verdicts.at("files").items()) {
+    SCOPED_TRACE(name + ": the reference says " + verdict.dump());
+    const fs::path path = dir / (name + ".safetensors");
+    std::string error;
+    try {
+      SafetensorsFile::open(path);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error.empty(), verdict.at("accepted").get<bool>()) << error;
+    if (!error.empty()) {
+      EXPECT_EQ(error.find(path.string()), 0u) << error;
+      EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    }
+  }
+}
+
 TEST(Safetensors, HoleBetweenTensorsIsRefused) {
   test::TempDir dir;
   const fs::path path = dir.path() / "x.safetensors";
