@@ -147,6 +147,7 @@ class Chat {
                                                &generate_, print_piece, nullptr, &result);
     replying = nullptr;
     std::printf("\n");
+    std::fflush(stdout);  // before the stats on stderr, also when stdout is a pipe
     if (status != QHX_OK) {
       messages_.erase(messages_.end() - 1);  // the turn did not happen
       throw ChatError(qhx_last_error());
