@@ -8,7 +8,7 @@ eager attention, torch-only paths) are compared with `qhx generate --greedy` on 
 The 4B preset writes ~8 GB and needs ~25 GB of memory for the float32 reference: --presets
 picks fewer.
 
-Usage: /work/oracle-venv/bin/python tools/oracle/check_synth_presets.py [--presets P ...] [--tokens N]
+Usage: $ORACLE_VENV/bin/python tools/oracle/check_synth_presets.py [--presets P ...] [--tokens N]
 """
 
 import argparse

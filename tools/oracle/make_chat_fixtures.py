@@ -2,7 +2,7 @@
 into tests/fixtures/chat/<template>.jsonl: one JSON object per case with the inputs and either the
 expected "text" or the expected "error" message. No network: the tokenizer is the local Qwen3 one.
 
-Usage: /work/oracle-venv/bin/python tools/oracle/make_chat_fixtures.py
+Usage: $ORACLE_VENV/bin/python tools/oracle/make_chat_fixtures.py
 """
 
 import json

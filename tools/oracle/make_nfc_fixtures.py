@@ -7,7 +7,7 @@ alone and followed by U+0334; and the compositions added after Unicode 9.0.
 
 Writes tests/fixtures/tokenizer/nfc/cases.jsonl: {"text", "nfc"} per line (ASCII-escaped JSON).
 
-Usage: /work/oracle-venv/bin/python tools/oracle/make_nfc_fixtures.py
+Usage: $ORACLE_VENV/bin/python tools/oracle/make_nfc_fixtures.py
 """
 
 import json

@@ -13,7 +13,7 @@ Prompts: for each slot the first candidate text whose greedy steps clear the acc
 (oracle_common.py's, with the margin of MIN_REL_MARGIN_FULLVOCAB); the choice is deterministic
 and recorded in golden.json.
 
-Usage: /work/oracle-venv/bin/python tools/oracle/make_qwen3_5_fullvocab_fixture.py   (~1 min)
+Usage: $ORACLE_VENV/bin/python tools/oracle/make_qwen3_5_fullvocab_fixture.py   (~1 min)
 """
 
 import json

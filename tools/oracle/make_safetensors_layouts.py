@@ -5,7 +5,7 @@ library on each: tests/fixtures/safetensors/layouts/<name>.safetensors and verdi
 ({name: {"accepted": bool, "error": "..."}}). tests/safetensors_test.cc checks that qhx accepts
 exactly the files the library accepts.
 
-Usage: /work/oracle-venv/bin/python tools/oracle/make_safetensors_layouts.py
+Usage: $ORACLE_VENV/bin/python tools/oracle/make_safetensors_layouts.py
 """
 
 import json

@@ -12,7 +12,7 @@ Writes tests/fixtures/sampling/distributions.json: per case the inputs and the s
 whose top-p or min-p cut lies within MARGIN of a token is redrawn, so float32-vs-float64
 rounding cannot move the boundary.
 
-Usage: /work/oracle-venv/bin/python tools/oracle/make_sampling_fixtures.py
+Usage: $ORACLE_VENV/bin/python tools/oracle/make_sampling_fixtures.py
 """
 
 import json

@@ -15,7 +15,7 @@ test cannot pick a different greedy token.  (The random fixtures use a stricter 
 minimum of distinct greedy ids; a trained model's continuations have genuinely close calls, and
 its greedy loops are its real behaviour.)  Rejected candidates are listed in golden.json.
 
-    /work/oracle-venv/bin/python tools/oracle/make_trained_fixtures.py
+    $ORACLE_VENV/bin/python tools/oracle/make_trained_fixtures.py
 """
 
 import argparse

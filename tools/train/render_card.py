@@ -4,7 +4,7 @@
 Reads <model>/training.json (train_kjv.py) and, when present, <model>/quantization.json
 (evaluate_quant.py); writes <model>/README.md and docs/training_loss.png (all models on one plot).
 
-    /work/oracle-venv/bin/python tools/train/render_card.py models/qwen3.5-kjv models/qwen3-kjv
+    $ORACLE_VENV/bin/python tools/train/render_card.py models/qwen3.5-kjv models/qwen3-kjv
 """
 
 import argparse

@@ -13,7 +13,7 @@ line, without verse numbers; documents are separated by <|endoftext|>.  Every 50
 25, 75, ...) is held out for perplexity.
 
     apt-get install bible-kjv                           # pulls bible-kjv-text
-    /work/oracle-venv/bin/python tools/train/train_kjv.py --arch qwen3_5 --steps 1800 \
+    $ORACLE_VENV/bin/python tools/train/train_kjv.py --arch qwen3_5 --steps 1800 \
         --threads 1 --out models/qwen3.5-kjv
 
 Writes into --out: config.json, model.safetensors (bf16; GDN A_log and linear_attn.norm in f32 as in
