@@ -155,6 +155,47 @@ class ServerTest : public ::testing::Test {
     return tokenize(*text);
   }
 
+  // A tool call as the model `written` it, parsed as the server answers it (its arguments must
+  // be `arguments`), sent back with the tool's `result`: the next turn must render through the
+  // template with the call as an object and be what the server ran. Returns that rendering.
+  std::string tool_round_trip(const Json& question, const Json& tools, const std::string& written,
+                              const Json& arguments, const std::string& result) const {
+    OutputFormat format;
+    format.tool_calls = true;
+    format.tools = tools;
+    const Json call = assistant_message(parse_chat_output(written, format), "chatcmpl-7");
+    EXPECT_TRUE(call["content"].is_null()) << call;
+    if (!call.contains("tool_calls") || call["tool_calls"].size() != 1) {
+      ADD_FAILURE() << "not one tool call: " << call;
+      return "";
+    }
+    EXPECT_EQ(Json::parse(call["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+              arguments);
+    const Json history = Json::array(
+        {question,
+         call,
+         {{"role", "tool"}, {"tool_call_id", call["tool_calls"][0]["id"]}, {"content", result}}});
+    const auto [status, body] =
+        post("/v1/chat/completions",
+             Json{{"messages", history}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
+    EXPECT_EQ(status, 200) << body;
+    EXPECT_TRUE(body["choices"][0]["message"]["content"].is_string()) << body;
+    // What the template should have seen: content "" and the arguments as an object.
+    Json expected = history;
+    expected[1]["content"] = "";
+    expected[1]["tool_calls"][0]["function"]["arguments"] = arguments;
+    const std::optional<std::string> rendered = chat_text(expected, tools);
+    if (!rendered) {
+      ADD_FAILURE() << qhx_last_error();
+      return "";
+    }
+    EXPECT_NE(rendered->find("<tool_response>\n" + result + "\n</tool_response>"),
+              std::string::npos)
+        << *rendered;
+    EXPECT_EQ(body["usage"]["prompt_tokens"], static_cast<int64_t>(tokenize(*rendered).size()));
+    return *rendered;
+  }
+
   static std::string text_of(const qhx_generate_result& r) { return r.text ? r.text : ""; }
 
   Json health() const { return get("/health"); }
@@ -468,35 +509,13 @@ TEST_F(ServerTest, ToolResultTurnRendersThroughTheTemplate) {
            {{"type", "object"},
             {"properties",
              {{"book", {{"type", "string"}}}, {"chapter", {{"type", "integer"}}}}}}}}}}});
-  OutputFormat format;
-  format.tool_calls = true;
-  format.tools = tools;
   const std::string written =
       "<tool_call>\n{\"name\": \"find_verse\", \"arguments\": {\"book\": \"Genesis\", "
       "\"chapter\": 5}}\n</tool_call>";
-  // The server's own answer for that text.
-  const Json call_message = assistant_message(parse_chat_output(written, format), "chatcmpl-7");
-  ASSERT_TRUE(call_message["content"].is_null()) << call_message;
-  const Json history = Json::array({question,
-                                    call_message,
-                                    {{"role", "tool"},
-                                     {"tool_call_id", call_message["tool_calls"][0]["id"]},
-                                     {"content", "And Seth lived an hundred and five years"}}});
-  const auto [status, body] =
-      post("/v1/chat/completions",
-           Json{{"messages", history}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
-  ASSERT_EQ(status, 200) << body;
-  EXPECT_TRUE(body["choices"][0]["message"]["content"].is_string()) << body;
-
-  // What the template should have seen: content "" and the arguments as an object.
-  Json expected = history;
-  expected[1]["content"] = "";
-  expected[1]["tool_calls"][0]["function"]["arguments"] = {{"book", "Genesis"}, {"chapter", 5}};
-  const auto rendered = chat_text(expected, tools);
-  ASSERT_TRUE(rendered) << qhx_last_error();
-  EXPECT_NE(rendered->find(written), std::string::npos) << *rendered;
-  EXPECT_NE(rendered->find("<tool_response>\nAnd Seth lived"), std::string::npos) << *rendered;
-  EXPECT_EQ(body["usage"]["prompt_tokens"], static_cast<int64_t>(tokenize(*rendered).size()));
+  const std::string rendered =
+      tool_round_trip(question, tools, written, {{"book", "Genesis"}, {"chapter", 5}},
+                      "And Seth lived an hundred and five years");
+  EXPECT_NE(rendered.find(written), std::string::npos) << rendered;
 }
 
 TEST_F(ServerTest, EightConcurrentStreamsAllComplete) {
@@ -698,41 +717,16 @@ TEST_F(Qwen35ServerTest, XmlToolCallRoundTrip) {
                        {{"type", "object"},
                         {"properties",
                          {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}}}}}}}});
-  OutputFormat format;
-  format.tool_calls = true;
-  format.tools = tools;
   const std::string written =
       "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
       "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
-  const Json call_message = assistant_message(parse_chat_output(written, format), "chatcmpl-9");
-  ASSERT_EQ(call_message["tool_calls"].size(), 1u) << call_message;
-  const Json& function = call_message["tool_calls"][0]["function"];
-  EXPECT_EQ(function["name"], "get_weather");
-  EXPECT_EQ(Json::parse(function["arguments"].get<std::string>()),
-            (Json{{"city", "Paris"}, {"days", 3}}));
-
-  const Json history = Json::array({question,
-                                    call_message,
-                                    {{"role", "tool"},
-                                     {"tool_call_id", call_message["tool_calls"][0]["id"]},
-                                     {"content", "Sunny, 21 C"}}});
-  const auto [status, body] =
-      post("/v1/chat/completions",
-           Json{{"messages", history}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
-  ASSERT_EQ(status, 200) << body;
-  EXPECT_TRUE(body["choices"][0]["message"]["content"].is_string()) << body;
-
-  Json expected = history;
-  expected[1]["content"] = "";
-  expected[1]["tool_calls"][0]["function"]["arguments"] = {{"city", "Paris"}, {"days", 3}};
-  const auto rendered = chat_text(expected, tools);
-  ASSERT_TRUE(rendered) << qhx_last_error();
-  EXPECT_NE(rendered->find("<think>\n\n</think>\n\n" + written + "<|im_end|>"), std::string::npos)
-      << *rendered;
-  EXPECT_NE(rendered->find("<|im_start|>user\n<tool_response>\nSunny, 21 C\n</tool_response>"),
-            std::string::npos)
-      << *rendered;
-  EXPECT_EQ(body["usage"]["prompt_tokens"], static_cast<int64_t>(tokenize(*rendered).size()));
+  const std::string rendered =
+      tool_round_trip(question, tools, written, {{"city", "Paris"}, {"days", 3}}, "Sunny, 21 C");
+  // After the query the call gets an (empty) think block, and the response a user turn.
+  EXPECT_NE(rendered.find("<think>\n\n</think>\n\n" + written + "<|im_end|>"), std::string::npos)
+      << rendered;
+  EXPECT_NE(rendered.find("<|im_start|>user\n<tool_response>\nSunny, 21 C"), std::string::npos)
+      << rendered;
 }
 
 // Qwen3.5's template opens the think block itself when thinking is asked for (the prompt ends in

@@ -462,48 +462,44 @@ TEST(TokenizerLoad, BadTableEntriesAreNamed) {
     }
     return out;
   }();
-  EXPECT_EQ(error_for("\"vocab\": {" + bytes + "}, \"merges\": []"), "");
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"ab\": -1}, \"merges\": []")
-                .find("model.vocab.ab: expected a token id"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"ab\": \"1\"}, \"merges\": []")
-                .find("model.vocab.ab: expected a token id"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"a\": 300}, \"merges\": []")
-                .find("model.vocab.a: listed twice"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + ", \"ab\": 7}, \"merges\": []")
-                .find("model.vocab.ab: id 7 used twice"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": [], \"merges\": []").find("model.vocab: expected a JSON object"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": 1, \"merges\": []").find("model.vocab: expected a JSON object"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": null, \"merges\": []").find("model.vocab: missing"),
-            std::string::npos);
-  // A Unigram model (its vocab an array) is named by its type, as before the streaming reader.
-  EXPECT_NE(error_for("\"vocab\": [[\"a\", 0.0]], \"merges\": []", "Unigram")
-                .find("model.type: unsupported 'Unigram', expected BPE"),
-            std::string::npos);
+  const std::string vocab = "\"vocab\": {" + bytes + "}";
+  EXPECT_EQ(error_for(vocab + ", \"merges\": []"), "");
   // A key given twice keeps its last value, as a JSON tree does.
-  EXPECT_EQ(error_for("\"vocab\": {\"x\": 5}, \"vocab\": {" + bytes + "}, \"merges\": []"), "");
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [\"a b\"], \"merges\": [\"a c d\"]")
-                .find("model.merges[0]: expected \"left right\""),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}").find("model.merges: missing"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": {}")
-                .find("model.merges: expected an array"),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [\"a b\", \"a b c\"]")
-                .find("model.merges[1]: expected \"left right\""),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [[\"a\"]]")
-                .find("model.merges[0]: expected [\"left\", \"right\"] or \"left right\""),
-            std::string::npos);
-  EXPECT_NE(error_for("\"vocab\": {" + bytes + "}, \"merges\": [[\"a\", 1]]")
-                .find("model.merges[0]: expected [\"left\", \"right\"]"),
-            std::string::npos);
+  EXPECT_EQ(error_for("\"vocab\": {\"x\": 5}, " + vocab + ", \"merges\": []"), "");
+  struct Bad {
+    std::string tables, type, error;
+  };
+  const std::vector<Bad> bad = {
+      {"\"vocab\": {" + bytes + ", \"ab\": -1}, \"merges\": []", "BPE",
+       "model.vocab.ab: expected a token id"},
+      {"\"vocab\": {" + bytes + ", \"ab\": \"1\"}, \"merges\": []", "BPE",
+       "model.vocab.ab: expected a token id"},
+      {"\"vocab\": {" + bytes + ", \"a\": 300}, \"merges\": []", "BPE",
+       "model.vocab.a: listed twice"},
+      {"\"vocab\": {" + bytes + ", \"ab\": 7}, \"merges\": []", "BPE",
+       "model.vocab.ab: id 7 used twice"},
+      {"\"vocab\": [], \"merges\": []", "BPE", "model.vocab: expected a JSON object"},
+      {"\"vocab\": 1, \"merges\": []", "BPE", "model.vocab: expected a JSON object"},
+      {"\"vocab\": null, \"merges\": []", "BPE", "model.vocab: missing"},
+      // A Unigram model (its vocab an array) is named by its type, as before the streaming reader.
+      {"\"vocab\": [[\"a\", 0.0]], \"merges\": []", "Unigram",
+       "model.type: unsupported 'Unigram', expected BPE"},
+      // The last of two "merges" counts.
+      {vocab + ", \"merges\": [\"a b\"], \"merges\": [\"a c d\"]", "BPE",
+       "model.merges[0]: expected \"left right\""},
+      {vocab, "BPE", "model.merges: missing"},
+      {vocab + ", \"merges\": {}", "BPE", "model.merges: expected an array"},
+      {vocab + ", \"merges\": [\"a b\", \"a b c\"]", "BPE",
+       "model.merges[1]: expected \"left right\""},
+      {vocab + ", \"merges\": [[\"a\"]]", "BPE",
+       "model.merges[0]: expected [\"left\", \"right\"] or \"left right\""},
+      {vocab + ", \"merges\": [[\"a\", 1]]", "BPE",
+       "model.merges[0]: expected [\"left\", \"right\"]"},
+  };
+  for (const Bad& b : bad) {
+    const std::string error = error_for(b.tables, b.type);
+    EXPECT_NE(error.find("tokenizer.json: " + b.error), std::string::npos) << error;
+  }
 }
 
 // A copy of the Qwen3 tokenizer whose split regex is replaced by `pattern`.

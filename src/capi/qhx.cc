@@ -413,10 +413,7 @@ qhx_status render_chat(const qhx_model* model, const char* request_json,
   if (parsed != QHX_OK) return parsed;
   // The options, where they differ from their defaults, win over the request's kwargs.
   if (options->add_generation_prompt == 0) inputs.add_generation_prompt = false;
-  if (options->enable_thinking >= 0) {
-    inputs.enable_thinking = options->enable_thinking != 0;
-    inputs.extra_context.erase("enable_thinking");  // a kwarg that was not a bool
-  }
+  if (options->enable_thinking >= 0) inputs.set_enable_thinking(options->enable_thinking != 0);
   return guarded(QHX_ERROR_TEMPLATE, [&] { text = model->chat_template->render(inputs); });
 }
 

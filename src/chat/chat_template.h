@@ -22,6 +22,12 @@ struct ChatTemplateInputs {
   bool add_generation_prompt = true;
   std::optional<bool> enable_thinking;  // passed only when set, so `is defined` sees the same
   nlohmann::ordered_json extra_context = nlohmann::ordered_json::object();  // other kwargs
+
+  // Sets enable_thinking over whatever the request's kwargs said (a non-boolean one included).
+  void set_enable_thinking(bool on) {
+    enable_thinking = on;
+    extra_context.erase("enable_thinking");
+  }
 };
 
 // A request {"messages": [...], "tools": [...], "chat_template_kwargs": {...}} (tools and kwargs

@@ -620,7 +620,7 @@ void Server::Impl::parse_completion(const Json& body, Completion& c) const {
     if (const Json* kwargs = field(body, "chat_template_kwargs")) {
       // Passed to the template as apply_chat_template(**kwargs) would pass them.
       if (!kwargs->is_object()) throw wrong_type("chat_template_kwargs", "an object");
-      if (kwargs->contains("enable_thinking")) bool_field(*kwargs, "enable_thinking");
+      bool_field(*kwargs, "enable_thinking");  // a 400 naming it unless absent or a bool
       request["chat_template_kwargs"] = *kwargs;
     }
     char* text = nullptr;

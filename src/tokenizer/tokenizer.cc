@@ -189,6 +189,14 @@ int32_t token_id(const Json& value, const std::string& field, const std::string&
   return static_cast<int32_t>(value.get<int64_t>());
 }
 
+// log2 of the slots an open-addressing table of `count` entries gets: at most half full, so every
+// probe ends at an empty slot.
+int slot_bits(size_t count) {
+  int bits = 4;
+  while ((size_t{1} << bits) < 2 * count) ++bits;
+  return bits;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Merge table: (left id, right id) -> (rank, merged id), open addressing for fast lookups.
 
@@ -200,8 +208,7 @@ struct Merge {
 class MergeTable {
  public:
   void reserve(size_t count) {
-    int bits = 4;
-    while ((size_t{1} << bits) < 2 * count) ++bits;
+    const int bits = slot_bits(count);
     slots_.assign(size_t{1} << bits, Slot{kEmpty, {}});
     mask_ = slots_.size() - 1;
     shift_ = 64 - bits;
@@ -406,8 +413,7 @@ class SpellingIndex {
  public:
   void init(std::string text, size_t count) {
     text_ = std::move(text);
-    int bits = 4;
-    while ((size_t{1} << bits) < 2 * count) ++bits;
+    const int bits = slot_bits(count);
     slots_.assign(size_t{1} << bits, Slot{});
     mask_ = slots_.size() - 1;
   }

@@ -8,6 +8,8 @@
 namespace qhx {
 namespace {
 
+constexpr std::string_view kMergeForms = "expected [\"left\", \"right\"] or \"left right\"";
+
 // nlohmann's SAX events, turned into TokenizerJson: a tree for everything but the two tables.
 class Reader {
  public:
@@ -44,7 +46,7 @@ class Reader {
       return true;
     }
     if (in(Role::kMergePair)) {
-      if (pair_.size() == 2) fail_merge("expected [\"left\", \"right\"] or \"left right\"");
+      if (pair_.size() == 2) fail_merge(kMergeForms);
       pair_.push_back(std::move(v));
       return true;
     }
@@ -58,21 +60,14 @@ class Reader {
       return true;
     }
     if (model_table("vocab")) {
-      // A key given twice keeps its last value, as a JSON tree would.
-      out_.has_vocab = true;
-      out_.vocab.clear();
-      out_.vocab_text.clear();
-      stack_.push_back({Role::kVocab, nullptr, false});
+      start_table(Role::kVocab);
       return true;
     }
     if (!in(Role::kTree)) return scalar(nullptr);
     const bool is_model = stack_.back().is_root && key_ == "model";
     if (is_model) {  // "model" given twice: its last value counts
-      out_.has_vocab = out_.has_merges = false;
-      out_.vocab.clear();
-      out_.vocab_text.clear();
-      out_.merges.clear();
-      out_.merge_text.clear();
+      clear_vocab();
+      clear_merges();
     }
     Json* node = slot();
     *node = Json::object();
@@ -83,10 +78,7 @@ class Reader {
   bool start_array(size_t) {
     if (stack_.empty()) fail(where_, "expected a JSON object");
     if (model_table("merges")) {
-      out_.has_merges = true;
-      out_.merges.clear();
-      out_.merge_text.clear();
-      stack_.push_back({Role::kMerges, nullptr, false});
+      start_table(Role::kMerges);
       return true;
     }
     if (in(Role::kMerges)) {
@@ -113,7 +105,7 @@ class Reader {
 
   bool end_array() {
     if (in(Role::kMergePair)) {
-      if (pair_.size() != 2) fail_merge("expected [\"left\", \"right\"] or \"left right\"");
+      if (pair_.size() != 2) fail_merge(kMergeForms);
       stack_.pop_back();
       add_merge(pair_[0], pair_[1]);
       return true;
@@ -137,6 +129,28 @@ class Reader {
     bool is_root;
     bool is_model = false;
   };
+
+  // A key given twice keeps its last value, as a JSON tree would: a table starts empty.
+  void start_table(Role table) {
+    if (table == Role::kVocab) {
+      clear_vocab();
+      out_.has_vocab = true;
+    } else {
+      clear_merges();
+      out_.has_merges = true;
+    }
+    stack_.push_back({table, nullptr, false});
+  }
+  void clear_vocab() {
+    out_.has_vocab = false;
+    out_.vocab.clear();
+    out_.vocab_text.clear();
+  }
+  void clear_merges() {
+    out_.has_merges = false;
+    out_.merges.clear();
+    out_.merge_text.clear();
+  }
 
   bool in(Role role) const { return !stack_.empty() && stack_.back().role == role; }
 
@@ -173,7 +187,7 @@ class Reader {
         return vocab_id(-1);
       case Role::kMerges:
       case Role::kMergePair:
-        fail_merge("expected [\"left\", \"right\"] or \"left right\"");
+        fail_merge(kMergeForms);
     }
     return true;
   }
@@ -207,8 +221,7 @@ class Reader {
   std::string error_;
 };
 
-}  // namespace
-
+// Parses text that came from `where`.
 TokenizerJson parse_tokenizer_json(std::string_view text, const std::string& where) {
   // Spans are 32-bit: no table can outgrow the file.
   if (text.size() >= std::numeric_limits<uint32_t>::max()) fail(where, "larger than 4 GiB");
@@ -217,6 +230,8 @@ TokenizerJson parse_tokenizer_json(std::string_view text, const std::string& whe
   if (!Json::sax_parse(text.begin(), text.end(), &reader)) fail(where, reader.error());
   return out;
 }
+
+}  // namespace
 
 TokenizerJson read_tokenizer_json(const std::filesystem::path& path) {
   const MappedFile file(path);

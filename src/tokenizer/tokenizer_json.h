@@ -33,14 +33,11 @@ struct TokenizerJson {
 
   Json rest;  // the document without model.vocab and model.merges (unless they had another type)
   bool has_vocab = false, has_merges = false;  // read into the tables
-  std::string vocab_text;  // the spellings, one after the other
+  std::string vocab_text;                      // the spellings, one after the other
   std::vector<VocabEntry> vocab;
   std::string merge_text;
   std::vector<MergeEntry> merges;  // in rank order
 
-  std::string_view spelling(const VocabEntry& e) const {
-    return std::string_view(vocab_text).substr(e.spelling.begin, e.spelling.size);
-  }
   std::string_view merge_text_of(Span s) const {
     return std::string_view(merge_text).substr(s.begin, s.size);
   }
@@ -50,7 +47,5 @@ struct TokenizerJson {
 // "<file>: model.merges[7]: ...", "<file>: invalid JSON at byte N: ...". A vocabulary id must be
 // an integer in [0, kMaxTokenId); a merge is "left right" or ["left", "right"].
 TokenizerJson read_tokenizer_json(const std::filesystem::path& path);
-// The same from text that came from `where`.
-TokenizerJson parse_tokenizer_json(std::string_view text, const std::string& where);
 
 }  // namespace qhx

@@ -726,10 +726,7 @@ int run_template(const TemplateArgs& args) {
                           std::istreambuf_iterator<char>());
   qhx::ChatTemplateInputs inputs = qhx::parse_chat_request(input, "stdin");
   if (args.no_generation_prompt) inputs.add_generation_prompt = false;
-  if (args.enable_thinking) {
-    inputs.enable_thinking = args.enable_thinking;
-    inputs.extra_context.erase("enable_thinking");  // a kwarg that was not a bool
-  }
+  if (args.enable_thinking) inputs.set_enable_thinking(*args.enable_thinking);
   const std::string text = chat.render(inputs);
   std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
