@@ -147,6 +147,8 @@ TEST(Sampler, MinPIsRelativeToTheMostLikelyAfterTemperature) {
   EXPECT_EQ(ids_of(Sampler(p).distribution(logits, {}, {})), (Ids{0, 1, 2, 3}));
   p.min_p = 0.8f;
   EXPECT_EQ(ids_of(Sampler(p).distribution(logits, {}, {})), (Ids{0, 1}));
+  p.min_p = 1.0f;  // only what is as likely as the top
+  EXPECT_EQ(ids_of(Sampler(p).distribution(logits, {}, {})), (Ids{0}));
 }
 
 TEST(Sampler, NegativeInfiniteBiasBansAToken) {
@@ -244,7 +246,7 @@ TEST(Sampler, RejectsBadParametersNamingTheField) {
   expect_rejected([](SamplingParams& p) { p.top_p = 0.0f; }, "top_p");
   expect_rejected([](SamplingParams& p) { p.top_p = 1.5f; }, "top_p");
   expect_rejected([&](SamplingParams& p) { p.top_p = nan; }, "top_p");
-  expect_rejected([](SamplingParams& p) { p.min_p = 1.0f; }, "min_p");
+  expect_rejected([](SamplingParams& p) { p.min_p = 1.01f; }, "min_p");
   expect_rejected([](SamplingParams& p) { p.min_p = -0.1f; }, "min_p");
   expect_rejected([](SamplingParams& p) { p.repetition_penalty = 0.0f; }, "repetition_penalty");
   expect_rejected([&](SamplingParams& p) { p.presence_penalty = nan; }, "presence_penalty");

@@ -143,6 +143,10 @@ typedef struct qhx_generate_options {
 /* Defaults from the model's generation_config.json (greedy if it has none). */
 qhx_status qhx_generate_options_default(const qhx_model* model, qhx_generate_options* options);
 
+/* QHX_OK if generation on `model` would accept `options`, else QHX_ERROR_INVALID_ARGUMENT naming
+ * the first field it refuses (the same checks the generate calls make before any work). */
+qhx_status qhx_generate_options_check(const qhx_model* model, const qhx_generate_options* options);
+
 /* Called for every generated token with the text it completes: UTF-8, possibly empty while a
  * multi-byte character or a possible stop string is held back (an eos or stop id adds no text).
  * Text still held when generation ends comes in one last call with token -1. Return 0 to go on,

@@ -139,6 +139,17 @@ std::vector<std::string> stop_strings(const qhx_generate_options& o) {
   return stops;
 }
 
+// Everything generation refuses about its options, before any work (qhx_generate_options_check).
+void check_generate_options(const qhx_model& model, const qhx_generate_options& o) {
+  if (o.n_stop_ids > 0 && o.stop_ids == nullptr) qhx::fail("generate options", "stop_ids is NULL");
+  qhx::check_sampling_params(sampling_params(o.sampling), model.model->config().vocab_size);
+  const std::vector<std::string> stops = stop_strings(o);
+  if (!model.tokenizer && !stops.empty()) {
+    qhx::fail(model.dir.string(), "no tokenizer.json: stop strings need text");
+  }
+  qhx::StopStringMatcher{stops};  // refuses empty and invalid UTF-8 stop strings
+}
+
 qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
                           std::vector<int64_t> checkpoint_at, const qhx_generate_options* options,
                           qhx_token_callback callback, void* user_data,
@@ -151,11 +162,9 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     }
     options = &defaults;
   }
-  if (options->n_stop_ids > 0 && options->stop_ids == nullptr) {
-    return failed(QHX_ERROR_INVALID_ARGUMENT, "generate options: stop_ids is NULL");
-  }
   session->cancel.store(false);
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    check_generate_options(*session->model, *options);
     qhx::TurnOptions turn;
     turn.max_new_tokens = options->max_new_tokens;
     turn.sampling = sampling_params(options->sampling);
@@ -448,6 +457,12 @@ qhx_status qhx_generate_options_default(const qhx_model* model, qhx_generate_opt
   s.frequency_penalty = g.sampling.frequency_penalty;
   s.seed = g.sampling.seed;
   return QHX_OK;
+}
+
+qhx_status qhx_generate_options_check(const qhx_model* model, const qhx_generate_options* options) {
+  QHX_REQUIRE(model, "qhx_generate_options_check");
+  QHX_REQUIRE(options, "qhx_generate_options_check");
+  return guarded(QHX_ERROR_INVALID_ARGUMENT, [&] { check_generate_options(*model, *options); });
 }
 
 void qhx_session_options_default(qhx_session_options* options) {

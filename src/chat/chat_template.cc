@@ -1,6 +1,7 @@
 #include "chat/chat_template.h"
 
 #include "tokenizer/tokenizer.h"
+#include "util/bounded_json.h"
 #include "util/error.h"
 #include "util/utf8.h"
 
@@ -91,12 +92,10 @@ std::string ChatTemplate::render(const ChatTemplateInputs& inputs,
 }
 
 ChatTemplateInputs parse_chat_request(std::string_view json, const std::string& where) {
-  nlohmann::ordered_json request;
-  try {
-    request = nlohmann::ordered_json::parse(json);
-  } catch (const nlohmann::json::exception& e) {
-    fail(where, std::string("invalid JSON: ") + e.what());
-  }
+  std::string error;
+  std::optional<nlohmann::ordered_json> parsed = parse_bounded_json(json, JsonBounds{}, &error);
+  if (!parsed) fail(where, error);
+  nlohmann::ordered_json request = std::move(*parsed);
   if (!request.is_object()) fail(where, "expected a JSON object with \"messages\"");
   for (const auto& [key, value] : request.items()) {
     if (key != "messages" && key != "tools" && key != "chat_template_kwargs") {

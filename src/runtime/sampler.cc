@@ -52,8 +52,7 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
-  const SamplingParams& p = params;
+void check_sampling_params(const SamplingParams& p, int64_t vocab_size) {
   require_not_nan(p.temperature, "temperature");
   require_not_nan(p.top_p, "top_p");
   require_not_nan(p.min_p, "min_p");
@@ -65,7 +64,8 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   }
   if (p.top_k < 0) fail("sampling: top_k", "must be >= 0");
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("sampling: top_p", "must be in (0, 1]");
-  if (!(p.min_p >= 0.0f && p.min_p < 1.0f)) fail("sampling: min_p", "must be in [0, 1)");
+  // 1 keeps only the most likely tokens (those as likely as the top one).
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) fail("sampling: min_p", "must be in [0, 1]");
   if (!(p.repetition_penalty > 0.0f && std::isfinite(p.repetition_penalty))) {
     fail("sampling: repetition_penalty", "must be > 0 and finite");
   }
@@ -77,7 +77,15 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
       fail("sampling: logit_bias", "bias of id " + std::to_string(id) + " must be finite or -inf");
     }
     if (id < 0) fail("sampling: logit_bias", "id " + std::to_string(id) + " is negative");
+    if (vocab_size > 0 && id >= vocab_size) {
+      fail("sampling: logit_bias", "id " + std::to_string(id) + " is outside the vocabulary (" +
+                                       std::to_string(vocab_size) + " tokens)");
+    }
   }
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  check_sampling_params(params, 0);
 }
 
 void Sampler::apply_penalties(std::span<const int32_t> prompt, std::span<const int32_t> generated) {

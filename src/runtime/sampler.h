@@ -42,6 +42,10 @@ struct TokenProb {
 // The draw is specified exactly, so a seed gives the same tokens on every platform: each sampled
 // token takes one std::mt19937_64 output, u = its top 53 bits / 2^53, and picks the first
 // survivor, in ascending id order, whose cumulative weight exp(l - l_max) exceeds u · Σ weights.
+// Throws Error naming the first field out of range; vocab_size 0: ids are checked only once there
+// are logits.
+void check_sampling_params(const SamplingParams& params, int64_t vocab_size);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);  // throws Error naming the bad field

@@ -3,12 +3,17 @@
 // ("slots"); a request prefers the idle slot whose state already holds the longest prefix of its
 // tokens, so a client that resends its whole conversation pays only for the new turn. Requests
 // that find every slot busy wait in a bounded FIFO queue; past it they get 429.
+//
+// HTTP is GNU libmicrohttpd on one event-loop thread: idle and slow connections cost no thread,
+// and the loop itself never waits on a model. Request bodies are parsed and tokenized on
+// `preparers` threads, generated on the slots' threads.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "qhx/qhx.h"
 
@@ -19,7 +24,18 @@ struct ServerOptions {
   int port = 8080;  // 0: any free port (start() returns it)
   int parallel = 2;
   int queue = 8;
-  size_t max_request_bytes = size_t{4} << 20;
+  size_t max_request_bytes = size_t{4} << 20;  // for every transfer encoding
+  int max_connections = 256;  // open connections; past it new ones are closed at once
+  // A request (headers and body) must arrive within this many seconds of its first byte (of the
+  // connection's opening, or the end of its previous answer); a client that reads nothing of a
+  // stream this long is dropped too.
+  int timeout_seconds = 30;
+  std::string api_key;  // non-empty: every endpoint but /health wants "Authorization: Bearer KEY"
+  // Browser requests (those with an Origin header) are refused unless their origin is listed
+  // here; "*" allows any.
+  std::vector<std::string> cors_origins;
+  // Host header values answered besides the names `host` stands for; "*" turns the check off.
+  std::vector<std::string> allowed_hosts;
   std::string alias;  // the model id clients see; empty: the model directory's name
   bool log = true;    // one line per request on stderr
 };
@@ -36,15 +52,17 @@ class Server {
 
   // Binds and starts serving on a thread of its own; returns the port. Throws std::runtime_error
   // if the address cannot be bound. Ignores SIGPIPE for the whole process (a client that hangs up
-  // must not kill the server).
+  // must not kill the server). Warns on stderr when it listens beyond loopback without a key.
   int start();
   // Blocks until stop() (from another thread) has stopped the server.
   void wait();
-  // Ends queued and running requests, then stops listening. Any thread; idempotent.
+  // Refuses queued requests (503), ends running ones (a stream that began ends with an error
+  // event), lets their answers go out, then stops listening. Any thread; idempotent.
   void stop();
 
+  struct Impl;  // opaque: the event loop's C callbacks reach it
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -658,6 +658,7 @@ struct ServeArgs {
   std::string model;
   int64_t ctx_size = 0;
   int64_t cache_mb = 256;
+  bool verify = false;
   qhx::server::ServerOptions server;
 };
 
@@ -669,6 +670,7 @@ int run_serve(const ServeArgs& args) {
   options.context_length = args.ctx_size;
   options.max_sessions = args.server.parallel;
   options.prefix_cache_bytes = args.cache_mb << 20;
+  options.verify_sha256 = args.verify;
   qhx_model* model = nullptr;
   if (qhx_model_open(args.model.c_str(), &options, &model) != QHX_OK) {
     std::fprintf(stderr, "qhx: error: %s\n", qhx_last_error());
@@ -944,6 +946,24 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   serve->add_option("--alias", serve_args.server.alias,
                     "Model id for clients (default: the model directory's name)");
+  serve
+      ->add_option("--api-key", serve_args.server.api_key,
+                   "Clients must send 'Authorization: Bearer KEY' (all but /health)")
+      ->envname("QHX_API_KEY");
+  serve->add_option("--cors-origin", serve_args.server.cors_origins,
+                    "Web page origin allowed to call the server (repeat; '*': any)");
+  serve->add_option("--allowed-host", serve_args.server.allowed_hosts,
+                    "Host header name answered besides the --host address (repeat; '*': any)");
+  serve
+      ->add_option("--max-connections", serve_args.server.max_connections,
+                   "Open connections at most; past it new ones are closed")
+      ->check(CLI::Range(1, 65536));
+  serve
+      ->add_option("--timeout", serve_args.server.timeout_seconds,
+                   "Seconds a client has to send a request (and may stall reading an answer)")
+      ->check(CLI::Range(1, 3600));
+  serve->add_flag("--verify", serve_args.verify,
+                  "Bundles: check every file's sha256 before serving");
   add_threads_option(serve, serve_args.threads);
 
   CLI11_PARSE(app, argc, argv);
