@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQHX_FUZZ=ON \
   >/dev/null
-targets=(safetensors config tokenizer tokenizer_json manifest qhxt session_state chat_template)
+targets=(safetensors config tokenizer tokenizer_json manifest qhxt session_state chat_template
+  request)
 cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
 mkdir -p build-fuzz/crashes
 for t in "${targets[@]}"; do

@@ -442,15 +442,71 @@ bool same_secret(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-struct Server::Impl {
+namespace {
+
+// What a request is checked against: the model, its context and its defaults.
+struct RequestRules {
+  RequestRules(qhx_model* model, const std::string& alias);  // throws std::runtime_error
+
+  // Parses and checks a completion request (chat or not) into `c`; throws ApiError.
+  void parse_completion(const Json& body, Completion& c) const;
+
   qhx_model* model = nullptr;
-  ServerOptions options;
   std::string model_id;
   int64_t context_length = 0;
   int64_t vocab_size = 0;
   qhx_generate_options defaults{};
-  int64_t started_at = 0;
   bool template_takes_parts = false;
+};
+
+RequestRules::RequestRules(qhx_model* m, const std::string& alias) : model(m) {
+  qhx_model_info info{};
+  if (qhx_model_get_info(model, &info) != QHX_OK) throw std::runtime_error(qhx_last_error());
+  model_id = alias.empty() ? info.name : alias;
+  context_length = info.context_length;
+  vocab_size = info.vocab_size;
+  if (qhx_generate_options_default(model, &defaults) != QHX_OK) {
+    throw std::runtime_error(qhx_last_error());
+  }
+  // Does the template render content parts itself? Qwen3.5's does; Qwen3's wants a string.
+  const char* probe =
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "\u0001a"},)"
+      R"( {"type": "text", "text": "\u0001b"}]}]})";
+  char* text = nullptr;
+  if (qhx_apply_chat_template(model, probe, nullptr, &text) == QHX_OK) {
+    template_takes_parts = std::strstr(text, "\x01" "a\x01" "b") != nullptr;
+    qhx_string_free(text);
+  }
+}
+
+Json parse_body(std::string_view text) {
+  std::string why;
+  std::optional<Json> body = parse_bounded_json(text, JsonBounds{}, &why);
+  if (!body) throw ApiError{400, "request body: " + why};
+  if (!body->is_object()) throw ApiError{400, "request body must be a JSON object"};
+  return std::move(*body);
+}
+
+}  // namespace
+
+int check_request(qhx_model* model, const std::string& path, std::string_view body,
+                  std::string* error) {
+  try {
+    const RequestRules rules(model, "");
+    Completion c;
+    c.chat = path == "/v1/chat/completions";
+    rules.parse_completion(parse_body(body), c);
+    return 0;
+  } catch (const ApiError& e) {
+    if (error != nullptr) *error = e.message;
+    return e.status;
+  }
+}
+
+struct Server::Impl {
+  ServerOptions options;
+  RequestRules rules;
+  int64_t started_at = 0;
   std::vector<std::string> host_names;  // Host header names answered (lowercase)
   bool any_host = false;
   bool any_ip_host = false;
@@ -523,7 +579,6 @@ struct Server::Impl {
   Json models() const;
 
   // Requests and answers.
-  void parse_completion(const Json& body, Completion& c) const;
   Json answer(const Exchange& x) const;
   Json chunk(const Exchange& x, Json choice) const;
   Json delta(const Exchange& x, Json d) const;
@@ -576,34 +631,14 @@ void stream_free(void* cls) {
 
 }  // namespace
 
-Server::Impl::Impl(qhx_model* m, const ServerOptions& o) : model(m), options(o) {
+Server::Impl::Impl(qhx_model* m, const ServerOptions& o) : options(o), rules(m, o.alias) {
   if (options.parallel < 1) throw std::runtime_error("--parallel must be at least 1");
   if (options.queue < 0) throw std::runtime_error("--queue must be at least 0");
   if (options.max_connections < 1) throw std::runtime_error("--max-connections must be at least 1");
   if (options.timeout_seconds < 1) throw std::runtime_error("--timeout must be at least 1");
-  qhx_model_info info{};
-  if (qhx_model_get_info(model, &info) != QHX_OK) throw std::runtime_error(qhx_last_error());
-  model_id = options.alias.empty() ? info.name : options.alias;
-  context_length = info.context_length;
-  vocab_size = info.vocab_size;
-  if (qhx_generate_options_default(model, &defaults) != QHX_OK) {
-    throw std::runtime_error(qhx_last_error());
-  }
   started_at = static_cast<int64_t>(std::time(nullptr));
   std::random_device entropy;
   id_salt = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
-
-  // Does the template render content parts itself? Qwen3.5's does; Qwen3's wants a string.
-  {
-    const char* probe =
-        R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "\u0001a"},)"
-        R"( {"type": "text", "text": "\u0001b"}]}]})";
-    char* text = nullptr;
-    if (qhx_apply_chat_template(model, probe, nullptr, &text) == QHX_OK) {
-      template_takes_parts = std::strstr(text, "\x01" "a\x01" "b") != nullptr;
-      qhx_string_free(text);
-    }
-  }
 
   // The Host names answered: those `host` stands for (any address of this machine for a wildcard:
   // IP literals cannot be rebound by DNS), and the ones allowed by name.
@@ -627,7 +662,7 @@ Server::Impl::Impl(qhx_model* m, const ServerOptions& o) : model(m), options(o) 
   for (int i = 0; i < options.parallel; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->index = i;
-    if (qhx_session_create(model, &session_options, &slot->session) != QHX_OK) {
+    if (qhx_session_create(rules.model, &session_options, &slot->session) != QHX_OK) {
       const std::string message = qhx_last_error();
       for (auto& s : slots) qhx_session_destroy(s->session);
       throw std::runtime_error(message);
@@ -1010,13 +1045,10 @@ void Server::Impl::prepare_loop() {
 void Server::Impl::prepare(const std::shared_ptr<Exchange>& x) {
   std::optional<ApiError> error;
   try {
-    std::string why;
-    std::optional<Json> body = parse_bounded_json(x->body, JsonBounds{}, &why);
+    const Json body = parse_body(x->body);
     std::string().swap(x->body);
-    if (!body) throw ApiError{400, "request body: " + why};
-    if (!body->is_object()) throw ApiError{400, "request body must be a JSON object"};
     x->request.chat = x->path == "/v1/chat/completions";
-    parse_completion(*body, x->request);
+    rules.parse_completion(body, x->request);
     char id[40];
     std::snprintf(id, sizeof id, "%s-%016llx", x->request.chat ? "chatcmpl" : "cmpl",
                   static_cast<unsigned long long>(id_salt ^ (next_id++ * 0x9e3779b97f4a7c15ull)));
@@ -1300,17 +1332,17 @@ Json Server::Impl::health() {
 }
 
 Json Server::Impl::models() const {
-  const Json entry = {{"id", model_id},
+  const Json entry = {{"id", rules.model_id},
                       {"object", "model"},
                       {"created", started_at},
                       {"owned_by", "qhx"},
-                      {"context_length", context_length}};
+                      {"context_length", rules.context_length}};
   return {{"object", "list"}, {"data", Json::array({entry})}};
 }
 
 // ---- Requests ---------------------------------------------------------------------------------
 
-void Server::Impl::parse_completion(const Json& body, Completion& c) const {
+void RequestRules::parse_completion(const Json& body, Completion& c) const {
   if (const Json* m = field(body, "model")) {
     if (!m->is_string()) throw wrong_type("model", "a string");
     if (m->get<std::string>() != model_id) {
@@ -1548,7 +1580,7 @@ Json Server::Impl::answer(const Exchange& x) const {
   return {{"id", x.id},
           {"object", x.request.chat ? "chat.completion" : "text_completion"},
           {"created", x.created},
-          {"model", model_id},
+          {"model", rules.model_id},
           {"choices", Json::array({choice})},
           {"usage", usage(o)},
           {"timings", timings(o)}};
@@ -1558,7 +1590,7 @@ Json Server::Impl::chunk(const Exchange& x, Json choice) const {
   Json c = {{"id", x.id},
             {"object", x.request.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", x.created},
-            {"model", model_id},
+            {"model", rules.model_id},
             {"choices", choice.is_null() ? Json::array() : Json::array({std::move(choice)})}};
   if (x.request.include_usage) c["usage"] = nullptr;
   return c;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "qhx/qhx.h"
@@ -39,6 +40,12 @@ struct ServerOptions {
   std::string alias;  // the model id clients see; empty: the model directory's name
   bool log = true;    // one line per request on stderr
 };
+
+// Parses and checks `body` as a POST to `path` (/v1/completions or /v1/chat/completions) would,
+// without generating: 0 if it would be served, else the HTTP status it would get, with `error`
+// the message. The request contract, for fuzzing and tests.
+int check_request(qhx_model* model, const std::string& path, std::string_view body,
+                  std::string* error);
 
 class Server {
  public:

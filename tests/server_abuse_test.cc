@@ -1,0 +1,362 @@
+// The server against clients that misbehave, on loopback: budgets hold before any work (body
+// limits for every transfer encoding, a parse linear in the body, deadlines and a connection cap
+// that keep /health answering), errors are honest (a 400 before any 200, a stream ended by
+// shutdown says so), only the clients allowed get in, and HTTP/1.0, half-closed and pipelining
+// clients are served. Each case is one of the issue's reproducers.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/server_fixture.h"
+
+namespace qhx::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A client that writes raw bytes and reads whatever comes back.
+class RawClient {
+ public:
+  explicit RawClient(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  ~RawClient() { ::close(fd_); }
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+
+  bool connected() const { return connected_; }
+  // False once the server stopped taking bytes (it answered and closed).
+  bool send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  void half_close() { ::shutdown(fd_, SHUT_WR); }
+  // Everything until the server closes the connection, `until` appears, or `limit` passes.
+  std::string read(std::chrono::milliseconds limit, const std::string& until = "") {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      if (!until.empty() && received_.find(until) != std::string::npos) break;
+      pollfd p{fd_, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1))) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) {
+        closed_ = true;
+        break;
+      }
+      received_.append(buf, static_cast<size_t>(n));
+    }
+    return received_;
+  }
+  bool closed() const { return closed_; }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  bool closed_ = false;
+  std::string received_;
+};
+
+int status_of(const std::string& response) {
+  return response.rfind("HTTP/1.", 0) == 0 && response.size() > 12 ? std::stoi(response.substr(9, 3))
+                                                                     : -1;
+}
+
+std::string body_of(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "" : response.substr(end + 4);
+}
+
+std::string post_request(const std::string& body, const std::string& version = "HTTP/1.1",
+                         const std::string& extra_headers = "") {
+  return "POST /v1/completions " + version + "\r\nHost: 127.0.0.1\r\nContent-Type: " +
+         "application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" +
+         extra_headers + "\r\n" + body;
+}
+
+class ServerAbuseTest : public ServerTest {
+ protected:
+  // GET with headers; (status, body, the response's headers).
+  httplib::Result get_with(const std::string& path, const httplib::Headers& headers) const {
+    auto c = client();
+    return c.Get(path.c_str(), headers);
+  }
+  std::pair<int, Json> post_with(const std::string& path, const Json& body,
+                                 const httplib::Headers& headers) const {
+    auto c = client();
+    const auto r = c.Post(path.c_str(), headers, body.dump(), "application/json");
+    if (!r) return {-1, Json()};
+    return {r->status, Json::parse(r->body, nullptr, false)};
+  }
+};
+
+// D1: the body limit holds for chunked bodies as for sized ones, and what is over it is dropped
+// as it arrives (the server keeps at most the limit).
+TEST_F(ServerAbuseTest, BodyLimitHoldsForEveryTransferEncoding) {
+  start(1, 8, 64 << 10);
+  const std::string small = Json{{"prompt", "And"}, {"max_tokens", 1}}.dump();
+  const auto chunked = [&](const std::string& body, size_t repeat) {
+    RawClient c(port_);
+    c.send(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n");
+    char size[32];
+    std::snprintf(size, sizeof size, "%zx\r\n", body.size());
+    for (size_t i = 0; i < repeat; ++i) {
+      if (!c.send(size + body + "\r\n")) break;
+    }
+    c.send("0\r\n\r\n");
+    return c.read(20s, "}");
+  };
+  const std::string ok = chunked(small, 1);
+  EXPECT_EQ(status_of(ok), 200) << ok;
+  // 8 MiB in 64 KiB chunks, against a 64 KiB limit.
+  const std::string big = chunked(std::string(64 << 10, ' '), 128);
+  EXPECT_EQ(status_of(big), 413) << big.substr(0, 200);
+  EXPECT_EQ(Json::parse(body_of(big), nullptr, false)["error"]["code"], "request_too_large");
+  // With a Content-Length over the limit the answer comes before the body is read.
+  RawClient sized(port_);
+  sized.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 9000000\r\n\r\n");
+  const std::string early = sized.read(5s, "}");
+  EXPECT_EQ(status_of(early), 413) << early;
+  EXPECT_EQ(post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 1}}).first, 200);
+}
+
+// D2: 200,000 keys in an ignored field, and a logit_bias over the whole vocabulary, are parsed
+// in time linear in the body (quadratic, they took 12 s and 11 s).
+TEST_F(ServerAbuseTest, ManyKeysAreAnsweredQuickly) {
+  start(1, 8, 4 << 20);
+  std::string body = R"({"prompt": "And", "max_tokens": 1, "x": {)";
+  for (int i = 0; i < 200000; ++i) body += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  body += "}}";
+  auto started = Clock::now();
+  EXPECT_EQ(post("/v1/completions", body).first, 200);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(), 1.0);
+
+  qhx_model_info info{};
+  qhx_model_get_info(model_, &info);
+  Json bias = Json::object();
+  for (int64_t id = 0; id < info.vocab_size; ++id) bias[std::to_string(id)] = 0;
+  const std::string biased =
+      Json{{"prompt", "And"}, {"max_tokens", 1}, {"logit_bias", bias}}.dump();
+  started = Clock::now();
+  EXPECT_EQ(post("/v1/completions", biased).first, 200);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(), 1.0);
+}
+
+// D3: 32 connections that send a header and stall, while both slots generate, leave /health
+// answering within 100 ms; a client that dribbles a byte at a time is cut off at its deadline.
+TEST_F(ServerAbuseTest, SlowClientsDoNotStarveOthers) {
+  ServerOptions o;
+  o.parallel = 2;
+  o.timeout_seconds = 2;
+  start(o);
+  std::vector<std::unique_ptr<RawClient>> slow;
+  for (int i = 0; i < 32; ++i) {
+    slow.push_back(std::make_unique<RawClient>(port_));
+    slow.back()->send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+  }
+  std::atomic<bool> hang_up{false};
+  const auto until_hang_up = [&](size_t) { return !hang_up.load(); };
+  std::thread a([&] { stream("/v1/completions", endless("And God said"), until_hang_up); });
+  std::thread b([&] { stream("/v1/completions", endless("Thus saith"), until_hang_up); });
+  ASSERT_TRUE(wait_for_health([](const Json& h) { return h["slots_processing"] == 2; }, 10s));
+  double worst = 0;
+  for (int i = 0; i < 20; ++i) {
+    const auto started = Clock::now();
+    const Json h = health();
+    worst = std::max(worst, std::chrono::duration<double>(Clock::now() - started).count());
+    EXPECT_EQ(h["status"], "ok");
+  }
+  EXPECT_LT(worst, 0.1);
+  hang_up = true;
+  a.join();
+  b.join();
+
+  RawClient dribbler(port_);
+  const std::string request = post_request(Json{{"prompt", "And"}}.dump());
+  const auto started = Clock::now();
+  for (size_t i = 0; i < request.size() && dribbler.send(request.substr(i, 1)); ++i) {
+    if (Clock::now() - started > 6s) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  dribbler.read(1s);
+  EXPECT_TRUE(dribbler.closed());
+  EXPECT_LT(Clock::now() - started, 5s);
+  // The stalled connections were cut off too.
+  for (auto& c : slow) {
+    c->read(1s);
+    EXPECT_TRUE(c->closed());
+  }
+}
+
+// D4: what the C API would refuse is a 400 with an OpenAI error body, before any 200 — streams
+// included; min_p 1 (only the most likely tokens) is a valid value.
+TEST_F(ServerAbuseTest, ValuesTheCApiRefusesAre400) {
+  start(1);
+  const auto with = [](Json extra, bool stream) {
+    Json j = {{"prompt", "And"}, {"max_tokens", 2}, {"stream", stream}};
+    j.update(extra);
+    return j;
+  };
+  for (const bool stream : {false, true}) {
+    expect_error(post("/v1/completions", with({{"temperature", 1e-300}}, stream)), 400,
+                 "temperature");
+    expect_error(post("/v1/completions", with({{"top_p", 1e-300}}, stream)), 400, "top_p");
+    expect_error(post("/v1/completions", with({{"repetition_penalty", 1e-300}}, stream)), 400,
+                 "repetition_penalty");
+    expect_error(post("/v1/completions", with({{"stop", std::string("\0", 1)}}, stream)), 400,
+                 "stop");
+    // Not UTF-8: the JSON parser refuses it.
+    expect_error(post("/v1/completions", std::string(R"({"prompt": "And", "stop": ")") + "\xff\"}"),
+                 400);
+  }
+  EXPECT_EQ(post("/v1/completions", with({{"min_p", 1}}, false)).first, 200);
+}
+
+// D6 and D4's last case: stopping the server refuses what waits (503) and ends a stream that
+// began with an error event, never a finish_reason.
+TEST_F(ServerAbuseTest, ShutdownIsNotAFinishedAnswer) {
+  start(1, 4);
+  std::vector<std::string> events;
+  std::atomic<bool> streaming{false};
+  std::thread running([&] {
+    events = stream("/v1/completions", endless("And God said"), [&](size_t n) {
+      if (n >= 2) streaming = true;
+      return true;
+    });
+  });
+  const auto deadline = Clock::now() + 10s;
+  while (!streaming && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(streaming);
+  std::pair<int, Json> queued;
+  std::thread waiting([&] {
+    queued = post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 4}});
+  });
+  ASSERT_TRUE(wait_for_health([](const Json& h) { return h["queue_length"] == 1; }, 10s));
+  server_->stop();
+  running.join();
+  waiting.join();
+  expect_error(queued, 503, "", "server_shutdown");
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json last = Json::parse(events[events.size() - 2], nullptr, false);
+  ASSERT_TRUE(last.contains("error")) << events[events.size() - 2];
+  EXPECT_EQ(last["error"]["code"], "server_shutdown");
+  for (const std::string& e : events) EXPECT_EQ(e.find("\"finish_reason\":\"stop\""), std::string::npos);
+}
+
+// D8: an API key as OpenAI clients send it; /health stays open for load balancers.
+TEST_F(ServerAbuseTest, ApiKeyIsChecked) {
+  ServerOptions o;
+  o.api_key = "sekrit";
+  start(o);
+  const Json request = {{"prompt", "And"}, {"max_tokens", 1}};
+  expect_error(post("/v1/completions", request), 401, "", "invalid_api_key");
+  expect_error(post_with("/v1/completions", request, {{"Authorization", "Bearer wrong"}}), 401, "",
+               "invalid_api_key");
+  EXPECT_EQ(post_with("/v1/completions", request, {{"Authorization", "Bearer sekrit"}}).first, 200);
+  const auto models = get_with("/v1/models", {});
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  EXPECT_EQ(models->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_EQ(get_with("/health", {})->status, 200);
+}
+
+// D8: a page on another site (or a rebound domain) cannot use the server; an allowed origin can,
+// preflight included.
+TEST_F(ServerAbuseTest, HostAndOriginAreChecked) {
+  ServerOptions o;
+  o.cors_origins = {"http://app.example"};
+  start(o);
+  const std::string port = std::to_string(port_);
+  EXPECT_EQ(get_with("/v1/models", {{"Host", "rebound.example:" + port}})->status, 403);
+  EXPECT_EQ(get_with("/v1/models", {{"Host", "localhost:" + port}})->status, 200);
+  EXPECT_EQ(get_with("/v1/models", {{"Host", "127.0.0.1:" + port}})->status, 200);
+  const Json request = {{"prompt", "And"}, {"max_tokens", 1}};
+  expect_error(post_with("/v1/completions", request, {{"Origin", "http://evil.example"}}), 403, "",
+               "origin_not_allowed");
+  auto c = client();
+  const auto allowed = c.Post("/v1/completions", {{"Origin", "http://app.example"}}, request.dump(),
+                              "application/json");
+  ASSERT_TRUE(allowed);
+  EXPECT_EQ(allowed->status, 200);
+  EXPECT_EQ(allowed->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  const auto preflight = c.Options("/v1/completions", {{"Origin", "http://app.example"},
+                                                       {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(preflight);
+  EXPECT_EQ(preflight->status, 204);
+  EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Authorization"),
+            std::string::npos);
+}
+
+// D9: HTTP/1.0 gets a close-delimited stream (no chunked encoding it cannot read), also when it
+// half-closes after sending; an HTTP/1.1 client's pipelined requests are answered in order,
+// without a stall.
+TEST_F(ServerAbuseTest, HttpAsClientsSpeakIt) {
+  start(1);
+  const std::string stream_body =
+      Json{{"prompt", "And"}, {"max_tokens", 3}, {"temperature", 0}, {"stream", true}}.dump();
+  for (const bool half_close : {false, true}) {
+    RawClient c(port_);
+    c.send(post_request(stream_body, "HTTP/1.0"));
+    if (half_close) c.half_close();
+    const std::string answer = c.read(20s);
+    EXPECT_EQ(status_of(answer), 200) << answer;
+    EXPECT_EQ(answer.find("chunked"), std::string::npos) << answer;
+    EXPECT_NE(body_of(answer).rfind("data: [DONE]\n\n"), std::string::npos) << answer;
+    EXPECT_TRUE(c.closed());
+  }
+  RawClient c(port_);
+  const std::string body = Json{{"prompt", "And"}, {"max_tokens", 2}, {"temperature", 0}}.dump();
+  const auto started = Clock::now();
+  c.send(post_request(body) + post_request(body, "HTTP/1.1", "Connection: close\r\n"));
+  const std::string answers = c.read(20s);
+  EXPECT_LT(Clock::now() - started, 4s);
+  size_t n_answers = 0;
+  for (size_t at = 0; (at = answers.find("HTTP/1.1 200", at)) != std::string::npos; ++at) ++n_answers;
+  EXPECT_EQ(n_answers, 2u) << answers;
+}
+
+// D11: content-part arrays are text as vLLM reads them; images and unknown roles are a 400.
+TEST_F(ServerAbuseTest, ContentPartsAndRoles) {
+  start(1);
+  const auto ask = [&](const Json& content) {
+    return post("/v1/chat/completions",
+                Json{{"messages", {{{"role", "user"}, {"content", content}}}},
+                     {"max_tokens", 4},
+                     {"temperature", 0}});
+  };
+  const auto plain = ask("In the beginning");
+  const auto parts = ask(Json::array({{{"type", "text"}, {"text", "In the beginning"}}}));
+  ASSERT_EQ(plain.first, 200) << plain.second;
+  ASSERT_EQ(parts.first, 200) << parts.second;
+  EXPECT_EQ(parts.second["usage"], plain.second["usage"]);
+  EXPECT_EQ(parts.second["choices"][0]["message"], plain.second["choices"][0]["message"]);
+  expect_error(ask(Json::array({{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}})), 400,
+               "messages[0].content[0]", "unsupported_content");
+  expect_error(post("/v1/chat/completions",
+                    Json{{"messages", {{{"role", "wizard"}, {"content", "hi"}}}}}),
+               400, "messages[0].role");
+}
+
+}  // namespace
+}  // namespace qhx::server
