@@ -1,8 +1,8 @@
 #include "util/bounded_json.h"
 
-#include <deque>
-#include <string_view>
-#include <unordered_map>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
 #include <vector>
 
 namespace qhx {
@@ -11,8 +11,8 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 // nlohmann's SAX interface, building the document itself. An open object collects its members in
-// a deque (stable addresses: a key's index refers to its text there) and becomes an ordered map
-// once it closes, so each key is found in constant time and moved, never copied.
+// a vector and becomes an ordered map once it closes; repeated keys are found then, by sorting
+// (n log n, no allocation per key), and merged as nlohmann's parser merges them.
 class Builder {
  public:
   Builder(const JsonBounds& bounds, std::string* error) : bounds_(bounds), error_(error) {
@@ -32,26 +32,41 @@ class Builder {
   bool start_object(size_t) { return open(/*object=*/true); }
   bool key(std::string& name) {
     Open& top = stack_.back();
-    const auto found = top.keys.find(name);
-    if (found != top.keys.end()) {
-      top.slot = &top.members[found->second].second;
-      *top.slot = nullptr;
-      return true;
-    }
+    // Counted with repeats: the bound is on what the parser holds.
     if (top.members.size() >= bounds_.max_object_keys) {
       return fail("an object has more than " + std::to_string(bounds_.max_object_keys) + " keys");
     }
     top.members.emplace_back(std::move(name), nullptr);
-    top.keys.emplace(top.members.back().first, top.members.size() - 1);
+    // The parent does not grow while this value is open, so the pointer stays valid.
     top.slot = &top.members.back().second;
     return true;
   }
   bool end_object() {
     Open& top = stack_.back();
+    std::vector<Member>& members = top.members;
+    // Members in key order (then position): a repeated key's entries are neighbours.
+    std::vector<uint32_t> order(members.size());
+    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      const int c = members[a].first.compare(members[b].first);
+      return c != 0 ? c < 0 : a < b;
+    });
+    std::vector<bool> dropped(members.size(), false);
+    for (size_t i = 1, group = 0; i < order.size(); ++i) {
+      if (members[order[i]].first != members[order[group]].first) {
+        group = i;
+        continue;
+      }
+      // The first position keeps the last value.
+      members[order[group]].second = std::move(members[order[i]].second);
+      dropped[order[i]] = true;
+    }
     auto& items = static_cast<Json::object_t::Container&>(top.node->get_ref<Json::object_t&>());
     // The ordered map is a vector underneath: appending to it skips its linear search for keys.
-    items.reserve(top.members.size());
-    for (auto& [name, v] : top.members) items.emplace_back(std::move(name), std::move(v));
+    items.reserve(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (!dropped[i]) items.emplace_back(std::move(members[i].first), std::move(members[i].second));
+    }
     stack_.pop_back();
     return true;
   }
@@ -75,11 +90,11 @@ class Builder {
   }
 
  private:
+  using Member = std::pair<std::string, Json>;
   struct Open {
     Json* node;
-    std::deque<std::pair<std::string, Json>> members;       // objects, in order
-    std::unordered_map<std::string_view, size_t> keys;      // objects: key → member
-    Json* slot = nullptr;                                   // objects: where the next value goes
+    std::vector<Member> members;  // objects, in order, repeats included
+    Json* slot = nullptr;         // objects: where the next value goes
   };
 
   // Where a new value goes: the root, the end of the open array, or the open object's key.

@@ -1,7 +1,8 @@
-// JSON from outside the process (request bodies, chat requests) parsed in time linear in its size,
+// JSON from outside the process (request bodies, chat requests) parsed in O(n log n) time at worst,
 // with bounds on nesting, object keys and array length. nlohmann's ordered_json keeps key order
 // (templates render objects as sent) but finds keys by linear search, so its own parser takes
-// quadratic time on an object of many keys; this one indexes keys while it builds.
+// quadratic time on an object of many keys; this one finds repeated keys by sorting them once
+// the object closes.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +15,7 @@ namespace qhx {
 
 struct JsonBounds {
   size_t max_depth = 64;
-  // A logit_bias over a whole 248k vocabulary fits.
+  // A logit_bias over a whole 248k vocabulary fits. Repeated keys count.
   size_t max_object_keys = size_t{1} << 18;
   // A prompt of token ids as long as the longest context (262,144) fits.
   size_t max_array_length = size_t{1} << 20;
