@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -42,6 +43,11 @@ constexpr auto kWatchInterval = std::chrono::milliseconds(50);
 // How long stop() lets the answers it ended go out before it closes every connection.
 constexpr auto kDrainTime = std::chrono::seconds(3);
 constexpr int kPreparers = 2;
+// After a request body this large, the memory freed is handed back to the system once the
+// server is idle (or a second later): malloc keeps freed memory in per-thread arenas otherwise,
+// and RSS ratchets up request after request.
+constexpr size_t kTrimAfterBytes = size_t{256} << 10;
+constexpr auto kTrimAtLatest = std::chrono::seconds(1);
 
 // A request answered with OpenAI's error body.
 struct ApiError {
@@ -534,6 +540,7 @@ struct Server::Impl {
   std::unordered_set<Connection*> connections;
   std::unordered_set<std::shared_ptr<Exchange>> live;  // exchanges whose request is not over
   bool watch_stop = false;
+  std::optional<Clock::time_point> trim_since;  // a large request came; memory not yet trimmed
   std::thread watcher;
 
   std::mutex stopped_mutex;
@@ -905,6 +912,10 @@ MHD_Result Server::Impl::respond(const std::shared_ptr<Exchange>& held) {
       x.suspended = true;
       MHD_suspend_connection(x.connection);
     }
+    if (x.body.size() >= kTrimAfterBytes) {
+      std::lock_guard lock(watch_mutex);
+      if (!trim_since) trim_since = Clock::now();
+    }
     {
       std::lock_guard lock(prepare_mutex);
       to_prepare.push_back(held);
@@ -1098,8 +1109,13 @@ void Server::Impl::watch_loop() {
         conn->exchange.reset();
       }
     }
+    const bool trim = trim_since && (live.empty() || now - *trim_since > kTrimAtLatest);
+    if (trim) trim_since.reset();
     lock.unlock();
     for (const auto& x : gone) leave(x);
+#ifdef __GLIBC__
+    if (trim) malloc_trim(0);
+#endif
     lock.lock();
   }
 }
