@@ -92,7 +92,9 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info);
 qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_len, int32_t* ids,
                         size_t capacity, size_t* n_ids);
 /* Token ids to UTF-8 text (invalid sequences become U+FFFD). The text is NUL-terminated when
- * there is room; *text_len excludes the NUL. Too small a buffer works as for qhx_tokenize. */
+ * there is room; *text_len excludes the NUL. Too small a buffer works as for qhx_tokenize. An id
+ * outside [0, vocab_size) is QHX_ERROR_INVALID_ARGUMENT; ids the model has but the tokenizer
+ * has no token for (padding rows) decode to nothing. */
 qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
                           int32_t skip_special, char* text, size_t capacity, size_t* text_len);
 

@@ -383,6 +383,16 @@ qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_i
   QHX_REQUIRE_BUFFER(text, capacity, "qhx_detokenize");
   std::string decoded;
   const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    // Ids the model can produce but the tokenizer has no text for decode to nothing (as in
+    // transformers); ids the model cannot produce are a caller's mistake.
+    const int64_t vocab = model->model->config().vocab_size;
+    for (size_t i = 0; i < n_ids; ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab) {
+        qhx::fail("qhx_detokenize", "ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                                        " is outside the vocabulary [0, " + std::to_string(vocab) +
+                                        ")");
+      }
+    }
     decoded = tokenizer_of(model).decode(std::span<const int32_t>(ids, n_ids), skip_special != 0);
   });
   if (status != QHX_OK) return status;

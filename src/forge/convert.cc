@@ -22,6 +22,7 @@
 #include "runtime/generation_config.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/partial_path.h"
 #include "util/sha256.h"
 
 namespace qhx {
@@ -161,23 +162,6 @@ DType dtype_for(const std::string& name, const TensorView& t, DType weights,
   return weights;
 }
 
-// Removes the directory on scope exit unless released: a failed convert leaves nothing.
-class TempDirGuard {
- public:
-  explicit TempDirGuard(fs::path p) : path_(std::move(p)) {}
-  ~TempDirGuard() {
-    if (!path_.empty()) {
-      std::error_code ignored;
-      fs::remove_all(path_, ignored);
-    }
-  }
-  void release() { path_.clear(); }
-
- private:
-  fs::path path_;
-};
-
-// ".<name><tag><pid>" beside `out`: never taken for a bundle, unique to this process.
 fs::path hidden_sibling(const fs::path& out, const char* tag) {
   std::string name(".");
   name.append(out.filename().string()).append(tag).append(std::to_string(::getpid()));
@@ -302,10 +286,11 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   // Write everything under a temporary name beside `out`.
   const fs::path parent = fs::absolute(out).parent_path();
   fs::create_directories(parent);
-  const fs::path temp = hidden_sibling(out, ".partial-");
+  remove_stale_partials(out);
+  const fs::path temp = partial_sibling(out);
   fs::remove_all(temp);
   fs::create_directory(temp);
-  TempDirGuard guard(temp);
+  PartialGuard guard(temp);
 
   write_qhxt(temp / "embed.qhxt", embed);
   Json shards_json = Json::array();

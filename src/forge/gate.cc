@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 #include <numeric>
 #include <random>
 
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "util/mapped_file.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -127,8 +128,7 @@ std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vo
 
 std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
                                                     const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) fail(file.string(), "cannot open the prompt file");
+  std::istringstream in(read_regular_file(file));
   std::vector<GatePrompt> suite;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {

@@ -7,6 +7,7 @@
 
 #include "io/bundle.h"
 #include "util/error.h"
+#include "util/partial_path.h"
 #include "util/json_file.h"
 #include "util/sha256.h"
 
@@ -74,9 +75,8 @@ void write_pack(const fs::path& out, const std::vector<fs::path>& bundles, bool 
   if (bundles.empty()) fail("pack", "no bundles given");
   if (fs::exists(out) && !overwrite)
     fail(out.string(), "already exists (pass --force to replace it)");
-  std::string name(".");
-  name.append(out.filename().string()).append(".partial-").append(std::to_string(::getpid()));
-  const fs::path temp = fs::absolute(out).parent_path() / name;
+  remove_stale_partials(out);
+  const fs::path temp = partial_sibling(out);
   fs::remove_all(temp);
   fs::create_directories(temp);
   try {

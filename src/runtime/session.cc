@@ -8,6 +8,7 @@
 #include "io/qhxt.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/partial_path.h"
 
 namespace qhx {
 namespace {
@@ -263,13 +264,14 @@ void Session::save(const std::filesystem::path& path) const {
   }
   const std::map<std::string, std::string> metadata = {
       {"kind", kStateKind}, {"version", kStateVersion}, {"model", model_.fingerprint()}};
-  // Written next to the target and renamed over it, so a crash never leaves half a file.
-  std::filesystem::path partial = path;
-  partial += ".partial";
+  // Written beside the target and renamed over it: a crash or a failed write leaves nothing.
+  const std::filesystem::path partial = partial_sibling(path);
+  PartialGuard guard(partial);
   write_qhxt(partial, tensors, metadata);
   std::error_code error;
   std::filesystem::rename(partial, path, error);
   if (error) fail(path.string(), "cannot write: " + error.message());
+  guard.release();
 }
 
 void Session::load(const std::filesystem::path& path) {

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "tokenizer/tokenizer_json.h"
+#include "util/mapped_file.h"
 #include "util/error.h"
 #include "util/json_file.h"
 #include "util/utf8.h"
@@ -772,13 +773,7 @@ void Tokenizer::Impl::load_config(const std::filesystem::path& dir) {
     }
   }
   const std::filesystem::path jinja_path = dir / "chat_template.jinja";
-  if (std::filesystem::exists(jinja_path)) {
-    std::ifstream in(jinja_path, std::ios::binary);
-    if (!in) fail(jinja_path.string(), "cannot open");
-    std::ostringstream text;
-    text << in.rdbuf();
-    chat_template = text.str();
-  }
+  if (std::filesystem::exists(jinja_path)) chat_template = read_regular_file(jinja_path);
 }
 
 // One stretch of text between raw-matched added tokens: normalize, then encode.

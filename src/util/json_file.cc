@@ -1,18 +1,12 @@
 #include "util/json_file.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace qhx {
 
 Json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path.string(), "cannot open");
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return parse_json(buffer.str(), path.string());
+  return parse_json(read_regular_file(path), path.string());
 }
 
 Json parse_json(std::string_view text, std::string_view where) {

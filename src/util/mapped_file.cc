@@ -12,14 +12,41 @@
 
 namespace qhx {
 
-MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+int open_regular_file(const std::filesystem::path& path) {
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; for a regular file it means nothing.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path.string(), std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     fail(path.string(), "not a regular file");
   }
+  return fd;
+}
+
+std::string read_regular_file(const std::filesystem::path& path) {
+  const int fd = open_regular_file(path);
+  std::string bytes;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      fail(path.string(), std::string("read error: ") + std::strerror(e));
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
+  const int fd = open_regular_file(path);
+  struct stat st {};
+  ::fstat(fd, &st);
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -5,8 +5,16 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 
 namespace qhx {
+
+// Opens a file for reading, refusing anything but a regular file (a FIFO would block the open or
+// the read forever, a device never end) before anything waits on it. Returns the descriptor;
+// throws Error naming the file.
+int open_regular_file(const std::filesystem::path& path);
+// A whole regular file's bytes.
+std::string read_regular_file(const std::filesystem::path& path);
 
 class MappedFile {
  public:

@@ -2,10 +2,13 @@
 
 #include <openssl/evp.h>
 
-#include <fstream>
+#include <unistd.h>
+
+#include <cerrno>
 #include <vector>
 
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace qhx {
 
@@ -43,15 +46,20 @@ std::string Sha256::hex() {
 }
 
 std::string sha256_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path.string(), "cannot open");
+  const int fd = open_regular_file(path);
   Sha256 hash;
   std::vector<char> buffer(1 << 20);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    if (in.gcount() > 0) hash.update(std::string_view(buffer.data(), in.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      fail(path.string(), "read error");
+    }
+    if (n == 0) break;
+    hash.update(std::string_view(buffer.data(), static_cast<size_t>(n)));
   }
-  if (in.bad()) fail(path.string(), "read error");
+  ::close(fd);
   return hash.hex();
 }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "qhx/qhx.h"
+#include "util/utf8.h"
 
 namespace qhx::cli {
 namespace {
@@ -83,6 +84,10 @@ class Chat {
   bool handle(const std::string& line) {
     if (line.empty()) return true;
     if (line[0] != '/') {
+      if (const size_t bad = qhx::find_invalid_utf8(line); bad != std::string_view::npos) {
+        throw ChatError("the line is not valid UTF-8 (byte " + std::to_string(bad + 1) +
+                        "); nothing was sent");
+      }
       messages_.push_back({{"role", "user"}, {"content", line}});
       reply();
       return true;
@@ -102,9 +107,7 @@ class Chat {
         reply();
       }
     } else if (command == "/save" && !argument.empty()) {
-      check(qhx_session_save(session_, argument.c_str()));
-      std::ofstream(argument + ".json") << Json{{"messages", messages_}}.dump(1) << "\n";
-      std::fprintf(stderr, "saved %s and %s.json\n", argument.c_str(), argument.c_str());
+      save(argument);
     } else if (command == "/load" && !argument.empty()) {
       load(argument);
     } else if (command == "/think" &&
@@ -119,9 +122,44 @@ class Chat {
   }
 
  private:
+  // Drops the oldest user turn and the replies to it; false if only the last message is left.
+  bool drop_oldest_turn() {
+    const size_t first = !messages_.empty() && messages_[0]["role"] == "system" ? 1 : 0;
+    if (messages_.size() <= first + 1) return false;
+    messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(first));
+    while (messages_.size() > first + 1 && messages_[first]["role"] != "user") {
+      messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(first));
+    }
+    return true;
+  }
+
   void start_over() {
     messages_ = Json::array();
     if (!args_.system.empty()) messages_.push_back({{"role", "system"}, {"content", args_.system}});
+  }
+
+  // The state and the messages beside it; the messages are written first and renamed into place
+  // last, so a failed save leaves neither half written.
+  void save(const std::string& path) {
+    const std::string messages_path = path + ".json";
+    const std::string partial = messages_path + ".partial";
+    {
+      std::ofstream out(partial);
+      out << Json{{"messages", messages_}}.dump(1) << "\n";
+      if (!out.flush()) {
+        std::remove(partial.c_str());
+        throw ChatError(messages_path + ": cannot write");
+      }
+    }
+    if (qhx_session_save(session_, path.c_str()) != QHX_OK) {
+      std::remove(partial.c_str());
+      throw ChatError(qhx_last_error());
+    }
+    if (std::rename(partial.c_str(), messages_path.c_str()) != 0) {
+      std::remove(partial.c_str());
+      throw ChatError(messages_path + ": cannot write");
+    }
+    std::fprintf(stderr, "saved %s and %s\n", path.c_str(), messages_path.c_str());
   }
 
   void load(const std::string& path) {
@@ -140,16 +178,29 @@ class Chat {
     qhx_template_options template_options;
     qhx_template_options_default(&template_options);
     if (thinking_) template_options.enable_thinking = *thinking_ ? 1 : 0;
-    const std::string request = Json{{"messages", messages_}}.dump();
     qhx_generate_result result{};
-    replying = session_;
-    const qhx_status status = qhx_session_chat(session_, request.c_str(), &template_options,
-                                               &generate_, print_piece, nullptr, &result);
-    replying = nullptr;
+    qhx_status status;
+    size_t dropped = 0;
+    for (;;) {
+      const std::string request = Json{{"messages", messages_}}.dump();
+      replying = session_;
+      status = qhx_session_chat(session_, request.c_str(), &template_options, &generate_,
+                                print_piece, nullptr, &result);
+      replying = nullptr;
+      // A conversation that outgrew the context goes on without its oldest turns, as
+      // llama.cpp's context shift does (the system prompt stays).
+      if (status != QHX_ERROR_CONTEXT_FULL || !drop_oldest_turn()) break;
+      ++dropped;
+    }
+    if (dropped > 0) std::fprintf(stderr, "[context full: the %zu oldest turns were dropped]\n", dropped);
     std::printf("\n");
     std::fflush(stdout);  // before the stats on stderr, also when stdout is a pipe
     if (status != QHX_OK) {
       messages_.erase(messages_.end() - 1);  // the turn did not happen
+      if (status == QHX_ERROR_CONTEXT_FULL) {
+        throw ChatError(std::string(qhx_last_error()) +
+                        " (the message alone does not fit: send a shorter one, or /reset)");
+      }
       throw ChatError(qhx_last_error());
     }
     messages_.push_back({{"role", "assistant"}, {"content", result.text}});
@@ -180,6 +231,7 @@ class Chat {
 
 int run_chat(const ChatArgs& args) {
   const bool interactive = isatty(STDIN_FILENO) != 0;
+  bool failed = false;
   try {
     Chat chat(args);
     std::signal(SIGINT, on_interrupt);
@@ -191,16 +243,17 @@ int run_chat(const ChatArgs& args) {
       try {
         if (!chat.handle(line)) break;
       } catch (const ChatError& e) {
-        // A failed turn or command leaves the chat as it was; the next line may work.
+        // A failed turn or command leaves the chat as it was; the next line may work. Read
+        // from a script, the exit status still says that one failed.
         std::fprintf(stderr, "qhx: error: %s\n", e.what());
-        if (!interactive) return 1;
+        failed = true;
       }
     }
   } catch (const ChatError& e) {
     std::fprintf(stderr, "qhx: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return failed && !interactive ? 1 : 0;
 }
 
 }  // namespace qhx::cli
