@@ -1,6 +1,7 @@
 // Bundles and the forge: round trips, shards, integrity failures, atomic publishing, the gate.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -63,6 +64,19 @@ TEST_F(BundleTest, F32BundleGivesTheCheckpointsLogitsBitwise) {
     const fs::path b = convert(source, "f32-" + source.filename().string(), f32_options());
     EXPECT_EQ(logits_of(b, kPrompt), logits_of(source, kPrompt)) << source;
   }
+}
+
+// A killed convert leaves its hidden directory; the next convert removes it (its process is gone),
+// and leaves a running convert's alone.
+TEST_F(BundleTest, StalePartialDirectoriesAreRemoved) {
+  const fs::path stale = dir_.path() / ".stale.partial-999999999";
+  const fs::path running = dir_.path() / (".stale.partial-" + std::to_string(::getppid()));
+  fs::create_directories(stale / "inner");
+  fs::create_directories(running);
+  convert(kQwen3, "stale", f32_options());
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(running));
+  EXPECT_TRUE(fs::exists(bundle("stale") / "manifest.json"));
 }
 
 TEST_F(BundleTest, ThePlansPrefillChunkIsUsed) {

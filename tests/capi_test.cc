@@ -3,11 +3,13 @@
 #include "qhx/qhx.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cctype>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -131,6 +133,57 @@ TEST(CApiTest, TokenizeAndDetokenizeRoundTripWithBufferSizes) {
   EXPECT_EQ(qhx_tokenize(m.model, bad.data(), bad.size(), nullptr, 0, &n),
             QHX_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(qhx_last_error()).find("invalid UTF-8"), std::string::npos);
+}
+
+// Ids past the model's vocabulary are the caller's mistake; padding rows (ids the model has and
+// the tokenizer does not) decode to nothing, as in transformers.
+TEST(CApiTest, DetokenizeRefusesIdsOutsideTheVocabulary) {
+  ModelHandle m;
+  qhx_model_info info;
+  ASSERT_EQ(qhx_model_get_info(m.model, &info), QHX_OK);
+  char text[64];
+  size_t len = 0;
+  for (const int32_t id : {-1, static_cast<int32_t>(info.vocab_size)}) {
+    const int32_t ids[] = {785, id};
+    EXPECT_EQ(qhx_detokenize(m.model, ids, 2, 0, text, sizeof text, &len),
+              QHX_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(qhx_last_error()).find("ids[1]"), std::string::npos) << qhx_last_error();
+  }
+  const int32_t last = static_cast<int32_t>(info.vocab_size - 1);
+  EXPECT_EQ(qhx_detokenize(m.model, &last, 1, 0, text, sizeof text, &len), QHX_OK);
+}
+
+// A FIFO (or any file that is not a regular one) where a model's file should be is refused at
+// once, not waited on.
+TEST(CApiTest, ModelFilesMustBeRegularFiles) {
+  qhx::test::TempDir tmp;
+  for (const char* name : {"config.json", "tokenizer.json", "model.safetensors"}) {
+    std::filesystem::remove_all(tmp.path() / "model");
+    std::filesystem::copy(kModel, tmp.path() / "model");
+    const std::filesystem::path fifo = tmp.path() / "model" / name;
+    std::filesystem::remove(fifo);
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    qhx_model* model = nullptr;
+    EXPECT_NE(qhx_model_open((tmp.path() / "model").c_str(), nullptr, &model), QHX_OK) << name;
+    EXPECT_NE(std::string(qhx_last_error()).find(std::string(name) + ": not a regular file"),
+              std::string::npos)
+        << qhx_last_error();
+  }
+}
+
+// A save that fails leaves nothing behind, not even its partial file.
+TEST(CApiTest, FailedSaveLeavesNothing) {
+  ModelHandle m;
+  SessionHandle s(m.model);
+  qhx::test::TempDir tmp;
+  // The target is a directory: the state is written, then cannot be renamed over it.
+  const std::filesystem::path target = tmp.path() / "taken";
+  std::filesystem::create_directory(target);
+  EXPECT_NE(qhx_session_save(s.session, target.c_str()), QHX_OK);
+  EXPECT_EQ(qhx_session_save(s.session, "/nonexistent/dir/state"), QHX_ERROR_STATE_FILE);
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) entries += e.exists();
+  EXPECT_EQ(entries, 1u);  // "taken" alone
 }
 
 TEST(CApiTest, GenerationMatchesTheSessionItWraps) {

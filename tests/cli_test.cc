@@ -1,5 +1,6 @@
 // The qhx command line as a user meets it: outputs in the documented shape, and for each kind
 // of malformed input a one-line error naming the file and the problem, exit code 1, no crash.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -432,6 +433,39 @@ TEST(Cli, ChatReusesTurnsAndSavesAndLoads) {
   const CliRun missing = qhx(chat, "/load " + saved + "-missing\n");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find(saved + "-missing"), std::string::npos) << missing.err;
+}
+
+// Errors the chat can recover from leave the conversation as it was: a refused /load, a failed
+// /save (which leaves no file), a line that is not UTF-8. The next turn still reuses the first;
+// read from a script, the exit status says something failed.
+TEST(Cli, ChatKeepsTheConversationOnErrors) {
+  test::TempDir tmp;
+  const std::string chat = "chat --model " + kDefaultModel.string() + " --greedy -n 4 --stats";
+  const std::string input = "And it came to pass\n/load " + (tmp.path() / "missing").string() +
+                            "\n/save /nonexistent/dir/chat\nbad \xff line\nAmen.\n";
+  const CliRun r = qhx(chat, input);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+  EXPECT_NE(r.err.find("missing.json: cannot open"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/dir/chat"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not valid UTF-8 (byte 5)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+  // The second turn's prompt reused the first turn.
+  const size_t second = r.err.rfind("[prompt ");
+  ASSERT_NE(second, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(" 0 reused", second), std::string::npos) << r.err;
+}
+
+// A conversation that outgrows the context goes on without its oldest turns.
+TEST(Cli, FullContextDropsTheOldestTurns) {
+  const std::string chat =
+      "chat --model " + kDefaultModel.string() + " --greedy -n 24 -c 96 --system 'Be brief.'";
+  std::string input;
+  for (int i = 0; i < 6; ++i) input += "And the LORD spake unto Moses, saying, Speak unto them\n";
+  const CliRun r = qhx(chat, input);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 6) << r.out;
+  EXPECT_NE(r.err.find("[context full: the "), std::string::npos) << r.err;
 }
 
 // The real Qwen3.5 vocabulary and chat template in `qhx chat`: the second turn reuses the first.
