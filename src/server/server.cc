@@ -552,7 +552,7 @@ struct Server::Impl {
   ~Impl();
 
   void log_line(const std::string& line);
-  void log_request(const Exchange& x);
+  void log_request(Exchange& x);
 
   // The event loop.
   MHD_Result on_request(MHD_Connection* c, const char* url, const char* method,
@@ -576,6 +576,8 @@ struct Server::Impl {
 
   // Scheduling.
   std::optional<ApiError> submit(const std::shared_ptr<Exchange>& x);
+  std::optional<ApiError> refused_now() const;  // under `mutex`
+  std::optional<ApiError> admission_refusal();
   void dispatch();  // under `mutex`
   void work(Slot& slot);
   Outcome run(Slot& slot, Exchange& x);
@@ -711,7 +713,9 @@ void Server::Impl::log_line(const std::string& line) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-void Server::Impl::log_request(const Exchange& x) {
+void Server::Impl::log_request(Exchange& x) {
+  if (!options.log) return;
+  std::lock_guard lock(x.mutex);  // a slot's worker may still be finishing it
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - x.start).count();
   char buf[256];
   if (x.done && x.outcome.slot >= 0) {
@@ -902,6 +906,9 @@ MHD_Result Server::Impl::respond(const std::shared_ptr<Exchange>& held) {
     }
     if (x.path == "/health") return send(x, {200, to_text(health()), {}, ""});
     if (x.path == "/v1/models") return send(x, {200, to_text(models()), {}, ""});
+    // Refused at once when it could not be queued anyway: a client retrying against a full
+    // server costs no parse. (submit() decides again once the request is parsed.)
+    if (std::optional<ApiError> busy = admission_refusal()) return send(x, error_reply(*busy));
     x.handed_off = true;
     {
       std::lock_guard lock(watch_mutex);
@@ -1134,11 +1141,9 @@ void Server::Impl::leave(const std::shared_ptr<Exchange>& x) {
 
 // ---- Scheduling -------------------------------------------------------------------------------
 
-// Admits a request to the queue, or says why not (429: queue full, 503: stopping).
-std::optional<ApiError> Server::Impl::submit(const std::shared_ptr<Exchange>& x) {
-  std::lock_guard lock(mutex);
+// Why a request would not be queued now (429: queue full, 503: stopping), under `mutex`.
+std::optional<ApiError> Server::Impl::refused_now() const {
   if (stopping) return shutting_down();
-  if (x->abandoned) return ApiError{499, "the client left", "", "", "server_error"};
   // The queue only holds requests while no slot is idle (dispatch empties it otherwise).
   if (queue.size() >= static_cast<size_t>(options.queue) &&
       std::none_of(slots.begin(), slots.end(), [](const auto& s) { return s->exchange == nullptr; })) {
@@ -1147,6 +1152,19 @@ std::optional<ApiError> Server::Impl::submit(const std::shared_ptr<Exchange>& x)
     e.headers.emplace_back("Retry-After", "1");
     return e;
   }
+  return std::nullopt;
+}
+
+std::optional<ApiError> Server::Impl::admission_refusal() {
+  std::lock_guard lock(mutex);
+  return refused_now();
+}
+
+// Admits a request to the queue, or says why not.
+std::optional<ApiError> Server::Impl::submit(const std::shared_ptr<Exchange>& x) {
+  std::lock_guard lock(mutex);
+  if (std::optional<ApiError> refused = refused_now()) return refused;
+  if (x->abandoned) return ApiError{499, "the client left", "", "", "server_error"};
   queue.push_back(x);
   dispatch();
   return std::nullopt;
