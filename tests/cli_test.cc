@@ -1,7 +1,7 @@
 // The qhx command line as a user meets it: outputs in the documented shape, and for each kind
 // of malformed input a one-line error naming the file and the problem, exit code 1, no crash.
-#include <algorithm>
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <fstream>
 #include <functional>

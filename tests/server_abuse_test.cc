@@ -54,7 +54,8 @@ class RawClient {
     while (Clock::now() < deadline) {
       if (!until.empty() && received_.find(until) != std::string::npos) break;
       pollfd p{fd_, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1))) <= 0) continue;
       char buf[65536];
       const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
@@ -76,8 +77,9 @@ class RawClient {
 };
 
 int status_of(const std::string& response) {
-  return response.rfind("HTTP/1.", 0) == 0 && response.size() > 12 ? std::stoi(response.substr(9, 3))
-                                                                     : -1;
+  return response.rfind("HTTP/1.", 0) == 0 && response.size() > 12
+             ? std::stoi(response.substr(9, 3))
+             : -1;
 }
 
 std::string body_of(const std::string& response) {
@@ -261,7 +263,8 @@ TEST_F(ServerAbuseTest, ShutdownIsNotAFinishedAnswer) {
   const Json last = Json::parse(events[events.size() - 2], nullptr, false);
   ASSERT_TRUE(last.contains("error")) << events[events.size() - 2];
   EXPECT_EQ(last["error"]["code"], "server_shutdown");
-  for (const std::string& e : events) EXPECT_EQ(e.find("\"finish_reason\":\"stop\""), std::string::npos);
+  for (const std::string& e : events)
+    EXPECT_EQ(e.find("\"finish_reason\":\"stop\""), std::string::npos);
 }
 
 // D8: an API key as OpenAI clients send it; /health stays open for load balancers.
@@ -332,7 +335,8 @@ TEST_F(ServerAbuseTest, HttpAsClientsSpeakIt) {
   const std::string answers = c.read(20s);
   EXPECT_LT(Clock::now() - started, 4s);
   size_t n_answers = 0;
-  for (size_t at = 0; (at = answers.find("HTTP/1.1 200", at)) != std::string::npos; ++at) ++n_answers;
+  for (size_t at = 0; (at = answers.find("HTTP/1.1 200", at)) != std::string::npos; ++at)
+    ++n_answers;
   EXPECT_EQ(n_answers, 2u) << answers;
 }
 
@@ -353,9 +357,9 @@ TEST_F(ServerAbuseTest, ContentPartsAndRoles) {
   EXPECT_EQ(parts.second["choices"][0]["message"], plain.second["choices"][0]["message"]);
   expect_error(ask(Json::array({{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}})), 400,
                "messages[0].content[0]", "unsupported_content");
-  expect_error(post("/v1/chat/completions",
-                    Json{{"messages", {{{"role", "wizard"}, {"content", "hi"}}}}}),
-               400, "messages[0].role");
+  expect_error(
+      post("/v1/chat/completions", Json{{"messages", {{{"role", "wizard"}, {"content", "hi"}}}}}),
+      400, "messages[0].role");
 }
 
 }  // namespace

@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "runtime/sampler.h"
 #include "runtime/session.h"
-#include "util/mapped_file.h"
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace qhx {
 namespace {

@@ -7,8 +7,8 @@
 
 #include "io/bundle.h"
 #include "util/error.h"
-#include "util/partial_path.h"
 #include "util/json_file.h"
+#include "util/partial_path.h"
 #include "util/sha256.h"
 
 namespace qhx {

@@ -30,12 +30,11 @@
 #include <vector>
 
 #include "server/chat_output.h"
-#include "util/bounded_json.h"
+#include "server/requests.h"
 
 namespace qhx::server {
 namespace {
 
-using Json = nlohmann::ordered_json;  // key order kept: templates render tools as sent
 using Clock = std::chrono::steady_clock;
 
 // How often the connection watch looks for clients that left and requests past their deadline.
@@ -49,162 +48,8 @@ constexpr int kPreparers = 2;
 constexpr size_t kTrimAfterBytes = size_t{256} << 10;
 constexpr auto kTrimAtLatest = std::chrono::seconds(1);
 
-// A request answered with OpenAI's error body.
-struct ApiError {
-  ApiError(int status_, std::string message_, std::string param_ = "", std::string code_ = "",
-           std::string type_ = "invalid_request_error")
-      : status(status_),
-        message(std::move(message_)),
-        param(std::move(param_)),
-        code(std::move(code_)),
-        type(std::move(type_)) {}
-  int status;
-  std::string message;
-  std::string param;  // "" → null
-  std::string code;   // "" → null
-  std::string type;
-  std::vector<std::pair<std::string, std::string>> headers;
-};
-
-ApiError wrong_type(const std::string& field, const char* expected) {
-  return {400, "'" + field + "' must be " + expected, field, "invalid_type"};
-}
-
-ApiError bad_value(const std::string& field, const std::string& why) {
-  return {400, "'" + field + "' " + why, field, "invalid_value"};
-}
-
 ApiError shutting_down() {
   return {503, "the server is shutting down", "", "server_shutdown", "server_error"};
-}
-
-Json nullable(const std::string& s) {
-  return s.empty() ? Json(nullptr) : Json(s);
-}
-
-// Generated text is valid UTF-8 by the C API's contract; should it not be, the answer still goes
-// out (with U+FFFD) rather than the thread throwing while writing it.
-std::string to_text(const Json& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-// Error messages from the library name files by their full path; a client learns only the file
-// name (the log keeps the message whole).
-std::string without_paths(const std::string& message) {
-  std::string out;
-  size_t i = 0;
-  while (i < message.size()) {
-    const bool starts_path =
-        message[i] == '/' && (i == 0 || std::strchr(" '\"(=:", message[i - 1]) != nullptr);
-    if (!starts_path) {
-      out += message[i++];
-      continue;
-    }
-    size_t end = i;
-    while (end < message.size() && std::strchr(" '\":,)\n", message[end]) == nullptr) ++end;
-    const std::string path = message.substr(i, end - i);
-    const size_t slash = path.find_last_of('/');
-    out += path.find('/', 1) == std::string::npos ? path : path.substr(slash + 1);
-    i = end;
-  }
-  return out;
-}
-
-Json error_body(const ApiError& e) {
-  return {{"error",
-           {{"message", without_paths(e.message)},
-            {"type", e.type},
-            {"param", nullable(e.param)},
-            {"code", nullable(e.code)}}}};
-}
-
-// A failed C API call as an HTTP error: what the request caused is 400, the rest is the server's.
-ApiError api_failure(qhx_status status, const std::string& param, std::string message) {
-  switch (status) {
-    case QHX_ERROR_INVALID_ARGUMENT:
-    case QHX_ERROR_TEMPLATE:
-      return {400, std::move(message), param, "invalid_value"};
-    case QHX_ERROR_CONTEXT_FULL:
-      return {400, std::move(message), param, "context_length_exceeded"};
-    case QHX_ERROR_OUT_OF_MEMORY:
-      return {503, std::move(message), "", "out_of_memory", "server_error"};
-    default:
-      return {500, std::move(message), "", "", "server_error"};
-  }
-}
-
-ApiError api_failure(qhx_status status, const std::string& param) {
-  return api_failure(status, param, qhx_last_error());
-}
-
-// A request field; absent and null are the same (OpenAI clients send explicit nulls).
-const Json* field(const Json& body, const char* name) {
-  const auto it = body.find(name);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::optional<double> number_field(const Json& body, const char* name, double lo, double hi) {
-  const Json* v = field(body, name);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_number()) throw wrong_type(name, "a number");
-  const double x = v->get<double>();
-  if (!(x >= lo && x <= hi)) {
-    throw bad_value(name, "must be between " + Json(lo).dump() + " and " + Json(hi).dump());
-  }
-  return x;
-}
-
-// Integers, also as floats with no fraction (10.0), within [lo, hi].
-std::optional<int64_t> integer_field(const Json& body, const char* name, int64_t lo, int64_t hi) {
-  const Json* v = field(body, name);
-  if (v == nullptr) return std::nullopt;
-  const auto out_of_range = [&] {
-    return bad_value(name,
-                     "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
-  };
-  if (v->is_number_unsigned()) {
-    const uint64_t x = v->get<uint64_t>();
-    if (x > static_cast<uint64_t>(hi) || (lo > 0 && x < static_cast<uint64_t>(lo))) {
-      throw out_of_range();
-    }
-    return static_cast<int64_t>(x);
-  }
-  if (v->is_number_integer()) {
-    const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) throw out_of_range();
-    return x;
-  }
-  if (v->is_number_float()) {
-    const double x = v->get<double>();
-    if (x != static_cast<double>(static_cast<int64_t>(x)) || x < static_cast<double>(lo) ||
-        x > static_cast<double>(hi)) {
-      throw out_of_range();
-    }
-    return static_cast<int64_t>(x);
-  }
-  throw wrong_type(name, "an integer");
-}
-
-std::optional<bool> bool_field(const Json& body, const char* name) {
-  const Json* v = field(body, name);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_boolean()) throw wrong_type(name, "true or false");
-  return v->get<bool>();
-}
-
-// qhx_tokenize into a vector, growing the buffer when the first guess is short.
-std::vector<int32_t> tokenize(const qhx_model* model, const std::string& text,
-                              const std::string& param) {
-  std::vector<int32_t> ids(text.size() + 16);
-  size_t n = 0;
-  qhx_status status = qhx_tokenize(model, text.data(), text.size(), ids.data(), ids.size(), &n);
-  if (status == QHX_ERROR_BUFFER_TOO_SMALL) {
-    ids.resize(n);
-    status = qhx_tokenize(model, text.data(), text.size(), ids.data(), ids.size(), &n);
-  }
-  if (status != QHX_OK) throw api_failure(status, param);
-  ids.resize(n);
-  return ids;
 }
 
 const char* finish_reason(qhx_stop_reason reason) {
@@ -214,88 +59,6 @@ const char* finish_reason(qhx_stop_reason reason) {
 double per_second(int64_t n, double ms) {
   return ms > 0 ? static_cast<double>(n) * 1e3 / ms : 0.0;
 }
-
-// A message's content given as OpenAI content parts. Text parts are joined as vLLM joins them for
-// a template that wants a string; a template that renders parts itself (Qwen3.5's) gets them as
-// they are. Other parts (images, audio) are refused: no qhx model reads them yet.
-Json content_of_parts(const Json& parts, const std::string& where, bool template_takes_parts) {
-  std::string joined;
-  for (size_t j = 0; j < parts.size(); ++j) {
-    const std::string part = where + "[" + std::to_string(j) + "]";
-    const Json& p = parts[j];
-    if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) {
-      throw wrong_type(part, "an object with a string 'type'");
-    }
-    const std::string type = p["type"].get<std::string>();
-    if (type != "text") {
-      throw ApiError{400, "'" + part + "' is a '" + type + "' part; this model reads text only",
-                     part, "unsupported_content"};
-    }
-    if (!p.contains("text") || !p["text"].is_string()) throw wrong_type(part + ".text", "a string");
-    if (j > 0) joined += '\n';
-    joined += p["text"].get<std::string>();
-  }
-  if (template_takes_parts) return parts;
-  return joined;
-}
-
-// The history as the chat templates expect it. OpenAI clients send back an assistant turn that
-// called tools with `content: null` and the calls' arguments as JSON text; the templates test
-// the content as a string and print arguments as an object (vLLM and llama.cpp convert alike).
-Json template_messages(const Json& messages, bool template_takes_parts) {
-  Json out = messages;
-  for (size_t i = 0; i < out.size(); ++i) {
-    Json& m = out[i];
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-      throw wrong_type(where, "an object with a string 'role'");
-    }
-    const std::string role = m["role"].get<std::string>();
-    // OpenAI's newer name for the system turn.
-    if (role == "developer") m["role"] = "system";
-    if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
-        role != "tool") {
-      throw bad_value(where + ".role", "is '" + role +
-                                           "'; the roles are system, developer, user, "
-                                           "assistant and tool");
-    }
-    if (m.contains("content") && m["content"].is_array()) {
-      m["content"] = content_of_parts(m["content"], where + ".content", template_takes_parts);
-    }
-    if (role != "assistant") continue;
-    if (m.contains("content") && m["content"].is_null()) m["content"] = "";
-    if (!m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
-    for (Json& call : m["tool_calls"]) {
-      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
-        continue;
-      }
-      Json& arguments = call["function"]["arguments"];
-      if (!arguments.is_string()) continue;
-      Json parsed = Json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_object()) arguments = std::move(parsed);
-    }
-  }
-  return out;
-}
-
-// A completion request, parsed and checked: the prompt as tokens and the C API's options. The
-// options point into the vectors here, so it stays where it was made.
-struct Completion {
-  Completion() = default;
-  Completion(const Completion&) = delete;
-  Completion& operator=(const Completion&) = delete;
-
-  bool chat = false;
-  bool stream = false;
-  bool include_usage = false;
-  OutputFormat output;  // chat: how the answer's text is split
-  std::vector<int32_t> prompt;
-  qhx_generate_options options{};
-  std::vector<int32_t> bias_ids;
-  std::vector<float> bias_values;
-  std::vector<std::string> stops;
-  std::vector<const char*> stop_pointers;
-};
 
 // What a slot's generation hands back.
 struct Outcome {
@@ -343,7 +106,7 @@ struct Exchange {
   std::atomic<bool> abandoned{false};  // stop generating: the client left, or the server stops
   Slot* slot = nullptr;                // set by the scheduler (under its mutex)
 
-  std::mutex mutex;  // guards the fields below
+  std::mutex mutex;             // guards the fields below
   bool connection_open = true;  // until the event loop reports the request over
   bool suspended = false;       // the connection waits for wake()
   bool client_gone = false;
@@ -379,12 +142,12 @@ struct Slot {
 // What the connection watch knows of one open connection.
 struct Connection {
   int fd = -1;
-  Clock::time_point since;       // reading a request since (or idle since)
-  bool serving = false;          // a request is in, its answer not yet out
+  Clock::time_point since;  // reading a request since (or idle since)
+  bool serving = false;     // a request is in, its answer not yet out
   // The request came from an HTTP/1.0 client that will send nothing more: the end of its input
   // is a half-close, not a hang-up.
   bool may_half_close = false;
-  bool cut = false;              // shut down for its deadline
+  bool cut = false;  // shut down for its deadline
   std::weak_ptr<Exchange> exchange;
 };
 
@@ -448,67 +211,6 @@ bool same_secret(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-namespace {
-
-// What a request is checked against: the model, its context and its defaults.
-struct RequestRules {
-  RequestRules(qhx_model* model, const std::string& alias);  // throws std::runtime_error
-
-  // Parses and checks a completion request (chat or not) into `c`; throws ApiError.
-  void parse_completion(const Json& body, Completion& c) const;
-
-  qhx_model* model = nullptr;
-  std::string model_id;
-  int64_t context_length = 0;
-  int64_t vocab_size = 0;
-  qhx_generate_options defaults{};
-  bool template_takes_parts = false;
-};
-
-RequestRules::RequestRules(qhx_model* m, const std::string& alias) : model(m) {
-  qhx_model_info info{};
-  if (qhx_model_get_info(model, &info) != QHX_OK) throw std::runtime_error(qhx_last_error());
-  model_id = alias.empty() ? info.name : alias;
-  context_length = info.context_length;
-  vocab_size = info.vocab_size;
-  if (qhx_generate_options_default(model, &defaults) != QHX_OK) {
-    throw std::runtime_error(qhx_last_error());
-  }
-  // Does the template render content parts itself? Qwen3.5's does; Qwen3's wants a string.
-  const char* probe =
-      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "\u0001a"},)"
-      R"( {"type": "text", "text": "\u0001b"}]}]})";
-  char* text = nullptr;
-  if (qhx_apply_chat_template(model, probe, nullptr, &text) == QHX_OK) {
-    template_takes_parts = std::strstr(text, "\x01" "a\x01" "b") != nullptr;
-    qhx_string_free(text);
-  }
-}
-
-Json parse_body(std::string_view text) {
-  std::string why;
-  std::optional<Json> body = parse_bounded_json(text, JsonBounds{}, &why);
-  if (!body) throw ApiError{400, "request body: " + why};
-  if (!body->is_object()) throw ApiError{400, "request body must be a JSON object"};
-  return std::move(*body);
-}
-
-}  // namespace
-
-int check_request(qhx_model* model, const std::string& path, std::string_view body,
-                  std::string* error) {
-  try {
-    const RequestRules rules(model, "");
-    Completion c;
-    c.chat = path == "/v1/chat/completions";
-    rules.parse_completion(parse_body(body), c);
-    return 0;
-  } catch (const ApiError& e) {
-    if (error != nullptr) *error = e.message;
-    return e.status;
-  }
-}
-
 struct Server::Impl {
   ServerOptions options;
   RequestRules rules;
@@ -555,9 +257,8 @@ struct Server::Impl {
   void log_request(Exchange& x);
 
   // The event loop.
-  MHD_Result on_request(MHD_Connection* c, const char* url, const char* method,
-                        const char* version, const char* upload, size_t* upload_size,
-                        void** context);
+  MHD_Result on_request(MHD_Connection* c, const char* url, const char* method, const char* version,
+                        const char* upload, size_t* upload_size, void** context);
   std::optional<ApiError> refusal(MHD_Connection* c, Exchange& x, const char* method);
   MHD_Result respond(const std::shared_ptr<Exchange>& x);
   MHD_Result send(Exchange& x, const Reply& reply);
@@ -591,7 +292,7 @@ struct Server::Impl {
   Json answer(const Exchange& x) const;
   Json chunk(const Exchange& x, Json choice) const;
   Json delta(const Exchange& x, Json d) const;
-  void add_event(Exchange& x, const Json& data);     // under x.mutex
+  void add_event(Exchange& x, const Json& data);  // under x.mutex
   void add_deltas(Exchange& x, const std::vector<OutputDelta>& deltas);
   Json usage(const Outcome& o) const;
   Json timings(const Outcome& o) const;
@@ -602,8 +303,8 @@ namespace {
 MHD_Result request_callback(void* cls, MHD_Connection* c, const char* url, const char* method,
                             const char* version, const char* upload, size_t* upload_size,
                             void** context) {
-  return static_cast<Server::Impl*>(cls)->on_request(c, url, method, version, upload,
-                                                      upload_size, context);
+  return static_cast<Server::Impl*>(cls)->on_request(c, url, method, version, upload, upload_size,
+                                                     context);
 }
 
 void completed_callback(void* cls, MHD_Connection*, void** context,
@@ -727,8 +428,8 @@ void Server::Impl::log_request(Exchange& x) {
                   static_cast<long long>(o.result.n_reused),
                   static_cast<long long>(o.result.n_generated), o.slot, ms);
   } else {
-    std::snprintf(buf, sizeof buf, "%s %s %d | %.1f ms", x.method.c_str(), x.path.c_str(),
-                  x.status, ms);
+    std::snprintf(buf, sizeof buf, "%s %s %d | %.1f ms", x.method.c_str(), x.path.c_str(), x.status,
+                  ms);
   }
   std::string line = buf;
   if (x.client_gone) line += " | client gone";
@@ -770,8 +471,7 @@ void Server::Impl::on_connection(MHD_Connection* c, void** socket_context,
 }
 
 // Checks made as soon as the headers are in: who asks, for what, with how much.
-std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x,
-                                              const char* method) {
+std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, const char* method) {
   const auto header = [&](const char* name) {
     return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
   };
@@ -781,10 +481,10 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x,
       const std::string name = host_name_of(host);
       const bool known = std::find(host_names.begin(), host_names.end(), name) != host_names.end();
       if (!known && !(any_ip_host && is_ip_literal(name))) {
-        return ApiError{403,
-                        "this server does not answer to the host '" + name +
-                            "' (allow it with --allowed-host)",
-                        "", "host_not_allowed"};
+        return ApiError{
+            403,
+            "this server does not answer to the host '" + name + "' (allow it with --allowed-host)",
+            "", "host_not_allowed"};
       }
     }
   }
@@ -804,8 +504,8 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x,
   const bool is_get = std::strcmp(method, "GET") == 0;
   const bool is_post = std::strcmp(method, "POST") == 0;
   if (std::strcmp(method, "OPTIONS") == 0) return std::nullopt;  // a preflight: answered later
-  const bool known = x.path == "/health" || x.path == "/v1/models" ||
-                     x.path == "/v1/completions" || x.path == "/v1/chat/completions";
+  const bool known = x.path == "/health" || x.path == "/v1/models" || x.path == "/v1/completions" ||
+                     x.path == "/v1/chat/completions";
   if (!known) {
     return ApiError{404, "no such endpoint: " + x.method + " " + x.path, "", "not_found"};
   }
@@ -821,9 +521,8 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x,
     const bool bearer = lower(given.substr(0, 7)) == "bearer ";
     if (!bearer || !same_secret(given.substr(7), options.api_key)) {
       ApiError e{401,
-                 authorization == nullptr
-                     ? "an API key is required (Authorization: Bearer KEY)"
-                     : "incorrect API key provided",
+                 authorization == nullptr ? "an API key is required (Authorization: Bearer KEY)"
+                                          : "incorrect API key provided",
                  "", "invalid_api_key"};
       e.headers.emplace_back("WWW-Authenticate", "Bearer");
       return e;
@@ -833,18 +532,17 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x,
     char* end = nullptr;
     const unsigned long long n = std::strtoull(length, &end, 10);
     if (end != length && n > options.max_request_bytes) {
-      return ApiError{413,
-                      "request body is over " + std::to_string(options.max_request_bytes) +
-                          " bytes",
-                      "", "request_too_large"};
+      return ApiError{
+          413, "request body is over " + std::to_string(options.max_request_bytes) + " bytes", "",
+          "request_too_large"};
     }
   }
   return std::nullopt;
 }
 
 MHD_Result Server::Impl::on_request(MHD_Connection* c, const char* url, const char* method,
-                                    const char* version, const char* upload,
-                                    size_t* upload_size, void** context) {
+                                    const char* version, const char* upload, size_t* upload_size,
+                                    void** context) {
   auto* held = static_cast<std::shared_ptr<Exchange>*>(*context);
   if (held == nullptr) {
     auto x = std::make_shared<Exchange>();
@@ -972,9 +670,8 @@ MHD_Result Server::Impl::send(Exchange& x, const Reply& reply) {
 
 MHD_Result Server::Impl::send_stream(const std::shared_ptr<Exchange>& x) {
   auto* reader = new StreamReader{this, x};
-  MHD_Response* response =
-      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, stream_callback, reader,
-                                        stream_free);
+  MHD_Response* response = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10,
+                                                             stream_callback, reader, stream_free);
   if (response == nullptr) {
     delete reader;
     return MHD_NO;
@@ -1146,7 +843,8 @@ std::optional<ApiError> Server::Impl::refused_now() const {
   if (stopping) return shutting_down();
   // The queue only holds requests while no slot is idle (dispatch empties it otherwise).
   if (queue.size() >= static_cast<size_t>(options.queue) &&
-      std::none_of(slots.begin(), slots.end(), [](const auto& s) { return s->exchange == nullptr; })) {
+      std::none_of(slots.begin(), slots.end(),
+                   [](const auto& s) { return s->exchange == nullptr; })) {
     ApiError e{429, "every slot is busy and the queue is full; retry later", "",
                "rate_limit_exceeded", "rate_limit_error"};
     e.headers.emplace_back("Retry-After", "1");
@@ -1376,210 +1074,6 @@ Json Server::Impl::models() const {
 
 // ---- Requests ---------------------------------------------------------------------------------
 
-void RequestRules::parse_completion(const Json& body, Completion& c) const {
-  if (const Json* m = field(body, "model")) {
-    if (!m->is_string()) throw wrong_type("model", "a string");
-    if (m->get<std::string>() != model_id) {
-      throw ApiError{404,
-                     "the model '" + m->get<std::string>() + "' does not exist (this server has '" +
-                         model_id + "')",
-                     "model", "model_not_found"};
-    }
-  }
-  const auto n = integer_field(body, "n", INT64_MIN, INT64_MAX);
-  if (n && *n != 1) throw bad_value("n", "must be 1 (one choice per request)");
-  if (bool_field(body, "echo").value_or(false)) throw bad_value("echo", "is not supported");
-  if (const Json* lp = field(body, "logprobs")) {
-    if (!(lp->is_boolean() && !lp->get<bool>()) && !(lp->is_number() && lp->get<double>() == 0)) {
-      throw bad_value("logprobs", "is not supported");
-    }
-  }
-
-  if (c.chat) {
-    const Json* messages = field(body, "messages");
-    if (messages == nullptr) throw ApiError{400, "'messages' is required", "messages"};
-    if (!messages->is_array() || messages->empty()) {
-      throw wrong_type("messages", "a non-empty array of messages");
-    }
-    Json request = {{"messages", template_messages(*messages, template_takes_parts)}};
-    if (const Json* tools = field(body, "tools")) {
-      if (!tools->is_array()) throw wrong_type("tools", "an array");
-      request["tools"] = *tools;
-      c.output.tool_calls = !tools->empty();
-      c.output.tools = *tools;
-    }
-    // llama.cpp's field: "none" leaves <think> blocks in the content.
-    if (const Json* format = field(body, "reasoning_format")) {
-      if (!format->is_string()) throw wrong_type("reasoning_format", "a string");
-      const std::string name = format->get<std::string>();
-      if (name != "none" && name != "auto" && name != "deepseek") {
-        throw bad_value("reasoning_format", "must be \"none\", \"auto\" or \"deepseek\"");
-      }
-      c.output.reasoning = name != "none";
-    }
-    qhx_template_options template_options;
-    qhx_template_options_default(&template_options);
-    if (const Json* kwargs = field(body, "chat_template_kwargs")) {
-      // Passed to the template as apply_chat_template(**kwargs) would pass them.
-      if (!kwargs->is_object()) throw wrong_type("chat_template_kwargs", "an object");
-      bool_field(*kwargs, "enable_thinking");  // a 400 naming it unless absent or a bool
-      request["chat_template_kwargs"] = *kwargs;
-    }
-    char* text = nullptr;
-    const qhx_status status =
-        qhx_apply_chat_template(model, request.dump().c_str(), &template_options, &text);
-    if (status != QHX_OK) throw api_failure(status, "messages");
-    const std::string rendered = text;
-    qhx_string_free(text);
-    c.output.think_open = prompt_opens_think(rendered);
-    c.prompt = tokenize(model, rendered, "messages");
-  } else {
-    const Json* prompt = field(body, "prompt");
-    if (prompt == nullptr) throw ApiError{400, "'prompt' is required", "prompt"};
-    // A batch of one prompt is that prompt; larger batches are n > 1 in disguise.
-    const Json* one = prompt;
-    if (prompt->is_array() && prompt->size() == 1 &&
-        ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
-      one = &(*prompt)[0];
-    }
-    if (one->is_string()) {
-      c.prompt = tokenize(model, one->get<std::string>(), "prompt");
-    } else if (one->is_array()) {
-      for (const Json& id : *one) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size) {
-          throw bad_value("prompt", "token ids must be integers from 0 to " +
-                                        std::to_string(vocab_size - 1) +
-                                        " (one prompt per request)");
-        }
-        c.prompt.push_back(static_cast<int32_t>(id.get<int64_t>()));
-      }
-    } else {
-      throw wrong_type("prompt", "a string or an array of token ids");
-    }
-  }
-  const char* prompt_param = c.chat ? "messages" : "prompt";
-  if (c.prompt.empty()) throw bad_value(prompt_param, "is empty");
-
-  c.options = defaults;
-  const int64_t room = context_length - static_cast<int64_t>(c.prompt.size());
-  std::optional<int64_t> max_tokens = integer_field(body, "max_completion_tokens", 1, INT64_MAX);
-  if (!max_tokens) max_tokens = integer_field(body, "max_tokens", 1, INT64_MAX);
-  if (room < 1 || (max_tokens && *max_tokens > room)) {
-    throw ApiError{400,
-                   "the prompt is " + std::to_string(c.prompt.size()) + " tokens and " +
-                       (max_tokens ? std::to_string(*max_tokens) : std::string("at least 1")) +
-                       " more were asked for; the context holds " + std::to_string(context_length),
-                   prompt_param, "context_length_exceeded"};
-  }
-  // Without a limit, a completion may run to the end of the context (as OpenAI's).
-  c.options.max_new_tokens = max_tokens.value_or(room);
-
-  qhx_sampling& s = c.options.sampling;
-  const auto temperature = number_field(body, "temperature", 0, 100);
-  const auto top_p = number_field(body, "top_p", 0, 1);
-  const auto top_k = integer_field(body, "top_k", 0, INT32_MAX);
-  const auto min_p = number_field(body, "min_p", 0, 1);
-  if (top_p && *top_p == 0) throw bad_value("top_p", "must be above 0");
-  // Asking for a sampling parameter asks for sampling; temperature 0 asks for greedy.
-  if (temperature || top_p || top_k || min_p) s.greedy = 0;
-  if (temperature) {
-    s.greedy = *temperature == 0;
-    if (*temperature > 0) s.temperature = static_cast<float>(*temperature);
-  }
-  if (top_p) s.top_p = static_cast<float>(*top_p);
-  if (top_k) s.top_k = static_cast<int32_t>(*top_k);
-  if (min_p) s.min_p = static_cast<float>(*min_p);
-  if (const auto v = number_field(body, "presence_penalty", -2, 2)) {
-    s.presence_penalty = static_cast<float>(*v);
-  }
-  if (const auto v = number_field(body, "frequency_penalty", -2, 2)) {
-    s.frequency_penalty = static_cast<float>(*v);
-  }
-  if (const auto v = number_field(body, "repetition_penalty", 0, 10)) {
-    if (*v == 0) throw bad_value("repetition_penalty", "must be above 0");
-    s.repetition_penalty = static_cast<float>(*v);
-  }
-  // Any integer seeds; without one every request draws its own.
-  if (const Json* seed = field(body, "seed")) {
-    if (seed->is_number_unsigned()) {
-      s.seed = seed->get<uint64_t>();
-    } else if (seed->is_number_integer()) {
-      s.seed = static_cast<uint64_t>(seed->get<int64_t>());
-    } else {
-      throw wrong_type("seed", "an integer");
-    }
-  } else {
-    s.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }
-
-  if (const Json* bias = field(body, "logit_bias")) {
-    if (!bias->is_object()) throw wrong_type("logit_bias", "an object of token id → bias");
-    for (const auto& [key, value] : bias->items()) {
-      size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(key, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != key.size() || id < 0 || id >= vocab_size) {
-        throw bad_value("logit_bias", "key '" + key + "' is not a token id");
-      }
-      if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {
-        throw bad_value("logit_bias", "values must be numbers from -100 to 100");
-      }
-      c.bias_ids.push_back(static_cast<int32_t>(id));
-      c.bias_values.push_back(value.get<float>());
-    }
-  }
-  s.logit_bias_ids = c.bias_ids.data();
-  s.logit_bias_values = c.bias_values.data();
-  s.n_logit_bias = c.bias_ids.size();
-
-  if (const Json* stop = field(body, "stop")) {
-    if (stop->is_string()) {
-      c.stops.push_back(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      for (const Json& item : *stop) {
-        if (!item.is_string()) throw wrong_type("stop", "a string or an array of strings");
-        c.stops.push_back(item.get<std::string>());
-      }
-    } else {
-      throw wrong_type("stop", "a string or an array of strings");
-    }
-    for (const std::string& text : c.stops) {
-      if (text.empty()) throw bad_value("stop", "holds an empty string");
-      // The C API takes stop strings as C strings.
-      if (text.find('\0') != std::string::npos) throw bad_value("stop", "holds a NUL character");
-      c.stop_pointers.push_back(text.c_str());
-    }
-  }
-  c.options.stop_strings = c.stop_pointers.data();
-  c.options.n_stop_strings = c.stop_pointers.size();
-
-  // vLLM's and llama.cpp's extension: go on past the model's end-of-sequence tokens.
-  if (bool_field(body, "ignore_eos").value_or(false)) c.options.stop_at_eos = 0;
-  c.stream = bool_field(body, "stream").value_or(false);
-  if (const Json* so = field(body, "stream_options")) {
-    if (!so->is_object()) throw wrong_type("stream_options", "an object");
-    c.include_usage = bool_field(*so, "include_usage").value_or(false);
-  }
-  // What the ranges above let through (a temperature that rounds to 0 as a float, ...) is
-  // refused by the C API's own check, before any answer goes out.
-  if (qhx_generate_options_check(model, &c.options) != QHX_OK) {
-    const std::string message = qhx_last_error();
-    std::string param;
-    for (const char* name : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                             "presence_penalty", "frequency_penalty", "logit_bias", "stop"}) {
-      if (message.find(name) != std::string::npos) {
-        param = name;
-        break;
-      }
-    }
-    throw ApiError{400, message, param, "invalid_value"};
-  }
-}
-
 Json Server::Impl::usage(const Outcome& o) const {
   return {{"prompt_tokens", o.result.n_prompt},
           {"completion_tokens", o.result.n_generated},
@@ -1687,9 +1181,9 @@ std::pair<int, int> listen_on(const std::string& host, int port) {
       sockaddr_storage bound{};
       socklen_t length = sizeof bound;
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-      const int got = ntohs(bound.ss_family == AF_INET6
-                                ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      const int got =
+          ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
       freeaddrinfo(found);
       return {fd, got};
     }
@@ -1707,8 +1201,7 @@ int Server::start() {
   Impl& s = *impl_;
   const auto [fd, port] = listen_on(s.options.host, s.options.port);
   s.daemon = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME |
-          MHD_USE_ERROR_LOG,
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
       0, nullptr, nullptr, request_callback, &s, MHD_OPTION_LISTEN_SOCKET, fd,
       MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(s.options.max_connections),
       MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(s.options.timeout_seconds),

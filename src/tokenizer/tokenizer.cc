@@ -19,9 +19,9 @@
 #include <utility>
 
 #include "tokenizer/tokenizer_json.h"
-#include "util/mapped_file.h"
 #include "util/error.h"
 #include "util/json_file.h"
+#include "util/mapped_file.h"
 #include "util/utf8.h"
 
 namespace qhx {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
-#include <vector>
 
 namespace qhx {
 namespace {
@@ -65,7 +64,8 @@ class Builder {
     // The ordered map is a vector underneath: appending to it skips its linear search for keys.
     items.reserve(members.size());
     for (size_t i = 0; i < members.size(); ++i) {
-      if (!dropped[i]) items.emplace_back(std::move(members[i].first), std::move(members[i].second));
+      if (!dropped[i])
+        items.emplace_back(std::move(members[i].first), std::move(members[i].second));
     }
     stack_.pop_back();
     return true;

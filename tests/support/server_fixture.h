@@ -236,8 +236,8 @@ inline void expect_usage(const Json& usage, int64_t prompt, int64_t completion) 
   EXPECT_EQ(usage["total_tokens"], prompt + completion);
 }
 
-inline void expect_error(const std::pair<int, Json>& answer, int status, const std::string& param = "",
-                  const std::string& code = "") {
+inline void expect_error(const std::pair<int, Json>& answer, int status,
+                         const std::string& param = "", const std::string& code = "") {
   EXPECT_EQ(answer.first, status) << answer.second;
   const Json& body = answer.second;
   ASSERT_TRUE(body.is_object() && body.contains("error")) << body;

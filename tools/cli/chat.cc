@@ -192,7 +192,8 @@ class Chat {
       if (status != QHX_ERROR_CONTEXT_FULL || !drop_oldest_turn()) break;
       ++dropped;
     }
-    if (dropped > 0) std::fprintf(stderr, "[context full: the %zu oldest turns were dropped]\n", dropped);
+    if (dropped > 0)
+      std::fprintf(stderr, "[context full: the %zu oldest turns were dropped]\n", dropped);
     std::printf("\n");
     std::fflush(stdout);  // before the stats on stderr, also when stdout is a pipe
     if (status != QHX_OK) {
