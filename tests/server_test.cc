@@ -302,7 +302,7 @@ TEST_F(ServerTest, EightConcurrentStreamsAllComplete) {
     qhx_string_free(r.text);
   }
   std::vector<std::string> got(prompts.size());
-  std::vector<bool> done(prompts.size());
+  std::vector<char> done(prompts.size());  // not vector<bool>: one thread writes each element
   std::vector<std::thread> clients;
   for (size_t i = 0; i < prompts.size(); ++i) {
     clients.emplace_back([&, i] {
