@@ -142,8 +142,8 @@ TEST_F(ServerAbuseTest, BodyLimitHoldsForEveryTransferEncoding) {
   EXPECT_EQ(post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 1}}).first, 200);
 }
 
-// D2: 200,000 keys in an ignored field, and a logit_bias over the whole vocabulary, are parsed
-// in time linear in the body (quadratic, they took 12 s and 11 s).
+// D2: 200,000 keys in an ignored field, and a logit_bias over the whole vocabulary, are answered
+// within a second (quadratic parsing took 12 s and 11 s; the bound scales for sanitizer builds).
 TEST_F(ServerAbuseTest, ManyKeysAreAnsweredQuickly) {
   start(1, 8, 4 << 20);
   std::string body = R"({"prompt": "And", "max_tokens": 1, "x": {)";
@@ -151,7 +151,8 @@ TEST_F(ServerAbuseTest, ManyKeysAreAnsweredQuickly) {
   body += "}}";
   auto started = Clock::now();
   EXPECT_EQ(post("/v1/completions", body).first, 200);
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(), 1.0);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(),
+            1.0 * test::kBuildSlowdown);
 
   qhx_model_info info{};
   qhx_model_get_info(model_, &info);
@@ -161,7 +162,8 @@ TEST_F(ServerAbuseTest, ManyKeysAreAnsweredQuickly) {
       Json{{"prompt", "And"}, {"max_tokens", 1}, {"logit_bias", bias}}.dump();
   started = Clock::now();
   EXPECT_EQ(post("/v1/completions", biased).first, 200);
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(), 1.0);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(),
+            1.0 * test::kBuildSlowdown);
 }
 
 // D3: 32 connections that send a header and stall, while both slots generate, leave /health
@@ -188,7 +190,7 @@ TEST_F(ServerAbuseTest, SlowClientsDoNotStarveOthers) {
     worst = std::max(worst, std::chrono::duration<double>(Clock::now() - started).count());
     EXPECT_EQ(h["status"], "ok");
   }
-  EXPECT_LT(worst, 0.1);
+  EXPECT_LT(worst, 0.1 * test::kBuildSlowdown);
   hang_up = true;
   a.join();
   b.join();

@@ -20,6 +20,15 @@ inline std::filesystem::path tokenizer_fixture_dir(const std::string& family) {
   return source_dir() / "tests" / "fixtures" / "tokenizer" / family;
 }
 
+// How many times slower than a release build this one runs. The few tests that bound a time check
+// a complexity or a starvation (quadratic parsing took 12 s, a starved /health seconds), not speed:
+// their bounds scale by it so that a sanitizer build checks the same thing.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kBuildSlowdown = 4.0;
+#else
+constexpr double kBuildSlowdown = 1.0;
+#endif
+
 // n samples of N(0, scale²) from a fixed seed.
 inline std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
