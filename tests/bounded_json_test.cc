@@ -34,11 +34,13 @@ TEST(BoundedJson, SameDocumentsAsNlohmann) {
         R"({"a": 1, "b": 2, "a": {"c": 3}})", R"([[[]], {"k": [1, 2, {"k": 3}]}])"}) {
     EXPECT_EQ(parse(text).dump(), Json::parse(text).dump()) << text;
   }
-  // Key order as sent; a repeated key keeps its first place and its last value.
-  EXPECT_EQ(parse(R"({"z": 1, "a": 2, "z": 3})").dump(), R"({"z":3,"a":2})");
-  EXPECT_EQ(parse(R"({"b": 1, "a": 2, "b": {"x": 1}, "a": 4, "b": [5]})").dump(),
-            R"({"b":[5],"a":4})");
-  EXPECT_EQ(parse(R"({"k": {"k": 1, "k": 2}, "k": {"j": 3}})").dump(), R"({"k":{"j":3}})");
+  // Key order as sent; a repeated key keeps its first place and its last value, as nlohmann's own
+  // parser merges it.
+  for (const std::string text :
+       {R"({"z": 1, "a": 2, "z": 3})", R"({"b": 1, "a": 2, "b": {"x": 1}, "a": 4, "b": [5]})",
+        R"({"k": {"k": 1, "k": 2}, "k": {"j": 3}})"}) {
+    EXPECT_EQ(parse(text).dump(), Json::parse(text).dump()) << text;
+  }
 }
 
 TEST(BoundedJson, MalformedTextSaysWhere) {

@@ -178,9 +178,6 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     const qhx::Tokenizer* tokenizer =
         session->model->tokenizer ? &*session->model->tokenizer : nullptr;
     qhx::StopStringMatcher stop_text(stop_strings(*options));
-    if (tokenizer == nullptr && options->n_stop_strings > 0) {
-      qhx::fail(session->model->dir.string(), "no tokenizer.json: stop strings need text");
-    }
     std::optional<qhx::StreamingDecoder> decoder;
     if (tokenizer != nullptr) decoder.emplace(*tokenizer);
     std::string text;

@@ -162,12 +162,6 @@ DType dtype_for(const std::string& name, const TensorView& t, DType weights,
   return weights;
 }
 
-fs::path hidden_sibling(const fs::path& out, const char* tag) {
-  std::string name(".");
-  name.append(out.filename().string()).append(tag).append(std::to_string(::getpid()));
-  return fs::absolute(out).parent_path() / name;
-}
-
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   char buf[32];

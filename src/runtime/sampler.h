@@ -32,6 +32,10 @@ struct TokenProb {
   double prob;
 };
 
+// Throws Error naming the first field out of range; vocab_size 0: ids are checked only once there
+// are logits.
+void check_sampling_params(const SamplingParams& params, int64_t vocab_size);
+
 // Per token, in this order (transformers' LogitsProcessorList as generate() builds it, with the
 // OpenAI-style additive terms first, as vLLM applies them):
 //   1. logit_bias, then -= frequency_penalty·count + presence_penalty·[count > 0] over `generated`
@@ -42,10 +46,6 @@ struct TokenProb {
 // The draw is specified exactly, so a seed gives the same tokens on every platform: each sampled
 // token takes one std::mt19937_64 output, u = its top 53 bits / 2^53, and picks the first
 // survivor, in ascending id order, whose cumulative weight exp(l - l_max) exceeds u · Σ weights.
-// Throws Error naming the first field out of range; vocab_size 0: ids are checked only once there
-// are logits.
-void check_sampling_params(const SamplingParams& params, int64_t vocab_size);
-
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);  // throws Error naming the bad field

@@ -265,6 +265,7 @@ void Session::save(const std::filesystem::path& path) const {
   const std::map<std::string, std::string> metadata = {
       {"kind", kStateKind}, {"version", kStateVersion}, {"model", model_.fingerprint()}};
   // Written beside the target and renamed over it: a crash or a failed write leaves nothing.
+  remove_stale_partials(path);  // those of killed saves
   const std::filesystem::path partial = partial_sibling(path);
   PartialGuard guard(partial);
   write_qhxt(partial, tensors, metadata);

@@ -208,8 +208,10 @@ Json template_messages(const Json& messages, bool template_takes_parts) {
       }
       Json& arguments = call["function"]["arguments"];
       if (!arguments.is_string()) continue;
-      Json parsed = Json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_object()) arguments = std::move(parsed);
+      // Bounded like the body: this text is the client's too.
+      std::optional<Json> parsed =
+          parse_bounded_json(arguments.get<std::string>(), JsonBounds{}, nullptr);
+      if (parsed && parsed->is_object()) arguments = std::move(*parsed);
     }
   }
   return out;

@@ -1,7 +1,6 @@
 #include "server/server.h"
 
 #include <arpa/inet.h>
-#include <malloc.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -9,9 +8,13 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
@@ -19,7 +22,6 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -325,6 +327,12 @@ void mhd_logger(void* cls, const char* format, va_list args) {
   static_cast<Server::Impl*>(cls)->log_line(line);
 }
 
+void add_cors_headers(MHD_Response* response, const Exchange& x) {
+  if (x.allow_origin.empty()) return;
+  MHD_add_response_header(response, "Access-Control-Allow-Origin", x.allow_origin.c_str());
+  MHD_add_response_header(response, "Vary", "Origin");
+}
+
 struct StreamReader {
   Server::Impl* server;
   std::shared_ptr<Exchange> exchange;
@@ -503,12 +511,12 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, co
   }
   const bool is_get = std::strcmp(method, "GET") == 0;
   const bool is_post = std::strcmp(method, "POST") == 0;
-  if (std::strcmp(method, "OPTIONS") == 0) return std::nullopt;  // a preflight: answered later
   const bool known = x.path == "/health" || x.path == "/v1/models" || x.path == "/v1/completions" ||
                      x.path == "/v1/chat/completions";
   if (!known) {
     return ApiError{404, "no such endpoint: " + x.method + " " + x.path, "", "not_found"};
   }
+  if (std::strcmp(method, "OPTIONS") == 0) return std::nullopt;  // a preflight: answered later
   const bool wants_post = x.path == "/v1/completions" || x.path == "/v1/chat/completions";
   if (wants_post ? !is_post : !is_get) {
     ApiError e{405, x.method + " is not allowed on " + x.path, "", "method_not_allowed"};
@@ -653,10 +661,7 @@ MHD_Result Server::Impl::send(Exchange& x, const Reply& reply) {
   for (const auto& [name, value] : reply.headers) {
     MHD_add_response_header(response, name.c_str(), value.c_str());
   }
-  if (!x.allow_origin.empty()) {
-    MHD_add_response_header(response, "Access-Control-Allow-Origin", x.allow_origin.c_str());
-    MHD_add_response_header(response, "Vary", "Origin");
-  }
+  add_cors_headers(response, x);
   x.status = reply.status;
   if (!reply.note.empty()) {
     std::lock_guard lock(x.mutex);
@@ -678,10 +683,7 @@ MHD_Result Server::Impl::send_stream(const std::shared_ptr<Exchange>& x) {
   }
   MHD_add_response_header(response, "Content-Type", "text/event-stream");
   MHD_add_response_header(response, "Cache-Control", "no-cache");
-  if (!x->allow_origin.empty()) {
-    MHD_add_response_header(response, "Access-Control-Allow-Origin", x->allow_origin.c_str());
-    MHD_add_response_header(response, "Vary", "Origin");
-  }
+  add_cors_headers(response, *x);
   x->status = 200;
   const MHD_Result queued = MHD_queue_response(x->connection, 200, response);
   MHD_destroy_response(response);
@@ -735,7 +737,6 @@ void Server::Impl::on_completed(void** context, MHD_RequestTerminationCode code)
   }
   if (!over) abandon(x);
   log_request(*x);
-  (void)code;
 }
 
 // ---- Preparing requests, watching connections --------------------------------------------------
@@ -925,7 +926,14 @@ int token_callback(void* user_data, int32_t /*token*/, const char* text, size_t 
     sink.slot->in_prefill = false;
     sink.first = false;
   }
-  if (sink.exchange->request.stream) sink.server->on_token(*sink.exchange, text, text_len);
+  if (sink.exchange->request.stream) {
+    // Nothing may be thrown through the C API's frames: a failure here ends the generation.
+    try {
+      sink.server->on_token(*sink.exchange, text, text_len);
+    } catch (const std::exception&) {
+      return 1;
+    }
+  }
   return sink.exchange->abandoned ? 1 : 0;
 }
 
@@ -1243,20 +1251,22 @@ void Server::stop() {
     }
   }
   for (auto& slot : s.slots) slot->wake.notify_all();
+  const auto end_by_shutdown = [](Exchange& x) {
+    std::lock_guard lock(x.mutex);
+    x.shutdown = true;
+    x.abandoned = true;
+  };
   for (const auto& x : ended) {
-    {
-      std::lock_guard lock(x->mutex);
-      x->shutdown = true;
-    }
-    x->abandoned = true;
     if (x->slot == nullptr) {
+      end_by_shutdown(*x);
       s.finish(*x, Outcome{});  // queued: a 503
-    } else {
-      std::lock_guard lock(x->slot->cancel_mutex);
-      if (x->slot->running == x.get() && x->slot->in_prefill) {
-        qhx_session_cancel(x->slot->session);
-      }
+      continue;
     }
+    // Only a generation still running is ended; one that just finished keeps its answer.
+    std::lock_guard lock(x->slot->cancel_mutex);
+    if (x->slot->running != x.get()) continue;
+    end_by_shutdown(*x);
+    if (x->slot->in_prefill) qhx_session_cancel(x->slot->session);
   }
   if (s.daemon != nullptr) {
     // The answers just ended go out; then every connection still open is closed. A connection

@@ -12,9 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <unordered_map>
 #include <utility>
 

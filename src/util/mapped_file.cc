@@ -46,7 +46,11 @@ std::string read_regular_file(const std::filesystem::path& path) {
 MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
   const int fd = open_regular_file(path);
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail(path.string(), std::string("cannot stat: ") + std::strerror(e));
+  }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -10,33 +10,42 @@
 namespace qhx {
 namespace {
 
-std::string partial_prefix(const std::filesystem::path& out) {
+constexpr char kPartialTag[] = ".partial-";
+
+std::string hidden_prefix(const std::filesystem::path& out, const char* tag) {
   std::string prefix(".");  // appended piece by piece: GCC 12 warns falsely on "." + string
-  prefix.append(out.filename().string()).append(".partial-");
+  prefix.append(out.filename().string()).append(tag);
   return prefix;
 }
 
 }  // namespace
 
-std::filesystem::path partial_sibling(const std::filesystem::path& out) {
+std::filesystem::path hidden_sibling(const std::filesystem::path& out, const char* tag) {
   return std::filesystem::absolute(out).parent_path() /
-         (partial_prefix(out) + std::to_string(::getpid()));
+         (hidden_prefix(out, tag) + std::to_string(::getpid()));
+}
+
+std::filesystem::path partial_sibling(const std::filesystem::path& out) {
+  return hidden_sibling(out, kPartialTag);
 }
 
 void remove_stale_partials(const std::filesystem::path& out) {
   const std::filesystem::path parent = std::filesystem::absolute(out).parent_path();
-  const std::string prefix = partial_prefix(out);
+  const std::string prefix = hidden_prefix(out, kPartialTag);
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(parent, error)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
     const std::string pid = name.substr(prefix.size());
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    // A pid has at most 7 digits on Linux (pid_max <= 4194304); anything else is not ours.
+    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
     // Only the writer's own pid, or one no process has any more, is safe to remove.
-    const long id = std::stol(pid);
-    if (id != ::getpid() && ::kill(static_cast<pid_t>(id), 0) == 0) continue;
-    if (id != ::getpid() && errno != ESRCH) continue;
-    std::filesystem::remove_all(entry.path(), error);
+    const auto id = static_cast<pid_t>(std::stol(pid));
+    const bool own = id == ::getpid();
+    const bool gone = !own && ::kill(id, 0) != 0 && errno == ESRCH;
+    if (own || gone) std::filesystem::remove_all(entry.path(), error);
   }
 }
 

@@ -6,6 +6,8 @@
 
 namespace qhx {
 
+// ".<name><tag><pid>" beside `out`: a name no bundle or file is mistaken for.
+std::filesystem::path hidden_sibling(const std::filesystem::path& out, const char* tag);
 // ".<name>.partial-<pid>" beside `out`.
 std::filesystem::path partial_sibling(const std::filesystem::path& out);
 

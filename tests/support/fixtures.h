@@ -23,7 +23,11 @@ inline std::filesystem::path tokenizer_fixture_dir(const std::string& family) {
 // How many times slower than a release build this one runs. The few tests that bound a time check
 // a complexity or a starvation (quadratic parsing took 12 s, a starved /health seconds), not speed:
 // their bounds scale by it so that a sanitizer build checks the same thing.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if !defined(__has_feature)
+#define __has_feature(x) 0  // GCC: the __SANITIZE_* macros below say it
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
+    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 constexpr double kBuildSlowdown = 4.0;
 #else
 constexpr double kBuildSlowdown = 1.0;

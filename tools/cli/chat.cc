@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -88,8 +90,9 @@ class Chat {
         throw ChatError("the line is not valid UTF-8 (byte " + std::to_string(bad + 1) +
                         "); nothing was sent");
       }
+      const Json before = messages_;
       messages_.push_back({{"role", "user"}, {"content", line}});
-      reply();
+      reply(before);
       return true;
     }
     std::istringstream words(line);
@@ -103,8 +106,9 @@ class Chat {
       if (messages_.empty() || messages_.back()["role"] != "assistant") {
         std::fprintf(stderr, "nothing to regenerate\n");
       } else {
+        const Json before = messages_;
         messages_.erase(messages_.end() - 1);
-        reply();
+        reply(before);
       }
     } else if (command == "/save" && !argument.empty()) {
       save(argument);
@@ -124,10 +128,12 @@ class Chat {
  private:
   // Drops the oldest user turn and the replies to it; false if only the last message is left.
   bool drop_oldest_turn() {
-    const size_t first = !messages_.empty() && messages_[0]["role"] == "system" ? 1 : 0;
+    const auto role = [&](size_t i) { return messages_.at(i).value("role", std::string()); };
+    const size_t first = !messages_.empty() && role(0) == "system" ? 1 : 0;
     if (messages_.size() <= first + 1) return false;
-    messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(first));
-    while (messages_.size() > first + 1 && messages_[first]["role"] != "user") {
+    const auto at_first = messages_.begin() + static_cast<std::ptrdiff_t>(first);
+    messages_.erase(at_first);
+    while (messages_.size() > first + 1 && role(first) != "user") {
       messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(first));
     }
     return true;
@@ -147,8 +153,9 @@ class Chat {
       std::ofstream out(partial);
       out << Json{{"messages", messages_}}.dump(1) << "\n";
       if (!out.flush()) {
+        const std::string why = std::strerror(errno);
         std::remove(partial.c_str());
-        throw ChatError(messages_path + ": cannot write");
+        throw ChatError(messages_path + ": cannot write: " + why);
       }
     }
     if (qhx_session_save(session_, path.c_str()) != QHX_OK) {
@@ -156,8 +163,9 @@ class Chat {
       throw ChatError(qhx_last_error());
     }
     if (std::rename(partial.c_str(), messages_path.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
       std::remove(partial.c_str());
-      throw ChatError(messages_path + ": cannot write");
+      throw ChatError(messages_path + ": cannot write: " + why);
     }
     std::fprintf(stderr, "saved %s and %s\n", path.c_str(), messages_path.c_str());
   }
@@ -174,7 +182,9 @@ class Chat {
     std::fprintf(stderr, "loaded %zu messages\n", messages_.size());
   }
 
-  void reply() {
+  // Generates the next assistant turn; if it fails the conversation is `before` again (turns
+  // dropped for the context included).
+  void reply(const Json& before) {
     qhx_template_options template_options;
     qhx_template_options_default(&template_options);
     if (thinking_) template_options.enable_thinking = *thinking_ ? 1 : 0;
@@ -192,12 +202,13 @@ class Chat {
       if (status != QHX_ERROR_CONTEXT_FULL || !drop_oldest_turn()) break;
       ++dropped;
     }
-    if (dropped > 0)
+    if (dropped > 0 && status == QHX_OK) {
       std::fprintf(stderr, "[context full: the %zu oldest turns were dropped]\n", dropped);
+    }
     std::printf("\n");
     std::fflush(stdout);  // before the stats on stderr, also when stdout is a pipe
     if (status != QHX_OK) {
-      messages_.erase(messages_.end() - 1);  // the turn did not happen
+      messages_ = before;  // the turn did not happen
       if (status == QHX_ERROR_CONTEXT_FULL) {
         throw ChatError(std::string(qhx_last_error()) +
                         " (the message alone does not fit: send a shorter one, or /reset)");
