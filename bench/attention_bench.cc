@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 
 namespace qhx {
 namespace {
@@ -18,7 +18,7 @@ void BM_Attention(benchmark::State& state) {
   const int64_t n_queries = state.range(0), first_pos = state.range(1);
   const AttentionShape shape{state.range(2), state.range(3), state.range(4)};
   const char* threads = std::getenv("QHX_BENCH_THREADS");
-  set_kernel_threads(threads != nullptr ? std::atoi(threads) : 1);
+  CpuContext cx(threads != nullptr ? std::atoi(threads) : 1, CpuKernels::from_environment());
   const int64_t n_keys = first_pos + n_queries;
   const int64_t q_width = shape.n_heads * shape.head_dim;
   const int64_t kv_width = shape.n_kv_heads * shape.head_dim;
@@ -31,7 +31,7 @@ void BM_Attention(benchmark::State& state) {
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   for (auto _ : state) {
-    causal_attention(q.data(), n_queries, first_pos, k.data(), v.data(), shape, scale, out.data());
+    causal_attention(cx, q.data(), n_queries, first_pos, k.data(), v.data(), shape, scale, out.data());
     benchmark::DoNotOptimize(out.data());
   }
   // Multiply-adds of q·k and p·v over the (query, key) pairs the causal mask keeps.

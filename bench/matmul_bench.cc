@@ -13,7 +13,7 @@
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 
 namespace qhx {
 namespace {
@@ -68,7 +68,7 @@ const Weights& weights(DType dtype, Activations activations, bool packed, int64_
       m.data = w.bf16.back().data();
     }
     if (packed) {
-      w.packed.push_back(pack_for_int8_kernels(m));
+      w.packed.push_back(pack_for_int8_kernels(CpuKernels::from_environment(), m));
       m.packed = w.packed.back().data();
     }
     w.refs.push_back(m);
@@ -80,7 +80,7 @@ const Weights& weights(DType dtype, Activations activations, bool packed, int64_
 void BM_Matmul(benchmark::State& state, DType dtype, Activations activations, bool packed) {
   const int64_t tokens = state.range(0), rows = state.range(1), cols = state.range(2);
   const char* threads = std::getenv("QHX_BENCH_THREADS");
-  set_kernel_threads(threads != nullptr ? std::atoi(threads) : 1);
+  CpuContext cx(threads != nullptr ? std::atoi(threads) : 1, CpuKernels::from_environment());
   const Weights& w = weights(dtype, activations, packed, rows, cols);
   std::vector<float> x(tokens * cols), y(tokens * rows);
   std::mt19937 rng(8);
@@ -88,7 +88,7 @@ void BM_Matmul(benchmark::State& state, DType dtype, Activations activations, bo
   for (float& v : x) v = normal(rng);
   int64_t i = 0;
   for (auto _ : state) {
-    matmul(x.data(), tokens, w.refs[i++ % w.refs.size()], y.data());
+    matmul(cx, x.data(), tokens, w.refs[i++ % w.refs.size()], y.data());
     benchmark::DoNotOptimize(y.data());
   }
   const double macs = static_cast<double>(tokens * rows * cols);

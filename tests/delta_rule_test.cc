@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
+#include "support/cpu.h"
 #include "support/fixtures.h"
 
 namespace qhx {
@@ -63,6 +64,7 @@ float relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(DeltaRule, RecurrentMatchesTheReference) {
+  auto cx = test::cpu();
   for (const DeltaRuleShape& s : kShapes) {
     const Inputs in(s, 9, 20);
     std::vector<float> expected_state = in.state, state = in.state;
@@ -70,7 +72,7 @@ TEST(DeltaRule, RecurrentMatchesTheReference) {
     ref::gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
                                     in.g.data(), in.n_tokens, s, expected_state.data(),
                                     expected.data());
-    gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
+    gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
                                in.n_tokens, s, state.data(), fast.data());
     EXPECT_LE(relative_diff(expected, fast), 1e-6f) << name(s);
     EXPECT_LE(relative_diff(expected_state, state), 1e-6f) << name(s);
@@ -78,6 +80,7 @@ TEST(DeltaRule, RecurrentMatchesTheReference) {
 }
 
 TEST(DeltaRule, ChunkedMatchesTheReference) {
+  auto cx = test::cpu();
   for (const DeltaRuleShape& s : kShapes) {
     const Inputs in(s, 37, 30);
     for (const int64_t chunk : {1, 5, 8, 64}) {
@@ -86,7 +89,7 @@ TEST(DeltaRule, ChunkedMatchesTheReference) {
       ref::gated_delta_rule_chunked(in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
                                     in.g.data(), in.n_tokens, s, chunk, expected_state.data(),
                                     expected.data());
-      gated_delta_rule_chunked(in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
+      gated_delta_rule_chunked(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
                                in.n_tokens, s, chunk, state.data(), fast.data());
       EXPECT_LE(relative_diff(expected, fast), 2e-6f) << name(s) << ", chunk " << chunk;
       EXPECT_LE(relative_diff(expected_state, state), 2e-6f) << name(s) << ", chunk " << chunk;
@@ -96,15 +99,16 @@ TEST(DeltaRule, ChunkedMatchesTheReference) {
 
 // Decode calls the recurrent rule one token at a time: the same bits as one call over all.
 TEST(DeltaRule, RecurrentTokenByTokenEqualsOneCall) {
+  auto cx = test::cpu();
   for (const DeltaRuleShape& s : kShapes) {
     const Inputs in(s, 6, 40);
     std::vector<float> state = in.state, out(in.out_size());
-    gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
+    gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
                                in.n_tokens, s, state.data(), out.data());
     std::vector<float> stepped_state = in.state, stepped(in.out_size());
     const int64_t qk = s.n_k_heads * s.k_dim, vw = s.n_v_heads * s.v_dim, hv = s.n_v_heads;
     for (int64_t t = 0; t < in.n_tokens; ++t) {
-      gated_delta_rule_recurrent(in.q.data() + t * qk, in.k.data() + t * qk, in.v.data() + t * vw,
+      gated_delta_rule_recurrent(*cx, in.q.data() + t * qk, in.k.data() + t * qk, in.v.data() + t * vw,
                                  in.beta.data() + t * hv, in.g.data() + t * hv, 1, s,
                                  stepped_state.data(), stepped.data() + t * vw);
     }
@@ -114,16 +118,17 @@ TEST(DeltaRule, RecurrentTokenByTokenEqualsOneCall) {
 }
 
 TEST(DeltaRule, SameBitsOnAnyNumberOfThreads) {
+  auto cx = test::cpu();
   const DeltaRuleShape s = kShapes[3];
   const Inputs in(s, 21, 50);
   const auto run = [&](int threads, bool chunked) {
-    set_kernel_threads(threads);
+    cx = test::cpu(threads);
     std::vector<float> state = in.state, out(in.out_size());
     if (chunked) {
-      gated_delta_rule_chunked(in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
+      gated_delta_rule_chunked(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
                                in.n_tokens, s, 8, state.data(), out.data());
     } else {
-      gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
+      gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
                                  in.n_tokens, s, state.data(), out.data());
     }
     out.insert(out.end(), state.begin(), state.end());
@@ -133,7 +138,6 @@ TEST(DeltaRule, SameBitsOnAnyNumberOfThreads) {
     const std::vector<float> one = run(1, chunked);
     for (const int threads : {2, 3}) EXPECT_EQ(run(threads, chunked), one) << threads;
   }
-  set_kernel_threads(1);
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
 #include "kernels/simd_avx512.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
+#include "support/cpu.h"
 #include "support/fixtures.h"
 
 namespace qhx {
@@ -36,27 +37,30 @@ void expect_close(const std::vector<float>& fast, const std::vector<float>& expe
 }
 
 TEST(Elementwise, RmsNormMatchesTheReference) {
+  auto cx = test::cpu();
   for (const int64_t n : kLengths) {
     const std::vector<float> x = random_vector(n, 1, 3.0f), w = random_vector(n, 2);
     std::vector<float> expected(n), fast(n), in_place = x;
     ref::rms_norm(x.data(), w.data(), n, 1e-6f, expected.data());
-    rms_norm(x.data(), w.data(), n, 1e-6f, fast.data());
-    rms_norm(in_place.data(), w.data(), n, 1e-6f, in_place.data());
+    rms_norm(*cx, x.data(), w.data(), n, 1e-6f, fast.data());
+    rms_norm(*cx, in_place.data(), w.data(), n, 1e-6f, in_place.data());
     expect_close(fast, expected, 1e-6f, 1e-30f, "n=" + std::to_string(n));
     EXPECT_EQ(in_place, fast) << "y aliasing x, n=" << n;
   }
 }
 
 TEST(Elementwise, L2NormalizeMatchesTheReference) {
+  auto cx = test::cpu();
   for (const int64_t n : kLengths) {
     std::vector<float> expected = random_vector(n, 3, 2.0f), fast = expected;
     ref::l2_normalize(expected.data(), n, 1e-6f);
-    l2_normalize(fast.data(), n, 1e-6f);
+    l2_normalize(*cx, fast.data(), n, 1e-6f);
     expect_close(fast, expected, 1e-6f, 1e-30f, "n=" + std::to_string(n));
   }
 }
 
 TEST(Elementwise, RopeMatchesTheReferenceAndPassesTheRestThrough) {
+  auto cx = test::cpu();
   for (const int64_t rotary : {4, 12, 24, 64}) {
     const int64_t stride = rotary + 5, n_vectors = 3, half = rotary / 2;
     const std::vector<float> x = random_vector(n_vectors * stride, 4);
@@ -68,7 +72,7 @@ TEST(Elementwise, RopeMatchesTheReferenceAndPassesTheRestThrough) {
     }
     std::vector<float> expected = x, fast = x;
     ref::rope_rotate_half(expected.data(), n_vectors, stride, rotary, cos.data(), sin.data());
-    rope_rotate_half(fast.data(), n_vectors, stride, rotary, cos.data(), sin.data());
+    rope_rotate_half(*cx, fast.data(), n_vectors, stride, rotary, cos.data(), sin.data());
     // a·cos − b·sin may cancel: an absolute bound at the inputs' scale
     expect_close(fast, expected, 0.0f, 1e-6f, "rotary " + std::to_string(rotary));
     for (int64_t v = 0; v < n_vectors; ++v) {
@@ -94,19 +98,20 @@ std::vector<float> gate_inputs(int64_t n, uint32_t seed) {
 // Relative bounds: e^x is within a few ulp everywhere. Where it saturates (x < -87.3 or > 88),
 // the absolute floor covers 1e-38 given for 0.
 TEST(Elementwise, GatesMatchTheReferenceOverTheWholeRange) {
+  auto cx = test::cpu();
   std::vector<int64_t> lengths(std::begin(kLengths), std::end(kLengths));
   lengths.push_back(19005);
   for (const int64_t n : lengths) {
     const std::vector<float> gate = gate_inputs(n, 6), up = random_vector(n, 7);
     std::vector<float> expected(n), fast(n);
     ref::silu_mul(gate.data(), up.data(), n, expected.data());
-    silu_mul(gate.data(), up.data(), n, fast.data());
+    silu_mul(*cx, gate.data(), up.data(), n, fast.data());
     expect_close(fast, expected, 1e-6f, 1e-30f, "silu_mul n=" + std::to_string(n));
 
     std::vector<float> gated = up;
     expected = up;
     ref::sigmoid_gate(gate.data(), n, expected.data());
-    sigmoid_gate(gate.data(), n, gated.data());
+    sigmoid_gate(*cx, gate.data(), n, gated.data());
     expect_close(gated, expected, 1e-6f, 1e-30f, "sigmoid_gate n=" + std::to_string(n));
   }
 }
@@ -122,7 +127,7 @@ QHX_TARGET_AVX512 void exp_avx512(const float* x, int64_t n, float* y) {
 // The AVX-512 kernels' e^x (the attention's softmax) is the AVX2 one's, bit for bit, over the
 // whole range (clamps included).
 TEST(Elementwise, Avx512ExpIsTheAvx2ExpBitwise) {
-  if (!simd::has_avx512()) GTEST_SKIP() << "no AVX-512 here";
+  if (!CpuKernels::detect().avx512) GTEST_SKIP() << "no AVX-512 here";
   const std::vector<float> x = gate_inputs(19008, 12);  // a whole number of vectors
   std::vector<float> y2(x.size()), y512(x.size());
   exp_avx2(x.data(), static_cast<int64_t>(x.size()), y2.data());
@@ -136,16 +141,17 @@ TEST(Elementwise, Avx512ExpIsTheAvx2ExpBitwise) {
 // Each op on the suffix [offset, n) of an array gives bitwise the values it gives there in the
 // whole array: the masked last block runs the same arithmetic as the full ones.
 TEST(Elementwise, AnElementsResultDoesNotDependOnWhereTheArrayEnds) {
+  auto cx = test::cpu();
   const int64_t n = 21;
   const std::vector<float> gate = gate_inputs(n, 8), up = random_vector(n, 9);
   std::vector<float> silu_all(n), sigmoid_all = up;
-  silu_mul(gate.data(), up.data(), n, silu_all.data());
-  sigmoid_gate(gate.data(), n, sigmoid_all.data());
+  silu_mul(*cx, gate.data(), up.data(), n, silu_all.data());
+  sigmoid_gate(*cx, gate.data(), n, sigmoid_all.data());
   for (const int64_t offset : {1, 3, 8, 13, 16}) {
     const int64_t len = n - offset;
     std::vector<float> silu_part(len), sigmoid_part(up.begin() + offset, up.end());
-    silu_mul(gate.data() + offset, up.data() + offset, len, silu_part.data());
-    sigmoid_gate(gate.data() + offset, len, sigmoid_part.data());
+    silu_mul(*cx, gate.data() + offset, up.data() + offset, len, silu_part.data());
+    sigmoid_gate(*cx, gate.data() + offset, len, sigmoid_part.data());
     EXPECT_TRUE(std::equal(silu_part.begin(), silu_part.end(), silu_all.begin() + offset))
         << "silu_mul from " << offset;
     EXPECT_TRUE(std::equal(sigmoid_part.begin(), sigmoid_part.end(), sigmoid_all.begin() + offset))
@@ -161,12 +167,13 @@ TEST(Elementwise, AnElementsResultDoesNotDependOnWhereTheArrayEnds) {
   }
   std::vector<float> batch = random_vector(3 * stride, 11);
   std::vector<float> alone(batch.begin() + 2 * stride, batch.end());
-  rope_rotate_half(batch.data(), 3, stride, rotary, cos.data(), sin.data());
-  rope_rotate_half(alone.data(), 1, stride, rotary, cos.data(), sin.data());
+  rope_rotate_half(*cx, batch.data(), 3, stride, rotary, cos.data(), sin.data());
+  rope_rotate_half(*cx, alone.data(), 1, stride, rotary, cos.data(), sin.data());
   EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + 2 * stride));
 }
 
 TEST(Elementwise, CausalConvMatchesTheReferenceAndContinuesFromItsState) {
+  auto cx = test::cpu();
   const int64_t kernel = 4, history = kernel - 1, n = 7;
   for (const int64_t channels : {3, 13, 40}) {
     const std::vector<float> u = random_vector(n * channels, 12, 2.0f),
@@ -176,7 +183,7 @@ TEST(Elementwise, CausalConvMatchesTheReferenceAndContinuesFromItsState) {
     std::vector<float> expected(n * channels), fast(n * channels);
     ref::causal_conv1d_silu(u.data(), n, channels, w.data(), kernel, expected_state.data(),
                             expected.data());
-    causal_conv1d_silu(u.data(), n, channels, w.data(), kernel, state.data(), fast.data());
+    causal_conv1d_silu(*cx, u.data(), n, channels, w.data(), kernel, state.data(), fast.data());
     expect_close(fast, expected, 1e-6f, 1e-6f, "channels " + std::to_string(channels));
     EXPECT_EQ(state, expected_state) << "channels " << channels;
 
@@ -185,7 +192,7 @@ TEST(Elementwise, CausalConvMatchesTheReferenceAndContinuesFromItsState) {
       std::vector<float> split_state = initial, split(n * channels);
       for (int64_t t = 0; t < n; t += piece) {
         const int64_t len = std::min(piece, n - t);
-        causal_conv1d_silu(u.data() + t * channels, len, channels, w.data(), kernel,
+        causal_conv1d_silu(*cx, u.data() + t * channels, len, channels, w.data(), kernel,
                            split_state.data(), split.data() + t * channels);
       }
       EXPECT_EQ(split, fast) << "channels " << channels << " in pieces of " << piece;
@@ -195,42 +202,41 @@ TEST(Elementwise, CausalConvMatchesTheReferenceAndContinuesFromItsState) {
 }
 
 }  // namespace
-// A prompt's norms and gates are spread over the kernel threads: on 1, 2 and 3 threads every
+// A prompt's norms and gates are spread over the context's threads: on 1, 2 and 3 threads every
 // element equals what one thread computes element by element (the gates on a length past a part
 // boundary and not a multiple of the vector, the norms over rows whose count is not a multiple of
 // the threads).
 TEST(Elementwise, ThreadsDoNotChangeAResult) {
+  auto cx = test::cpu();
   const int64_t n = 200003, rows = 517, width = 128;
   const std::vector<float> gate = gate_inputs(n, 12), up = random_vector(n, 13);
   const std::vector<float> x = random_vector(rows * width, 14, 3.0f), w = random_vector(width, 15);
   std::vector<float> silu_one(n), sigmoid_one = up, norm_one(rows * width);
-  set_kernel_threads(1);
-  silu_mul(gate.data(), up.data(), n, silu_one.data());
-  sigmoid_gate(gate.data(), n, sigmoid_one.data());
+  silu_mul(*cx, gate.data(), up.data(), n, silu_one.data());
+  sigmoid_gate(*cx, gate.data(), n, sigmoid_one.data());
   for (int64_t r = 0; r < rows; ++r) {
-    rms_norm(x.data() + r * width, w.data(), width, 1e-6f, norm_one.data() + r * width);
+    rms_norm(*cx, x.data() + r * width, w.data(), width, 1e-6f, norm_one.data() + r * width);
   }
   // The residual add fused with the norm: the sum, then the norm of the sum.
   const std::vector<float> y = random_vector(rows * width, 16, 3.0f);
   std::vector<float> sum_one = x, added_norm_one(rows * width);
   for (int64_t i = 0; i < rows * width; ++i) sum_one[i] += y[i];
   for (int64_t r = 0; r < rows; ++r) {
-    rms_norm(sum_one.data() + r * width, w.data(), width, 1e-6f, added_norm_one.data() + r * width);
+    rms_norm(*cx, sum_one.data() + r * width, w.data(), width, 1e-6f, added_norm_one.data() + r * width);
   }
   for (const int threads : {1, 2, 3}) {
-    set_kernel_threads(threads);
+    cx = test::cpu(threads);
     std::vector<float> silu(n), sigmoid = up, norm(rows * width), sum = x, added_norm(rows * width);
-    silu_mul(gate.data(), up.data(), n, silu.data());
-    sigmoid_gate(gate.data(), n, sigmoid.data());
-    rms_norm_rows(x.data(), w.data(), rows, width, 1e-6f, norm.data());
-    add_rms_norm_rows(sum.data(), y.data(), w.data(), rows, width, 1e-6f, added_norm.data());
+    silu_mul(*cx, gate.data(), up.data(), n, silu.data());
+    sigmoid_gate(*cx, gate.data(), n, sigmoid.data());
+    rms_norm_rows(*cx, x.data(), w.data(), rows, width, 1e-6f, norm.data());
+    add_rms_norm_rows(*cx, sum.data(), y.data(), w.data(), rows, width, 1e-6f, added_norm.data());
     EXPECT_EQ(silu, silu_one) << threads << " threads";
     EXPECT_EQ(sigmoid, sigmoid_one) << threads << " threads";
     EXPECT_EQ(norm, norm_one) << threads << " threads";
     EXPECT_EQ(sum, sum_one) << threads << " threads";
     EXPECT_EQ(added_norm, added_norm_one) << threads << " threads";
   }
-  set_kernel_threads(1);
 }
 
 }  // namespace qhx

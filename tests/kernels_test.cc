@@ -12,6 +12,7 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
@@ -84,7 +85,7 @@ TEST(Kernels, MatmulMatchesDoubleForEveryWeightType) {
 // Elsewhere (or with QHX_KERNELS=reference) they are the reference, and the tests comparing the
 // two skip.
 bool fast_kernels_are_the_reference() {
-  return std::string_view(matmul_kernel_path()) == "scalar reference";
+  return CpuKernels::from_environment().describe() == "scalar reference";
 }
 
 TEST(Kernels, SimdKernelsAreUsedWhereAvailable) {
@@ -92,12 +93,16 @@ TEST(Kernels, SimdKernelsAreUsedWhereAvailable) {
   if (choice != nullptr && std::string_view(choice) == "reference") {
     GTEST_SKIP() << "QHX_KERNELS=reference";
   }
+  const CpuKernels kernels = CpuKernels::from_environment();
 #if defined(__aarch64__)
-  EXPECT_STREQ(matmul_kernel_path(), "neon");  // NEON is part of the aarch64 baseline
+  EXPECT_TRUE(kernels.neon);  // NEON is part of the aarch64 baseline
+  EXPECT_TRUE(kernels.describe().starts_with("neon")) << kernels.describe();
 #elif defined(__x86_64__)
   if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
-  EXPECT_TRUE(std::string_view(matmul_kernel_path()).starts_with("avx2+fma"))
-      << matmul_kernel_path();
+  EXPECT_TRUE(kernels.describe().starts_with("avx2+fma")) << kernels.describe();
+  EXPECT_FALSE(CpuKernels::detect("avx2").avx512);
+  EXPECT_FALSE(CpuKernels::detect("reference").avx2);
+  EXPECT_EQ(CpuKernels::detect("reference").describe(), "scalar reference");
 #else
   GTEST_SKIP() << "no SIMD kernels for this architecture";
 #endif
@@ -112,6 +117,7 @@ TEST(Kernels, FastMatmulMatchesTheReference) {
     int64_t rows, cols, group;
   } shapes[] = {{7, 37, 0}, {5, 64, 32}, {9, 256, 64}, {3, 36, 6}, {4, 200, 40}, {2, 8, 8}};
   const int64_t tokens = 5;
+  CpuContext cx(1, CpuKernels::from_environment());
   for (const Shape& s : shapes) {
     const std::vector<float> x = random_vector(tokens * s.cols, 11);
     const std::vector<float> w = random_vector(s.rows * s.cols, 12, 0.05f);
@@ -136,7 +142,7 @@ TEST(Kernels, FastMatmulMatchesTheReference) {
     for (const MatrixRef& m : cases) {
       std::vector<float> expected(tokens * s.rows), fast(tokens * s.rows), single(s.rows);
       ref::matmul(x.data(), tokens, m, expected.data());
-      matmul(x.data(), tokens, m, fast.data());
+      matmul(cx, x.data(), tokens, m, fast.data());
       std::vector<float> row(s.cols);
       for (int64_t r = 0; r < s.rows; ++r) {
         ref::read_row(m, r, row.data());
@@ -148,7 +154,7 @@ TEST(Kernels, FastMatmulMatchesTheReference) {
         }
       }
       for (int64_t t = 0; t < tokens; ++t) {
-        matmul(x.data() + t * s.cols, 1, m, single.data());
+        matmul(cx, x.data() + t * s.cols, 1, m, single.data());
         for (int64_t r = 0; r < s.rows; ++r) {
           EXPECT_EQ(fast[t * s.rows + r], single[r])
               << dtype_name(m.dtype) << " " << s.rows << "x" << s.cols
@@ -157,7 +163,7 @@ TEST(Kernels, FastMatmulMatchesTheReference) {
       }
     }
   }
-  std::printf("matmul kernel path: %s\n", matmul_kernel_path());
+  std::printf("matmul kernel path: %s\n", cx.kernels().describe().c_str());
 }
 
 TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
@@ -167,7 +173,11 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
     for (const int64_t n : {0, 1, 2, 7, 64, 1000}) {
       for (int repeat = 0; repeat < 20; ++repeat) {  // back-to-back jobs reuse the workers
         std::vector<std::atomic<int>> hits(n);
-        pool.run(n, [&](int64_t i) { hits[i].fetch_add(1); });
+        pool.run(n, [&](int64_t i, int worker) {
+          EXPECT_GE(worker, 0);
+          EXPECT_LT(worker, threads);
+          hits[i].fetch_add(1);
+        });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
       }
     }
@@ -202,16 +212,57 @@ TEST(ThreadPool, MatmulIsTheSameOnAnyNumberOfThreads) {
   const std::vector<float> w = random_vector(rows * cols, 22, 0.05f);
   const MatrixRef m{DType::kF32, w.data(), rows, cols};
   std::vector<float> one(tokens * rows), many(tokens * rows);
-  set_kernel_threads(1);
-  matmul(x.data(), tokens, m, one.data());
+  CpuContext single(1, CpuKernels::from_environment());
+  matmul(single, x.data(), tokens, m, one.data());
   for (const int threads : {2, 3, 4}) {
-    set_kernel_threads(threads);
-    matmul(x.data(), tokens, m, many.data());
+    CpuContext cx(threads, CpuKernels::from_environment());
+    matmul(cx, x.data(), tokens, m, many.data());
     EXPECT_EQ(one, many) << threads << " threads";
   }
-  set_kernel_threads(1);
-  EXPECT_THROW(set_kernel_threads(0), Error);
-  EXPECT_THROW(set_kernel_threads(1000), Error);
+  EXPECT_THROW(CpuContext(0, {}), Error);
+  EXPECT_THROW(CpuContext(1000, {}), Error);
+}
+
+// A task that throws on a pool worker does not end the process: the caller gets the exception,
+// the tasks not yet started are skipped, and the pool runs the next job normally.
+TEST(ThreadPool, AFailingTaskReachesTheCaller) {
+  for (const int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    std::atomic<int> ran{0};
+    const auto failing = [&](int64_t i, int) {
+      ran.fetch_add(1);
+      if (i == 3) fail("task 3", "failed on purpose");
+    };
+    test::expect_error([&] { pool.run(1000, failing); }, {"task 3", "failed on purpose"});
+    EXPECT_LE(ran.load(), 1000);
+    std::vector<std::atomic<int>> hits(100);
+    pool.run(100, [&](int64_t i, int) { hits[i].fetch_add(1); });
+    for (int64_t i = 0; i < 100; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << i;
+    // Through a context, as the kernels use it.
+    CpuContext cx(threads, {});
+    EXPECT_THROW(cx.run(50, [](int64_t i, Scratch&) {
+                   if (i == 49) throw std::runtime_error("last task");
+                 }),
+                 std::runtime_error);
+  }
+}
+
+TEST(CpuKernels, AnUnknownChoiceIsRefused) {
+  test::expect_error([] { CpuKernels::detect("avx9"); }, {"QHX_KERNELS", "avx9 is not one of"});
+  EXPECT_NO_THROW(CpuKernels::detect(""));
+}
+
+// A slot of a thread's scratch keeps its buffer (and its largest size) from one op to the next,
+// and holds one type.
+TEST(Scratch, SlotsKeepTheirBuffersAndOneType) {
+  Scratch scratch;
+  float* a = scratch.buffer<float>(Scratch::kFirstCallerSlot, 100);
+  a[99] = 1.5f;
+  EXPECT_EQ(scratch.buffer<float>(Scratch::kFirstCallerSlot, 10), a);
+  EXPECT_EQ(scratch.buffer<float>(Scratch::kFirstCallerSlot, 100)[99], 1.5f);
+  EXPECT_NE(scratch.buffer<float>(Scratch::kFirstCallerSlot + 1, 10), a);
+  test::expect_error([&] { scratch.buffer<int32_t>(Scratch::kFirstCallerSlot, 4); },
+                     {"used with two types"});
 }
 
 // The fast attention against the reference (GQA groups 1, 2, 4; a cached prefix; head sizes with
@@ -229,7 +280,7 @@ TEST(Kernels, FastAttentionMatchesTheReference) {
       {{8, 4, 64}, 5, 7},     {{8, 2, 128}, 40, 3},   {{8, 2, 256}, 17, 21},
       {{4, 1, 12}, 3, 4},     {{2, 1, 6}, 2, 3},      {{8, 2, 64}, 3, 50}};
   for (const int threads : {1, 2, 3}) {
-    set_kernel_threads(threads);
+    CpuContext cx(threads, CpuKernels::from_environment());
     for (const Case& c : cases) {
       const int64_t n_keys = c.first_pos + c.n_queries;
       const int64_t q_width = c.shape.n_heads * c.shape.head_dim;
@@ -241,20 +292,19 @@ TEST(Kernels, FastAttentionMatchesTheReference) {
       std::vector<float> expected(c.n_queries * q_width), fast(expected.size()), scores(n_keys);
       ref::causal_attention(q.data(), c.n_queries, c.first_pos, k.data(), v.data(), c.shape, scale,
                             expected.data(), scores.data());
-      causal_attention(q.data(), c.n_queries, c.first_pos, k.data(), v.data(), c.shape, scale,
+      causal_attention(cx, q.data(), c.n_queries, c.first_pos, k.data(), v.data(), c.shape, scale,
                        fast.data());
       for (size_t i = 0; i < fast.size(); ++i) {
         EXPECT_NEAR(fast[i], expected[i], 1e-5f) << "head_dim " << c.shape.head_dim << " at " << i;
       }
       const int64_t last = c.n_queries - 1;  // the last query alone, as in decode
       std::vector<float> alone(q_width);
-      causal_attention(q.data() + last * q_width, 1, c.first_pos + last, k.data(), v.data(),
+      causal_attention(cx, q.data() + last * q_width, 1, c.first_pos + last, k.data(), v.data(),
                        c.shape, scale, alone.data());
       EXPECT_TRUE(std::equal(alone.begin(), alone.end(), fast.begin() + last * q_width))
           << "decode must equal the batched row";
     }
   }
-  set_kernel_threads(1);
 }
 
 TEST(Kernels, RmsNorm) {

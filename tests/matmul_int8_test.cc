@@ -21,7 +21,8 @@
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
+#include "support/cpu.h"
 #include "support/fixtures.h"
 
 namespace qhx {
@@ -98,6 +99,14 @@ std::string expected_int8_kernel_path() {
 #endif
 }
 
+// The int8 path of these kernels, as expected_int8_kernel_path names them.
+std::string int8_kernel_path(const CpuKernels& k) {
+  if (k.avx512_vnni) return "avx512-vnni";
+  if (k.avx2) return "avx2";
+  if (k.neon) return k.neon_dotprod ? "neon-dotprod" : "neon";
+  return "scalar reference";
+}
+
 // QHX_TEST_REQUIRE_DOTPROD=1 (tools/ci_aarch64.sh) makes sure a run covers the SDOT kernels.
 TEST(Int8Activations, KernelPathFollowsTheCpuAndQhxKernels) {
 #if defined(__aarch64__)
@@ -105,7 +114,7 @@ TEST(Int8Activations, KernelPathFollowsTheCpuAndQhxKernels) {
     ASSERT_TRUE(cpu_has_dotprod()) << "QHX_TEST_REQUIRE_DOTPROD is set, but this CPU has no SDOT";
   }
 #endif
-  EXPECT_EQ(matmul_int8_kernel_path(), expected_int8_kernel_path());
+  EXPECT_EQ(int8_kernel_path(CpuKernels::from_environment()), expected_int8_kernel_path());
 }
 
 TEST(Int8Activations, WhichMatricesUseThem) {
@@ -179,6 +188,7 @@ TEST(Int8Activations, ReferenceStaysWithinTheRoundingOfTheActivations) {
 // vectors; and each token computed alone
 // equal bitwise to its row of the batch, on any number of threads.
 TEST(Int8Activations, FastMatmulMatchesTheReference) {
+  auto cx = test::cpu();
   struct Shape {
     DType dtype;
     int64_t rows, cols, group;
@@ -196,7 +206,7 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
                 {DType::kW8, 60, 96, 0},
                 {DType::kW8, 100, 64, 0},
                 {DType::kW4, 60, 128, 64}};
-  std::printf("int8 kernel path: %s\n", matmul_int8_kernel_path());
+  std::printf("int8 kernel path: %s\n", int8_kernel_path(cx->kernels()).c_str());
   for (const Shape& s : shapes) {
     for (const bool packed : {false, true}) {
       for (const int64_t tokens : {1, 5, 13}) {
@@ -206,15 +216,15 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
         QuantizedMatrix w(s.dtype, s.rows, s.cols, s.group, 7);
         PackedMatrix layout;
         if (packed) {
-          layout = pack_for_int8_kernels(w.ref);
+          layout = pack_for_int8_kernels(cx->kernels(), w.ref);
           if (layout.data() == nullptr) continue;  // these kernels read this matrix as it lies
           w.ref.packed = layout.data();
         }
         const std::vector<float> x = activations(tokens * s.cols, 8);
         std::vector<float> expected(tokens * s.rows), fast(tokens * s.rows), single(s.rows);
         ref::matmul(x.data(), tokens, w.ref, expected.data());
-        set_kernel_threads(1);
-        matmul(x.data(), tokens, w.ref, fast.data());
+        cx = test::cpu(1);
+        matmul(*cx, x.data(), tokens, w.ref, fast.data());
         std::vector<float> row(s.cols);
         for (int64_t r = 0; r < s.rows; ++r) {
           ref::read_row(w.ref, r, row.data());
@@ -230,18 +240,17 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
           }
         }
         for (const int threads : {1, 2, 3}) {
-          set_kernel_threads(threads);
+          cx = test::cpu(threads);
           std::vector<float> again(tokens * s.rows);
-          matmul(x.data(), tokens, w.ref, again.data());
+          matmul(*cx, x.data(), tokens, w.ref, again.data());
           EXPECT_EQ(again, fast) << threads << " threads";
           for (int64_t t = 0; t < tokens; ++t) {
-            matmul(x.data() + t * s.cols, 1, w.ref, single.data());
+            matmul(*cx, x.data() + t * s.cols, 1, w.ref, single.data());
             for (int64_t r = 0; r < s.rows; ++r) {
               ASSERT_EQ(fast[t * s.rows + r], single[r]) << "a row must not depend on the batch";
             }
           }
         }
-        set_kernel_threads(1);
       }
     }
   }
@@ -251,6 +260,7 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
 // rows one job, give each the bits of its own matmul: W8 and W4 trios of different row counts,
 // packed and as they lie, on 1-3 threads; and a W8/W4 mix, which cannot share, as well.
 TEST(Int8Activations, SharedInputMatmulsEqualOneEach) {
+  auto cx = test::cpu();
   struct Case {
     DType dtypes[3];
     bool packed;
@@ -266,7 +276,7 @@ TEST(Int8Activations, SharedInputMatmulsEqualOneEach) {
     for (int i = 0; i < 3; ++i) {
       w.emplace_back(c.dtypes[i], rows[i], cols, 64, 20 + i);
       if (c.packed) {
-        layouts[i] = pack_for_int8_kernels(w[i].ref);
+        layouts[i] = pack_for_int8_kernels(cx->kernels(), w[i].ref);
         w[i].ref.packed = layouts[i].data();
       }
     }
@@ -277,14 +287,14 @@ TEST(Int8Activations, SharedInputMatmulsEqualOneEach) {
     for (const int64_t tokens : {1, 6}) {
       const std::vector<float> x = activations(tokens * cols, 9);
       for (const int threads : {1, 2, 3}) {
-        set_kernel_threads(threads);
+        cx = test::cpu(threads);
         std::vector<float> alone[3], together[3];
         for (int i = 0; i < 3; ++i) {
           alone[i].resize(tokens * rows[i]);
           together[i].resize(tokens * rows[i]);
-          matmul(x.data(), tokens, w[i].ref, alone[i].data());
+          matmul(*cx, x.data(), tokens, w[i].ref, alone[i].data());
         }
-        matmul(x.data(), tokens,
+        matmul(*cx, x.data(), tokens,
                {{w[0].ref, together[0].data()},
                 {w[1].ref, together[1].data()},
                 {w[2].ref, together[2].data()}});
@@ -295,7 +305,6 @@ TEST(Int8Activations, SharedInputMatmulsEqualOneEach) {
       }
     }
   }
-  set_kernel_threads(1);
 }
 
 // Bitwise float equality that also holds between two NaNs.
@@ -310,7 +319,8 @@ bool same_bits(float a, float b) {
 // magnitudes, all-zero and non-finite blocks (whose NaN scale reaches every output of the token),
 // in the first sixteen blocks and the four after them (kernels may take blocks sixteen at a time).
 TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
-  const std::string path = matmul_int8_kernel_path();
+  auto cx = test::cpu();
+  const std::string path = int8_kernel_path(cx->kernels());
   constexpr int64_t n = 20 * kActivationBlock;  // rows = cols
   constexpr int64_t tokens = 6;
   std::vector<float> x = activations(tokens * n, 11);
@@ -345,12 +355,12 @@ TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
       q4[(r * n + r) / 2] = r % 2 == 0 ? 0x01 : 0x10;
     }
     // Packed (the panels of AVX-512 VNNI CPUs) where this CPU packs, else as it lies (AVX2).
-    const PackedMatrix layout = pack_for_int8_kernels(w);
+    const PackedMatrix layout = pack_for_int8_kernels(cx->kernels(), w);
     w.packed = layout.data();
     EXPECT_EQ(w.packed != nullptr, path == "avx512-vnni");
     std::vector<float> expected(tokens * n), fast(tokens * n);
     ref::matmul(x.data(), tokens, w, expected.data());
-    matmul(x.data(), tokens, w, fast.data());
+    matmul(*cx, x.data(), tokens, w, fast.data());
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t r = 0; r < n; ++r) {
         EXPECT_PRED2(same_bits, fast[t * n + r], expected[t * n + r])
@@ -366,9 +376,10 @@ TEST(Int8Activations, KernelsQuantizeExactlyAsTheReference) {
 // A packed matrix's rows read back (embedding lookups of a tied table whose mapped pages were
 // released) are the reference's rows, bit for bit, in every row of a partial last panel too.
 TEST(Int8Activations, PackedRowsReadAsTheReference) {
+  auto cx = test::cpu();
   for (const DType dtype : {DType::kW8, DType::kW4}) {
     QuantizedMatrix w(dtype, 37, 192, 64, 12);
-    const PackedMatrix layout = pack_for_int8_kernels(w.ref);
+    const PackedMatrix layout = pack_for_int8_kernels(cx->kernels(), w.ref);
     if (layout.data() == nullptr)
       GTEST_SKIP() << "this CPU's int8 kernels read matrices as they lie";
     MatrixRef packed = w.ref;
@@ -376,19 +387,20 @@ TEST(Int8Activations, PackedRowsReadAsTheReference) {
     std::vector<float> expected(192), got(192);
     for (int64_t r = 0; r < 37; ++r) {
       ref::read_row(w.ref, r, expected.data());
-      read_row(packed, r, got.data());
+      read_row(*cx, packed, r, got.data());
       EXPECT_EQ(got, expected) << dtype_name(dtype) << " row " << r;
     }
   }
 }
 
 TEST(Int8Activations, NonFiniteActivationsReachTheOutput) {
+  auto cx = test::cpu();
   for (const DType dtype : {DType::kW8, DType::kW4}) {
     QuantizedMatrix w(dtype, 8, 128, 64, 9);
     std::vector<float> x = activations(2 * 128, 10);
     x[128 + 70] = std::numeric_limits<float>::infinity();
     std::vector<float> y(2 * 8);
-    matmul(x.data(), 2, w.ref, y.data());
+    matmul(*cx, x.data(), 2, w.ref, y.data());
     for (int r = 0; r < 8; ++r) {
       EXPECT_TRUE(std::isfinite(y[r])) << dtype_name(dtype);
       EXPECT_TRUE(std::isnan(y[8 + r])) << dtype_name(dtype) << " row " << r;

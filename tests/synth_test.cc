@@ -163,7 +163,8 @@ TEST(Bench, DecodeStepBytesAreTheMatricesAndTheState) {
     EXPECT_EQ(run_bench(*model, config).decode_step_bytes, model->decode_step_bytes(23));
   }
   // Bytes per second: far above a slow disk's, far below any cache's.
-  const double bandwidth = read_bandwidth(int64_t{8} << 20, 2);
+  CpuContext cx(1, CpuKernels::from_environment());
+  const double bandwidth = read_bandwidth(cx, int64_t{8} << 20, 2);
   EXPECT_GT(bandwidth, 1e8);
   EXPECT_LT(bandwidth, 1e13);
 }

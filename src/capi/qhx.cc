@@ -15,6 +15,7 @@
 #include "chat/chat_template.h"
 #include "io/bundle.h"
 #include "io/pack.h"
+#include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "runtime/generation_config.h"
@@ -38,7 +39,6 @@ struct qhx_model {
   int64_t context_length = 0;
   int64_t memory_estimate = 0;
   std::string admission_note;
-  int32_t n_threads = 0;
 };
 
 struct qhx_session {
@@ -276,19 +276,17 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->dir = dir;
     opened->name = fs::path(path).filename().string();
     if (opened->name.empty()) opened->name = fs::path(path).parent_path().filename().string();
-    opened->n_threads = options->n_threads > 0 ? options->n_threads : qhx::hardware_threads();
-    {
-      // The pool is process-wide: no forward pass of another model may be using it while it is
-      // replaced.
-      const qhx::ComputeTurn turn;
-      qhx::set_kernel_threads(opened->n_threads);
-    }
+    const int n_threads = options->n_threads > 0 ? options->n_threads : qhx::hardware_threads();
     std::vector<int32_t> bundle_stop_ids;
     if (qhx::is_bundle(dir)) {
       bundle_stop_ids =
           qhx::open_bundle_manifest(dir, {.verify_sha256 = options->verify_sha256 != 0}).stop_ids;
     }
-    opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0});
+    // A context of the model's own: models opened with other thread counts compute side by side.
+    opened->model = qhx::load_model(
+        dir, {.verify_sha256 = options->verify_sha256 != 0,
+              .context = std::make_shared<qhx::CpuContext>(n_threads,
+                                                           qhx::CpuKernels::from_environment())});
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
     opened->generation = qhx::load_generation_config(dir, config);
@@ -347,7 +345,7 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->eos_ids = model->eos_ids.data();
   info->n_eos_ids = model->eos_ids.size();
   info->has_chat_template = model->chat_template.has_value();
-  info->n_threads = model->n_threads;
+  info->n_threads = model->model->context().threads();
   return QHX_OK;
 }
 

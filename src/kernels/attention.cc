@@ -10,12 +10,11 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <vector>
 
 #include "kernels/matmul.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 
 namespace qhx {
 namespace {
@@ -445,19 +444,21 @@ struct GatheredHead {
 };
 
 // The SIMD kernel for this CPU and head size, or null for the reference.
-AttendRows fast_attend_rows([[maybe_unused]] int64_t head_dim) {
+AttendRows fast_attend_rows([[maybe_unused]] const CpuKernels& kernels,
+                            [[maybe_unused]] int64_t head_dim) {
 #if defined(__x86_64__)
-  if (simd::has_avx512() && head_dim % 16 == 0) return attend_rows_avx512<false>;
-  if (simd::has_avx2() && head_dim % 8 == 0) return attend_rows_avx2;
+  if (kernels.avx512 && head_dim % 16 == 0) return attend_rows_avx512<false>;
+  if (kernels.avx2 && head_dim % 8 == 0) return attend_rows_avx2;
 #elif defined(__aarch64__)
-  if (neon::enabled() && head_dim % 4 == 0) return attend_rows_neon;
+  if (kernels.neon && head_dim % 4 == 0) return attend_rows_neon;
 #endif
   return nullptr;
 }
 
 // The kernel for rows of a GatheredHead, and whether it takes their keys transposed.
-AttendRows gathered_attend_rows(int64_t head_dim, bool& transposed_keys) {
-  const AttendRows attend = fast_attend_rows(head_dim);
+AttendRows gathered_attend_rows(const CpuKernels& kernels, int64_t head_dim,
+                                bool& transposed_keys) {
+  const AttendRows attend = fast_attend_rows(kernels, head_dim);
 #if defined(__x86_64__)
   transposed_keys = attend == attend_rows_avx512<false>;
   if (transposed_keys) return attend_rows_avx512<true>;
@@ -468,8 +469,8 @@ AttendRows gathered_attend_rows(int64_t head_dim, bool& transposed_keys) {
 
 }  // namespace
 
-const char* attention_kernel_path(int64_t head_dim) {
-  const AttendRows attend = fast_attend_rows(head_dim);
+const char* attention_kernel_path(const CpuKernels& kernels, int64_t head_dim) {
+  const AttendRows attend = fast_attend_rows(kernels, head_dim);
 #if defined(__x86_64__)
   if (attend == attend_rows_avx512<false>) return "avx512";
   if (attend == attend_rows_avx2) return "avx2+fma";
@@ -479,13 +480,15 @@ const char* attention_kernel_path(int64_t head_dim) {
   return "scalar reference";
 }
 
-void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
-                      const float* values, const AttentionShape& shape, float scale, float* out) {
+void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t first_pos,
+                      const float* keys, const float* values, const AttentionShape& shape,
+                      float scale, float* out) {
   const int64_t hd = shape.head_dim;
-  const AttendRows attend = fast_attend_rows(hd);
+  const AttendRows attend = fast_attend_rows(cx.kernels(), hd);
   if (attend == nullptr) {
-    std::vector<float> scores(first_pos + n_queries);
-    ref::causal_attention(q, n_queries, first_pos, keys, values, shape, scale, out, scores.data());
+    float* scores =
+        cx.caller_scratch().buffer<float>(Scratch::kAttentionScores, first_pos + n_queries);
+    ref::causal_attention(q, n_queries, first_pos, keys, values, shape, scale, out, scores);
     return;
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
@@ -503,21 +506,23 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
       kv_stride != hd && blocks >= kMinBlocksToGather &&
       2 * (first_pos + n_queries) * hd * static_cast<int64_t>(sizeof(float)) <= kMaxGatherBytes;
   bool transposed_keys = false;
-  const AttendRows attend_gathered = gathered_attend_rows(hd, transposed_keys);
-  static std::atomic<uint64_t> calls{0};
-  const uint64_t call = gather ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
-  const auto attend_block = [&](int64_t kv, int64_t block) {
+  const AttendRows attend_gathered = gathered_attend_rows(cx.kernels(), hd, transposed_keys);
+  // Numbers this call for the threads' GatheredHeads (the context runs one call at a time).
+  uint64_t& calls = cx.caller_scratch().object<uint64_t>(Scratch::kAttentionCalls);
+  const uint64_t call = gather ? ++calls : 0;
+  const auto attend_block = [&](int64_t kv, int64_t block, Scratch& scratch) {
     const int64_t t_begin = block * positions;
     const int64_t t_end = std::min(n_queries, t_begin + positions);
     const int64_t max_keys = first_pos + t_end;
-    thread_local std::vector<float> scores;
-    thread_local std::vector<AttentionRow> rows;
-    scores.resize(std::max<int64_t>(scores.size(), (t_end - t_begin) * group * max_keys));
+    float* scores =
+        scratch.buffer<float>(Scratch::kAttentionScores, (t_end - t_begin) * group * max_keys);
+    std::vector<AttentionRow>& rows =
+        scratch.object<std::vector<AttentionRow>>(Scratch::kAttentionRows);
     rows.clear();
     for (int64_t t = t_begin; t < t_end; ++t) {
       for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
         rows.push_back({q + t * q_stride + h * hd, out + t * q_stride + h * hd,
-                        scores.data() + rows.size() * max_keys, first_pos + t + 1});
+                        scores + rows.size() * max_keys, first_pos + t + 1});
       }
     }
     if (!gather) {
@@ -525,7 +530,7 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
              kv_stride, hd, scale);
       return;
     }
-    thread_local GatheredHead head;
+    GatheredHead& head = scratch.object<GatheredHead>(Scratch::kGatheredHead);
     head.gather(call, kv, keys, values, max_keys, first_pos + n_queries, kv_stride, hd,
                 transposed_keys);
     attend_gathered(rows.data(), static_cast<int>(rows.size()), head.keys.data(),
@@ -534,7 +539,7 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
   // A task is a run of one head's blocks: each head in as few parts as keep every thread busy
   // (whole heads measured 10-17% faster on two threads than blocks handed out one at a time, which
   // had both threads read and copy every head), cut where the causal work splits evenly.
-  const int64_t threads = kernel_pool().size();
+  const int64_t threads = cx.threads();
   int64_t parts = (threads + shape.n_kv_heads - 1) / shape.n_kv_heads;
   if (shape.n_kv_heads * parts % threads != 0) parts *= 2;  // uneven: smaller tasks to even out
   parts = std::min(parts, blocks);
@@ -548,10 +553,10 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
     part_begin.push_back(block);
   }
   part_begin.push_back(blocks);
-  kernel_pool().run(shape.n_kv_heads * parts, [&](int64_t task) {
+  cx.run(shape.n_kv_heads * parts, [&](int64_t task, Scratch& scratch) {
     const int64_t kv = task / parts, part = task % parts;
     for (int64_t block = part_begin[part]; block < part_begin[part + 1]; ++block) {
-      attend_block(kv, block);
+      attend_block(kv, block, scratch);
     }
   });
 }

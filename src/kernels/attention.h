@@ -1,5 +1,5 @@
 // Fast causal grouped-query attention (the scalar reference is ref::causal_attention in
-// kernels/kernels.h, same arguments). Query rows and heads are spread over the kernel threads;
+// kernels/kernels.h, same arguments). Query rows and heads are spread over the context's threads;
 // each (query, head) pair is computed the same way whatever the batch, so a token decoded alone
 // gets exactly what it gets inside a batched prefill.
 #pragma once
@@ -10,13 +10,17 @@
 
 namespace qhx {
 
+class CpuContext;
+struct CpuKernels;
+
 // q: [n_queries, n_heads·head_dim]; keys/values: [first_pos + n_queries, n_kv_heads·head_dim].
 // Query t sees keys 0..first_pos+t. out: [n_queries, n_heads·head_dim].
-void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
-                      const float* values, const AttentionShape& shape, float scale, float* out);
+void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t first_pos,
+                      const float* keys, const float* values, const AttentionShape& shape,
+                      float scale, float* out);
 
-// The implementation causal_attention uses here: "avx512" or "avx2+fma" (x86-64 CPUs that have
-// them, head_dim a multiple of 16 or 8), "neon" (aarch64) or "scalar reference".
-const char* attention_kernel_path(int64_t head_dim);
+// The implementation causal_attention uses with these kernels: "avx512" or "avx2+fma" (x86-64
+// CPUs that have them, head_dim a multiple of 16 or 8), "neon" (aarch64) or "scalar reference".
+const char* attention_kernel_path(const CpuKernels& kernels, int64_t head_dim);
 
 }  // namespace qhx

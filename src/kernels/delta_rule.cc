@@ -6,7 +6,7 @@
 
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 
 namespace qhx {
 
@@ -140,16 +140,22 @@ QHX_TARGET_AVX2 void gemm(int64_t rows, int64_t depth, int64_t width, const floa
 
 constexpr int64_t kRowBlock = 4;  // rows of the triangular steps done together: one tile high
 
+// A thread's working arrays for chunked_head.
+struct ChunkScratch {
+  std::vector<float> S, keys_t, gram, UW, O, diff;
+  std::vector<double> G;
+};
+
 // Value head j, chunk by chunk. Row widths are rounded up to whole vectors (zero columns, which
 // stay zero), so the products need no tails; the state is copied in and out once per call.
-QHX_TARGET_AVX2 void chunked_head(const DeltaRuleArgs& a, int64_t chunk, int64_t j) {
+QHX_TARGET_AVX2 void chunked_head(const DeltaRuleArgs& a, int64_t chunk, int64_t j,
+                                  ChunkScratch& scratch) {
   const DeltaRuleShape& s = a.shape;
   const int64_t dk = s.k_dim, dv = s.v_dim, hk = s.n_k_heads, hv = s.n_v_heads;
   const int64_t kh = j / (hv / hk), dvp = round_up8(dv), dkp = round_up8(dk);
   const int64_t uw = dvp + dkp;  // a row of [U | W]
   const int64_t max_n = std::min(chunk, a.n_tokens), max_np = round_up8(max_n);
-  thread_local std::vector<float> S, keys_t, gram, UW, O, diff;
-  thread_local std::vector<double> G;
+  auto& [S, keys_t, gram, UW, O, diff, G] = scratch;
   S.assign(dk * dvp, 0.0f);
   keys_t.resize(dk * max_np);
   gram.resize(2 * max_n * max_np);
@@ -250,14 +256,15 @@ QHX_TARGET_AVX2 void chunked_head(const DeltaRuleArgs& a, int64_t chunk, int64_t
 }  // namespace
 #endif
 
-void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* beta,
-                                const float* g, int64_t n_tokens, const DeltaRuleShape& shape,
-                                float* state, float* out) {
+void gated_delta_rule_recurrent([[maybe_unused]] CpuContext& cx, const float* q, const float* k,
+                                const float* v, const float* beta, const float* g,
+                                int64_t n_tokens, const DeltaRuleShape& shape, float* state,
+                                float* out) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) {
+  if (cx.kernels().avx2) {
     const DeltaRuleArgs args{q, k, v, beta, g, n_tokens, shape, state, out};
     const int64_t blocks = (shape.v_dim + kColumnBlock - 1) / kColumnBlock;
-    kernel_pool().run(shape.n_v_heads * blocks, [&](int64_t task) {
+    cx.run(shape.n_v_heads * blocks, [&](int64_t task, Scratch&) {
       recurrent_block(args, task / blocks, task % blocks * kColumnBlock);
     });
     return;
@@ -266,14 +273,17 @@ void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, 
   ref::gated_delta_rule_recurrent(q, k, v, beta, g, n_tokens, shape, state, out);
 }
 
-void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* beta,
-                              const float* g, int64_t n_tokens, const DeltaRuleShape& shape,
-                              int64_t chunk, float* state, float* out) {
+void gated_delta_rule_chunked([[maybe_unused]] CpuContext& cx, const float* q, const float* k,
+                              const float* v, const float* beta, const float* g, int64_t n_tokens,
+                              const DeltaRuleShape& shape, int64_t chunk, float* state,
+                              float* out) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) {
+  if (cx.kernels().avx2) {
     if (n_tokens == 0) return;
     const DeltaRuleArgs args{q, k, v, beta, g, n_tokens, shape, state, out};
-    kernel_pool().run(shape.n_v_heads, [&](int64_t j) { chunked_head(args, chunk, j); });
+    cx.run(shape.n_v_heads, [&](int64_t j, Scratch& scratch) {
+      chunked_head(args, chunk, j, scratch.object<ChunkScratch>(Scratch::kDeltaRule));
+    });
     return;
   }
 #endif

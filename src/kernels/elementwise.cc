@@ -7,7 +7,7 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 
 namespace qhx {
 
@@ -79,13 +79,12 @@ QHX_TARGET_AVX2 void l2_normalize_avx2(float* x, int64_t n, float eps) {
 
 // Vectorised over channels: for each token, the kernel's inputs are `kernel` rows (from the
 // state or from u) weighted tap by tap.
-QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(const float* u, int64_t n_tokens, int64_t channels,
+QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(CpuContext& cx, const float* u, int64_t n_tokens, int64_t channels,
                                              const float* weight, int64_t kernel, float* state,
                                              float* out) {
   const int64_t history = kernel - 1;
   // Taps as [kernel, channels], so that one tap of eight channels is one load.
-  thread_local std::vector<float> taps;
-  taps.resize(kernel * channels);
+  float* taps = cx.caller_scratch().buffer<float>(Scratch::kConvTaps, kernel * channels);
   for (int64_t c = 0; c < channels; ++c) {
     for (int64_t j = 0; j < kernel; ++j) taps[j * channels + c] = weight[c * kernel + j];
   }
@@ -98,7 +97,7 @@ QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(const float* u, int64_t n_tokens, i
     for_each_block(channels, [&](int64_t c, auto block) QHX_TARGET_AVX2 {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t j = 0; j < kernel; ++j) {
-        acc = _mm256_fmadd_ps(block.load(taps.data() + j * channels + c), block.load(inputs[j] + c),
+        acc = _mm256_fmadd_ps(block.load(taps + j * channels + c), block.load(inputs[j] + c),
                               acc);
       }
       block.store(out + t * channels + c, silu(acc));
@@ -119,81 +118,81 @@ QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(const float* u, int64_t n_tokens, i
 
 namespace {
 
-// op(begin, count) over parts of [0, n) spread across the kernel threads (a prompt's activations
+// op(begin, count) over parts of [0, n) spread across the threads of cx (a prompt's activations
 // are megabytes; one token's are done by the caller alone). Every element is computed the same
 // way wherever a part starts.
 template <typename Op>
-void in_parts(int64_t n, const Op& op) {
+void in_parts(CpuContext& cx, int64_t n, const Op& op) {
   constexpr int64_t kPart = 4096;
-  split_rows((n + kPart - 1) / kPart, 1, n, [&](int64_t begin, int64_t end) {
+  cx.split_rows((n + kPart - 1) / kPart, 1, n, [&](int64_t begin, int64_t end) {
     op(begin * kPart, std::min(n, end * kPart) - begin * kPart);
   });
 }
 
 }  // namespace
 
-void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y) {
+void rms_norm(CpuContext& cx, const float* x, const float* weight, int64_t n, float eps, float* y) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) return rms_norm_avx2(x, weight, n, eps, y);
+  if (cx.kernels().avx2) return rms_norm_avx2(x, weight, n, eps, y);
 #endif
   ref::rms_norm(x, weight, n, eps, y);
 }
 
-void rms_norm_rows(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
+void rms_norm_rows(CpuContext& cx, const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
                    float* y) {
-  split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) rms_norm(x + r * n, weight, n, eps, y + r * n);
+  cx.split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) rms_norm(cx, x + r * n, weight, n, eps, y + r * n);
   });
 }
 
-void add_rms_norm_rows(float* h, const float* y, const float* weight, int64_t n_rows, int64_t n,
+void add_rms_norm_rows(CpuContext& cx, float* h, const float* y, const float* weight, int64_t n_rows, int64_t n,
                        float eps, float* x) {
-  split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
+  cx.split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t i = r * n; i < (r + 1) * n; ++i) h[i] += y[i];
-      rms_norm(h + r * n, weight, n, eps, x + r * n);
+      rms_norm(cx, h + r * n, weight, n, eps, x + r * n);
     }
   });
 }
 
-void rope_rotate_half(float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
+void rope_rotate_half(CpuContext& cx, float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
                       const float* cos, const float* sin) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) return rope_rotate_half_avx2(x, n_vectors, stride, rotary_dim, cos, sin);
+  if (cx.kernels().avx2) return rope_rotate_half_avx2(x, n_vectors, stride, rotary_dim, cos, sin);
 #endif
   ref::rope_rotate_half(x, n_vectors, stride, rotary_dim, cos, sin);
 }
 
-void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  in_parts(n, [&](int64_t i, int64_t count) {
+void silu_mul(CpuContext& cx, const float* gate, const float* up, int64_t n, float* out) {
+  in_parts(cx, n, [&](int64_t i, int64_t count) {
 #if defined(__x86_64__)
-    if (simd::has_avx2()) return silu_mul_avx2(gate + i, up + i, count, out + i);
+    if (cx.kernels().avx2) return silu_mul_avx2(gate + i, up + i, count, out + i);
 #endif
     ref::silu_mul(gate + i, up + i, count, out + i);
   });
 }
 
-void sigmoid_gate(const float* gate, int64_t n, float* x) {
-  in_parts(n, [&](int64_t i, int64_t count) {
+void sigmoid_gate(CpuContext& cx, const float* gate, int64_t n, float* x) {
+  in_parts(cx, n, [&](int64_t i, int64_t count) {
 #if defined(__x86_64__)
-    if (simd::has_avx2()) return sigmoid_gate_avx2(gate + i, count, x + i);
+    if (cx.kernels().avx2) return sigmoid_gate_avx2(gate + i, count, x + i);
 #endif
     ref::sigmoid_gate(gate + i, count, x + i);
   });
 }
 
-void l2_normalize(float* x, int64_t n, float eps) {
+void l2_normalize(CpuContext& cx, float* x, int64_t n, float eps) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) return l2_normalize_avx2(x, n, eps);
+  if (cx.kernels().avx2) return l2_normalize_avx2(x, n, eps);
 #endif
   ref::l2_normalize(x, n, eps);
 }
 
-void causal_conv1d_silu(const float* u, int64_t n_tokens, int64_t channels, const float* weight,
+void causal_conv1d_silu(CpuContext& cx, const float* u, int64_t n_tokens, int64_t channels, const float* weight,
                         int64_t kernel, float* state, float* out) {
 #if defined(__x86_64__)
-  if (simd::has_avx2()) {
-    return causal_conv1d_silu_avx2(u, n_tokens, channels, weight, kernel, state, out);
+  if (cx.kernels().avx2) {
+    return causal_conv1d_silu_avx2(cx, u, n_tokens, channels, weight, kernel, state, out);
   }
 #endif
   ref::causal_conv1d_silu(u, n_tokens, channels, weight, kernel, state, out);

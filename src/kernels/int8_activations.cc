@@ -4,7 +4,7 @@
 #include <immintrin.h>
 #endif
 
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 
 namespace qhx {
 namespace {
@@ -36,8 +36,8 @@ int64_t column_of_byte(int64_t chunk, int64_t i) {
 
 }  // namespace
 
-void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_tokens, int64_t cols,
-                         const ActivationLayout& layout, Int8Activations& a) {
+void prepare_activations(CpuContext& cx, QuantizeToken quantize, const float* x, int64_t n_tokens,
+                         int64_t cols, const ActivationLayout& layout, Int8Activations& a) {
   const int64_t chunk = layout.chunk;
   const bool nibble_split = layout.nibble_split;
   const int32_t nibble_offset = layout.nibble_offset;
@@ -49,16 +49,12 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
   a.pairs = nibble_offset != 0 ? cols / 8 : 0;
   a.pair_corrections.resize(n_tokens * a.pairs);
   a.block_corrections.resize(layout.block_offset != 0 ? n_tokens * n_blocks : 0);
-  auto prepare = [&](int64_t t) {
-    thread_local std::vector<int8_t> split;
+  auto prepare = [&](int64_t t, Scratch& scratch) {
     float* sx = a.block_scales.data() + t * a.block_stride;
     int8_t* q = a.q.data() + t * cols;
     // Quantized in place when the kernel reads the columns in order; else reordered from a copy.
     int8_t* quantized = q;
-    if (nibble_split) {
-      split.resize(cols);
-      quantized = split.data();
-    }
+    if (nibble_split) quantized = scratch.buffer<int8_t>(Scratch::kActivationSplit, cols);
     quantize(x + t * cols, cols, quantized, sx);
     if (nibble_split) {
       for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
@@ -80,10 +76,10 @@ void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_token
       }
     }
   };
-  if (n_tokens >= 4 && kernel_pool().size() > 1) {
-    kernel_pool().run(n_tokens, prepare);
+  if (n_tokens >= 4 && cx.threads() > 1) {
+    cx.run(n_tokens, prepare);
   } else {
-    for (int64_t t = 0; t < n_tokens; ++t) prepare(t);
+    for (int64_t t = 0; t < n_tokens; ++t) prepare(t, cx.caller_scratch());
   }
 }
 

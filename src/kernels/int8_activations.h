@@ -11,6 +11,8 @@
 
 namespace qhx {
 
+class CpuContext;
+
 // The quantized activations of one call, in the column order the chosen kernel reads, with each
 // block's scale and the corrections for weights that enter the integer multiply-adds offset.
 struct Int8Activations {
@@ -51,8 +53,9 @@ struct ActivationLayout {
 };
 
 // Quantizes every token with `quantize` and lays it out as `layout` says.
-void prepare_activations(QuantizeToken quantize, const float* x, int64_t n_tokens, int64_t cols,
-                         const ActivationLayout& layout, Int8Activations& a);
+// Tokens spread over the threads of cx.
+void prepare_activations(CpuContext& cx, QuantizeToken quantize, const float* x, int64_t n_tokens,
+                         int64_t cols, const ActivationLayout& layout, Int8Activations& a);
 
 // Row r of a W4 matrix: its packed bytes and its f16 group scales.
 inline const uint8_t* w4_row(const MatrixRef& w, int64_t r) {

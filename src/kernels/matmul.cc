@@ -1,11 +1,10 @@
 #include "kernels/matmul.h"
 
 #include "kernels/matmul_int8.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 #include "kernels/token_blocks.h"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include "kernels/simd_avx2.h"
@@ -15,15 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 
 namespace qhx {
-
-bool simd::kernels_requested(std::string_view choice) {
-  const char* requested = std::getenv("QHX_KERNELS");
-  return requested != nullptr && choice == requested;
-}
 
 #if defined(__x86_64__)
 namespace {
@@ -163,24 +155,6 @@ QHX_AVX2 void dot_row(const MatrixRef& w, int64_t r, const float* const* x, floa
 
 namespace simd {
 
-bool has_avx2() {
-  static const bool yes = [] {
-    // F16C via CPUID leaf 1, ECX bit 29: not every compiler's __builtin_cpu_supports knows it.
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
-    return !kernels_requested("reference") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma") && f16c;
-  }();
-  return yes;
-}
-
-bool has_avx512() {
-  static const bool yes = has_avx2() && !kernels_requested("avx2") &&
-                          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return yes;
-}
-
 QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixRef& w, float* y,
                                  int64_t row_begin, int64_t row_end) {
   // Two tokens per weight load: 8 accumulators each.
@@ -191,66 +165,38 @@ QHX_AVX2 static void matmul_avx2(const float* x, int64_t n_tokens, const MatrixR
 
 }  // namespace simd
 
-void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
-  if (!simd::has_avx2()) return ref::matmul(x, n_tokens, w, y);
-  split_rows(w.rows, 1, w.rows * w.cols * n_tokens,
-             [&](int64_t begin, int64_t end) { simd::matmul_avx2(x, n_tokens, w, y, begin, end); });
-}
-
-const char* matmul_kernel_path() {
-  if (!simd::has_avx2()) return "scalar reference";
-  return simd::has_avx512_vnni() ? "avx2+fma, int8 avx512-vnni" : "avx2+fma, int8 avx2";
+void matmul(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (uses_int8_activations(w)) return matmul_int8(cx, x, n_tokens, w, y);
+  if (!cx.kernels().avx2) return ref::matmul(x, n_tokens, w, y);
+  cx.split_rows(w.rows, 1, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
+    simd::matmul_avx2(x, n_tokens, w, y, begin, end);
+  });
 }
 
 #elif defined(__aarch64__)
 
-namespace neon {
-bool enabled() {
-  static const bool yes = !simd::kernels_requested("reference");
-  return yes;
-}
-}  // namespace neon
-
-void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
-  if (!neon::enabled()) return ref::matmul(x, n_tokens, w, y);
-  split_rows(w.rows, 1, w.rows * w.cols * n_tokens,
-             [&](int64_t begin, int64_t end) { neon::matmul_rows(x, n_tokens, w, y, begin, end); });
-}
-
-const char* matmul_kernel_path() {
-  return neon::enabled() ? "neon" : "scalar reference";
+void matmul(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (uses_int8_activations(w)) return matmul_int8(cx, x, n_tokens, w, y);
+  if (!cx.kernels().neon) return ref::matmul(x, n_tokens, w, y);
+  cx.split_rows(w.rows, 1, w.rows * w.cols * n_tokens, [&](int64_t begin, int64_t end) {
+    neon::matmul_rows(x, n_tokens, w, y, begin, end);
+  });
 }
 
 #else  // no SIMD kernels for this architecture
 
-void matmul(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  if (uses_int8_activations(w)) return matmul_int8(x, n_tokens, w, y);
+void matmul(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (uses_int8_activations(w)) return matmul_int8(cx, x, n_tokens, w, y);
   ref::matmul(x, n_tokens, w, y);
 }
 
-const char* matmul_kernel_path() {
-  return "scalar reference";
-}
-
 #endif
 
-void matmul(const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs) {
+void matmul(CpuContext& cx, const float* x, int64_t n_tokens,
+            std::initializer_list<MatmulOutput> outputs) {
   const std::span<const MatmulOutput> all(outputs.begin(), outputs.size());
-  if (share_int8_activations(all)) return matmul_int8(x, n_tokens, all);
-  for (const MatmulOutput& o : all) matmul(x, n_tokens, o.w, o.y);
+  if (share_int8_activations(all)) return matmul_int8(cx, x, n_tokens, all);
+  for (const MatmulOutput& o : all) matmul(cx, x, n_tokens, o.w, o.y);
 }
-
-#if !defined(__x86_64__)
-namespace simd {
-bool has_avx2() {
-  return false;
-}
-bool has_avx512() {
-  return false;
-}
-}  // namespace simd
-#endif
 
 }  // namespace qhx

@@ -20,7 +20,7 @@
 #include "kernels/int8_activations.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 #include "util/error.h"
 
 #if defined(__x86_64__)
@@ -527,38 +527,31 @@ void matmul_rows(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens,
 
 }  // namespace
 
-namespace simd {
-
-bool has_avx512_vnni() {
-  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512vnni");
-  return yes;
-}
-
-}  // namespace simd
-
-void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   const MatmulOutput one[] = {{w, y}};
-  matmul_int8(x, n_tokens, one);
+  matmul_int8(cx, x, n_tokens, one);
 }
 
-void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput> outputs) {
-  if (!simd::has_avx2()) {
+void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens,
+                 std::span<const MatmulOutput> outputs) {
+  if (!cx.kernels().avx2) {
     for (const MatmulOutput& o : outputs) ref::matmul(x, n_tokens, o.w, o.y);
     return;
   }
   const MatrixRef& w = outputs[0].w;  // dtype, columns and packing are those of every matrix
   const bool w4 = w.dtype == DType::kW4;
-  const bool panels = w.packed != nullptr && simd::has_avx512_vnni();
-  thread_local Int8Activations scratch;
-  Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
+  const bool panels = w.packed != nullptr && cx.kernels().avx512_vnni;
+  // The caller's: the workers read it.
+  Int8Activations& activations =
+      cx.caller_scratch().object<Int8Activations>(Scratch::kInt8Activations);
   // Panels on AVX-512 VNNI; row-major on AVX2 (also on AVX-512 CPUs, for matrices nobody
   // packed): W4 chunks of 64 columns (32 packed bytes), W8 ones of a vector.
   const ActivationLayout layout =
       panels ? ActivationLayout{.block_offset = w4 ? 8 : 128}
              : ActivationLayout{
                    .chunk = w4 ? 64 : 32, .nibble_split = w4, .nibble_offset = w4 ? 8 : 0};
-  prepare_activations(panels ? quantize_token_avx512 : quantize_token, x, n_tokens, w.cols, layout,
-                      activations);
+  prepare_activations(cx, panels ? quantize_token_avx512 : quantize_token, x, n_tokens, w.cols,
+                      layout, activations);
   // The units (panels or rows) of all the matrices as one range, matrix i's from first[i].
   std::vector<int64_t> first = {0};
   int64_t work = 0;
@@ -566,7 +559,7 @@ void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput>
     first.push_back(first.back() + (panels ? panel_count(o.w.rows) : o.w.rows));
     work += o.w.rows * o.w.cols * n_tokens;
   }
-  split_rows(first.back(), panels ? 1 : kTileRows, work, [&](int64_t begin, int64_t end) {
+  cx.split_rows(first.back(), panels ? 1 : kTileRows, work, [&](int64_t begin, int64_t end) {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const int64_t lo = std::max(begin, first[i]) - first[i];
       const int64_t hi = std::min(end, first[i + 1]) - first[i];
@@ -583,17 +576,12 @@ void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput>
   });
 }
 
-const char* matmul_int8_kernel_path() {
-  if (!simd::has_avx2()) return "scalar reference";
-  return simd::has_avx512_vnni() ? "avx512-vnni" : "avx2";
-}
-
-void read_row(const MatrixRef& w, int64_t row, float* out) {
+void read_row(CpuContext& cx, const MatrixRef& w, int64_t row, float* out) {
   if (w.packed == nullptr) return ref::read_row(w, row, out);
   // The row's 4 bytes of each step, 64 bytes apart, back into the row-major layout.
   const uint8_t* step = static_cast<const uint8_t*>(w.packed) + row / kPanelRows * panel_bytes(w) +
                         4 * (row % kPanelRows);
-  thread_local std::vector<uint8_t> bytes;
+  std::vector<uint8_t>& bytes = cx.caller_scratch().object<std::vector<uint8_t>>(Scratch::kRowBytes);
   MatrixRef one_row = w;
   one_row.rows = 1;
   if (w.dtype == DType::kW8) {
@@ -606,7 +594,8 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
     bytes.assign(w.cols / 2, 0);
     // The group scales from the panel too (the row-major ones may have been released as well):
     // the row's 2 bytes of each group in the scale line before the group's octets.
-    thread_local std::vector<uint16_t> scales;
+    std::vector<uint16_t>& scales =
+        cx.caller_scratch().object<std::vector<uint16_t>>(Scratch::kRowScales);
     scales.resize(w.cols / w.group_size);
     const uint8_t* scale = step - 2 * (row % kPanelRows);
     for (int64_t c = 0; c < w.cols; c += 8, step += 64) {
@@ -631,13 +620,13 @@ void read_row(const MatrixRef& w, int64_t row, float* out) {
   ref::read_row(one_row, 0, out);
 }
 
-bool packs_for_int8_kernels(const MatrixRef& w) {
-  return simd::has_avx512_vnni() && uses_int8_activations(w);
+bool packs_for_int8_kernels(const CpuKernels& kernels, const MatrixRef& w) {
+  return kernels.avx512_vnni && uses_int8_activations(w);
 }
 
-PackedMatrix pack_for_int8_kernels(const MatrixRef& w) {
+PackedMatrix pack_for_int8_kernels(const CpuKernels& kernels, const MatrixRef& w) {
   PackedMatrix packed;
-  if (!packs_for_int8_kernels(w)) return packed;
+  if (!packs_for_int8_kernels(kernels, w)) return packed;
   const size_t size = panel_count(w.rows) * panel_bytes(w);
   // Its pages populated at once: page faults one page at a time cost more than the packing.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
@@ -650,7 +639,7 @@ PackedMatrix pack_for_int8_kernels(const MatrixRef& w) {
          ErrorKind::kOutOfMemory);
   }
   packed.bytes_ = {static_cast<uint8_t*>(p), {size}};
-  // On the calling thread: a model may load while another thread's forward pass holds the pool.
+  // On the calling thread (loading a model packs several matrices at once on threads of its own).
   for (int64_t p = 0; p < panel_count(w.rows); ++p) {
     pack_panel(w, p, packed.bytes_.get() + p * panel_bytes(w));
   }
@@ -661,51 +650,38 @@ PackedMatrix pack_for_int8_kernels(const MatrixRef& w) {
 
 #if defined(__aarch64__)  // the NEON kernels, in matmul_int8_neon.cc
 
-void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
-  if (!neon::enabled()) return ref::matmul(x, n_tokens, w, y);
-  neon::matmul_int8(x, n_tokens, w, y);
+void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+  if (!cx.kernels().neon) return ref::matmul(x, n_tokens, w, y);
+  neon::matmul_int8(cx, x, n_tokens, w, y);
 }
 
-void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput> outputs) {
-  for (const MatmulOutput& o : outputs) matmul_int8(x, n_tokens, o.w, o.y);
-}
-
-const char* matmul_int8_kernel_path() {
-  if (!neon::enabled()) return "scalar reference";
-  return neon::has_dotprod() ? "neon-dotprod" : "neon";
+void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens,
+                 std::span<const MatmulOutput> outputs) {
+  for (const MatmulOutput& o : outputs) matmul_int8(cx, x, n_tokens, o.w, o.y);
 }
 
 #else  // no SIMD kernels for this architecture
 
-void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+void matmul_int8(CpuContext&, const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   ref::matmul(x, n_tokens, w, y);
 }
 
-void matmul_int8(const float* x, int64_t n_tokens, std::span<const MatmulOutput> outputs) {
+void matmul_int8(CpuContext&, const float* x, int64_t n_tokens,
+                 std::span<const MatmulOutput> outputs) {
   for (const MatmulOutput& o : outputs) ref::matmul(x, n_tokens, o.w, o.y);
-}
-
-const char* matmul_int8_kernel_path() {
-  return "scalar reference";
 }
 
 #endif
 
-namespace simd {
-bool has_avx512_vnni() {
-  return false;
-}
-}  // namespace simd
-
-bool packs_for_int8_kernels(const MatrixRef&) {
+bool packs_for_int8_kernels(const CpuKernels&, const MatrixRef&) {
   return false;  // the NEON kernels read matrices as they lie
 }
 
-PackedMatrix pack_for_int8_kernels(const MatrixRef&) {
+PackedMatrix pack_for_int8_kernels(const CpuKernels&, const MatrixRef&) {
   return {};
 }
 
-void read_row(const MatrixRef& w, int64_t row, float* out) {
+void read_row(CpuContext&, const MatrixRef& w, int64_t row, float* out) {
   ref::read_row(w, row, out);
 }
 

@@ -28,7 +28,7 @@
 #include "kernels/int8_activations.h"
 #include "kernels/matmul.h"
 #include "kernels/neon.h"
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 
 #if defined(__ARM_FEATURE_DOTPROD)  // built for CPUs that all have it
 #define QHX_DOTPROD_KERNELS 1
@@ -263,33 +263,29 @@ __attribute__((flatten)) void matmul_rows_widening(const MatrixRef& w, const Int
 
 }  // namespace
 
-// QHX_KERNELS=neon keeps to the baseline kernels (to compare, or to test them on a CPU with SDOT).
-bool has_dotprod() {
-  static const bool yes = [] {
-    if (simd::kernels_requested("neon")) return false;
+bool dotprod_available() {
 #if QHX_DOTPROD_KERNELS && defined(__ARM_FEATURE_DOTPROD)
-    return true;
+  return true;
 #elif QHX_DOTPROD_KERNELS && defined(__linux__)
-    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+  return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #else
-    return false;
+  return false;
 #endif
-  }();
-  return yes;
 }
 
-void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
+void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y) {
   MatmulRows rows = matmul_rows_widening;
 #if QHX_DOTPROD_KERNELS
-  if (has_dotprod()) rows = matmul_rows_dotprod;
+  if (cx.kernels().neon_dotprod) rows = matmul_rows_dotprod;
 #endif
-  thread_local Int8Activations scratch;
-  Int8Activations& activations = scratch;  // the workers must see the caller's, not their own
-  prepare_activations(quantize_token, x, n_tokens, w.cols,
+  // The caller's: the workers read it.
+  Int8Activations& activations =
+      cx.caller_scratch().object<Int8Activations>(Scratch::kInt8Activations);
+  prepare_activations(cx, quantize_token, x, n_tokens, w.cols,
                       {.chunk = kActivationBlock, .nibble_split = w.dtype == DType::kW4},
                       activations);
-  split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens,
-             [&](int64_t begin, int64_t end) { rows(w, activations, n_tokens, y, begin, end); });
+  cx.split_rows(w.rows, kTileRows, w.rows * w.cols * n_tokens,
+                [&](int64_t begin, int64_t end) { rows(w, activations, n_tokens, y, begin, end); });
 }
 
 }  // namespace qhx::neon

@@ -7,22 +7,24 @@
 
 #include "kernels/kernels.h"
 
-namespace qhx::neon {
+namespace qhx {
+class CpuContext;
+}
 
-// False when QHX_KERNELS=reference asks for the scalar reference kernels (defined in matmul.cc).
-bool enabled();
+namespace qhx::neon {
 
 // Rows [row_begin, row_end) of y = x · wᵀ (shapes as kernels/matmul.h matmul). Each output's
 // arithmetic is the same whatever n_tokens, so a token computed alone gets the same bits.
 void matmul_rows(const float* x, int64_t n_tokens, const MatrixRef& w, float* y, int64_t row_begin,
                  int64_t row_end);
 
-// True when this CPU has the ARMv8.2 dot-product instructions (SDOT), these kernels were built
-// able to use them, and QHX_KERNELS=neon does not forbid them (defined in matmul_int8_neon.cc).
-bool has_dotprod();
+// True when this CPU has the ARMv8.2 dot-product instructions (SDOT) and these kernels were built
+// able to use them (defined in matmul_int8_neon.cc; CpuKernels::detect asks).
+bool dotprod_available();
 
-// kernels/matmul_int8.h's matmul_int8 on the NEON integer kernels, over the kernel threads.
-void matmul_int8(const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
+// kernels/matmul_int8.h's matmul_int8 on the NEON integer kernels (those with SDOT where
+// cx.kernels().neon_dotprod), over the threads of cx.
+void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
 // One query head q[head_dim] against keys and values rows 0..n_keys-1 (kv_stride floats apart):
 // out = softmax(scale · K q) · V. head_dim is a multiple of 4; scores: scratch of n_keys floats.

@@ -1,6 +1,6 @@
 // AVX-512 building blocks shared by the fast kernels, x86-64 only. Each function carries the
 // target attribute itself: files that use them build for any x86-64 CPU and call them only after
-// simd::has_avx512() (kernels/matmul.h) said yes.
+// the context's CpuKernels::avx512 (kernels/cpu_context.h) said yes.
 #pragma once
 
 #if defined(__x86_64__)

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "util/error.h"
 
@@ -20,7 +21,10 @@ constexpr int kSpinsBeforeSleep = 20000;
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  if (n_threads < 1 || n_threads > 256) {
+    fail("threads", std::to_string(n_threads) + " is not between 1 and 256");
+  }
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -33,14 +37,20 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::work_on_current_job() {
+void ThreadPool::work_on_current_job(int worker) {
   for (int64_t i = next_task_.fetch_add(1, std::memory_order_relaxed); i < n_tasks_;
        i = next_task_.fetch_add(1, std::memory_order_relaxed)) {
-    (*task_)(i);
+    try {
+      (*task_)(i, worker);
+    } catch (...) {
+      const std::lock_guard lock(failure_mutex_);
+      if (!failure_) failure_ = std::current_exception();
+      next_task_.store(n_tasks_, std::memory_order_relaxed);  // skip what has not started
+    }
   }
 }
 
-void ThreadPool::worker_loop() {
+void ThreadPool::worker_loop(int worker) {
   uint64_t seen = 0;
   while (true) {
     int spins = 0;
@@ -56,14 +66,14 @@ void ThreadPool::worker_loop() {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
     }
-    work_on_current_job();
+    work_on_current_job(worker);
     busy_workers_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
-void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t)>& task) {
+void ThreadPool::run(int64_t n_tasks, const Task& task) {
   if (workers_.empty() || n_tasks <= 1) {
-    for (int64_t i = 0; i < n_tasks; ++i) task(i);
+    for (int64_t i = 0; i < n_tasks; ++i) task(i, 0);
     return;
   }
   {
@@ -75,24 +85,16 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t)>& task) 
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  work_on_current_job();
+  work_on_current_job(0);
   while (busy_workers_.load(std::memory_order_acquire) != 0) {
   }
+  std::exception_ptr failure;
+  {
+    const std::lock_guard lock(failure_mutex_);
+    failure = std::exchange(failure_, nullptr);
+  }
+  if (failure) std::rethrow_exception(failure);
 }
-
-namespace {
-
-int& configured_threads() {
-  static int n = 1;
-  return n;
-}
-
-std::unique_ptr<ThreadPool>& pool_slot() {
-  static std::unique_ptr<ThreadPool> pool;
-  return pool;
-}
-
-}  // namespace
 
 int hardware_threads() {
   // The CPUs this process may use (taskset, cgroup cpusets), not every CPU of the machine.
@@ -103,24 +105,6 @@ int hardware_threads() {
 #endif
   if (n < 1) n = static_cast<int>(std::thread::hardware_concurrency());
   return std::clamp(n, 1, 256);
-}
-
-void set_kernel_threads(int n_threads) {
-  if (n_threads < 1 || n_threads > 256) {
-    fail("threads", std::to_string(n_threads) + " is not between 1 and 256");
-  }
-  if (n_threads == configured_threads() && pool_slot()) return;
-  configured_threads() = n_threads;
-  pool_slot().reset();
-}
-
-int kernel_threads() {
-  return configured_threads();
-}
-
-ThreadPool& kernel_pool() {
-  if (!pool_slot()) pool_slot() = std::make_unique<ThreadPool>(configured_threads());
-  return *pool_slot();
 }
 
 void run_on_own_threads(int64_t n_tasks, int n_threads, const std::function<void(int64_t)>& task) {
@@ -142,21 +126,6 @@ void run_on_own_threads(int64_t n_tasks, int n_threads, const std::function<void
   work();
   for (std::thread& helper : helpers) helper.join();
   if (failure) std::rethrow_exception(failure);
-}
-
-void split_rows(int64_t n_rows, int64_t granularity, int64_t work,
-                const std::function<void(int64_t begin, int64_t end)>& rows) {
-  ThreadPool& pool = kernel_pool();
-  if (pool.size() == 1 || work < (int64_t{1} << 16) || n_rows < 2 * granularity) {
-    return rows(0, n_rows);
-  }
-  const int64_t granules = n_rows / granularity;
-  const int64_t blocks = std::min<int64_t>(granules, 4 * pool.size());
-  pool.run(blocks, [&](int64_t b) {
-    const int64_t begin = granularity * (granules * b / blocks);
-    const int64_t end = b + 1 == blocks ? n_rows : granularity * (granules * (b + 1) / blocks);
-    rows(begin, end);
-  });
 }
 
 }  // namespace qhx

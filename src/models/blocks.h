@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu_context.h"
 #include "kernels/kernels.h"
 #include "models/decoder_state.h"
 
@@ -30,7 +31,7 @@ struct AttentionParams {
 std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim);
 
 // Positions first_pos, first_pos+1, ...; appends the new keys and values to `cache`.
-void attention_forward(const AttentionWeights& w, const AttentionParams& p, int64_t n_tokens,
+void attention_forward(CpuContext& cx, const AttentionWeights& w, const AttentionParams& p, int64_t n_tokens,
                        int64_t first_pos, const float* x, LayerState& cache, float* out);
 
 struct GatedDeltaNetWeights {
@@ -57,13 +58,13 @@ struct GatedDeltaNetParams {
 };
 
 // Continues the layer's conv and recurrent state in `state`.
-void gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
+void gated_deltanet_forward(CpuContext& cx, const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
                             int64_t n_tokens, const float* x, LayerState& state, float* out);
 
 struct MlpWeights {
   MatrixRef gate_proj, up_proj, down_proj;
 };
 
-void mlp_forward(const MlpWeights& w, int64_t n_tokens, const float* x, float* out);
+void mlp_forward(CpuContext& cx, const MlpWeights& w, int64_t n_tokens, const float* x, float* out);
 
 }  // namespace qhx

@@ -4,6 +4,7 @@
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
+#include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
@@ -16,8 +17,10 @@ namespace {
 class Decoder final : public Model {
  public:
   Decoder(const ModelConfig& config, Checkpoint checkpoint, DecoderWeights weights,
-          AttentionParams attention, GatedDeltaNetParams deltanet)
-      : config_(config),
+          AttentionParams attention, GatedDeltaNetParams deltanet,
+          std::shared_ptr<CpuContext> context)
+      : context_(std::move(context)),
+        config_(config),
         checkpoint_(std::move(checkpoint)),
         weights_(std::move(weights)),
         attention_(std::move(attention)),
@@ -27,6 +30,7 @@ class Decoder final : public Model {
   }
 
   const ModelConfig& config() const override { return config_; }
+  CpuContext& context() const override { return *context_; }
   const std::string& fingerprint() const override { return fingerprint_; }
   int64_t weights_bytes() const override {
     int64_t total = 0;
@@ -75,20 +79,23 @@ class Decoder final : public Model {
   // Lays every quantized matrix out for this CPU's int8 kernels where they have a layout of
   // their own, and releases the mapped pages it was copied from, so the weights stay resident
   // once. A tied embedding table is then read from the lm_head's layout (read_row). The matrices
-  // are shared out to kernel_threads() threads of their own: a model may load while another
-  // thread's forward pass holds the kernel pool.
+  // are shared out to as many threads of their own as the context has: a model may load while
+  // another model's forward pass runs on the same context.
   void pack_matrices() {
     std::vector<MatrixRef*> matrices;
     for (MatrixRef* m : matrix_list(weights_)) {
       // Null: a mixer this layer does not have.
-      if (m->data != nullptr && packs_for_int8_kernels(*m)) matrices.push_back(m);
+      if (m->data != nullptr && packs_for_int8_kernels(context_->kernels(), *m)) {
+        matrices.push_back(m);
+      }
     }
     std::vector<PackedMatrix> packed(matrices.size());
-    run_on_own_threads(static_cast<int64_t>(matrices.size()), kernel_threads(), [&](int64_t i) {
+    const int64_t n_matrices = static_cast<int64_t>(matrices.size());
+    run_on_own_threads(n_matrices, context_->threads(), [&](int64_t i) {
       const MatrixRef& m = *matrices[i];
       const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
       MappedFile::populate_pages(m.data, bytes);  // read once, in full
-      packed[i] = pack_for_int8_kernels(m);
+      packed[i] = pack_for_int8_kernels(context_->kernels(), m);
       // Released at once, so that the load's peak holds one copy of the weights.
       MappedFile::release_pages(m.data, bytes);
       if (m.dtype == DType::kW4) {  // the panels carry the group scales too
@@ -120,6 +127,7 @@ class Decoder final : public Model {
     return matrices;
   }
 
+  std::shared_ptr<CpuContext> context_;  // where this model computes
   ModelConfig config_;
   Checkpoint checkpoint_;  // owns the mappings every MatrixRef points into
   DecoderWeights weights_;
@@ -143,31 +151,37 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
                         std::to_string(config_.max_position_embeddings) + ")");
   }
 
-  std::vector<float> h(n_tokens * H), x(n_tokens * H), y(n_tokens * H);
   for (int64_t t = 0; t < n_tokens; ++t) {
     if (ids[t] < 0 || ids[t] >= vocab) {
       fail("token ids", "id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
                             std::to_string(vocab) + ")");
     }
-    read_row(weights_.embed_tokens, ids[t], h.data() + t * H);
   }
+  CpuContext& cx = *context_;
+  const CpuContext::Turn turn(cx);  // the sessions of the models on this context take turns
+  // The residual stream h, a block's input x and its output y, in the caller slots of the
+  // context's scratch after the blocks' own (models/blocks.cc).
+  Scratch& scratch = cx.caller_scratch();
+  float* h = scratch.buffer<float>(Scratch::kFirstCallerSlot + 9, n_tokens * H);
+  float* x = scratch.buffer<float>(Scratch::kFirstCallerSlot + 10, n_tokens * H);
+  float* y = scratch.buffer<float>(Scratch::kFirstCallerSlot + 11, n_tokens * H);
+  for (int64_t t = 0; t < n_tokens; ++t) read_row(cx, weights_.embed_tokens, ids[t], h + t * H);
   // Each block's output y joins the residual stream h in the same pass as the norm that follows.
   const auto add_and_norm = [&](const std::vector<float>& scale) {
-    add_rms_norm_rows(h.data(), y.data(), scale.data(), n_tokens, H, eps, x.data());
+    add_rms_norm_rows(cx, h, y, scale.data(), n_tokens, H, eps, x);
   };
 
-  rms_norm_rows(h.data(), weights_.layers.front().input_norm.data(), n_tokens, H, eps, x.data());
+  rms_norm_rows(cx, h, weights_.layers.front().input_norm.data(), n_tokens, H, eps, x);
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const DecoderLayer& layer = weights_.layers[i];
     if (layer.kind == LayerKind::kFullAttention) {
-      attention_forward(layer.attention, attention_, n_tokens, first_pos, x.data(), state.layers[i],
-                        y.data());
+      attention_forward(cx, layer.attention, attention_, n_tokens, first_pos, x, state.layers[i],
+                        y);
     } else {
-      gated_deltanet_forward(layer.deltanet, deltanet_, n_tokens, x.data(), state.layers[i],
-                             y.data());
+      gated_deltanet_forward(cx, layer.deltanet, deltanet_, n_tokens, x, state.layers[i], y);
     }
     add_and_norm(layer.post_attention_norm);
-    mlp_forward(layer.mlp, n_tokens, x.data(), y.data());
+    mlp_forward(cx, layer.mlp, n_tokens, x, y);
     if (i + 1 < weights_.layers.size()) add_and_norm(weights_.layers[i + 1].input_norm);
   }
   state.advance(n_tokens);
@@ -175,10 +189,10 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   // The last block's output joins only the rows whose logits are asked for.
   const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
   const int64_t n_out = n_tokens - first_out;
-  add_rms_norm_rows(h.data() + first_out * H, y.data() + first_out * H, weights_.final_norm.data(),
-                    n_out, H, eps, x.data());
+  add_rms_norm_rows(cx, h + first_out * H, y + first_out * H, weights_.final_norm.data(), n_out, H,
+                    eps, x);
   logits.resize(n_out * vocab);
-  matmul(x.data(), n_out, weights_.lm_head, logits.data());
+  matmul(cx, x, n_out, weights_.lm_head, logits.data());
 }
 
 }  // namespace
@@ -202,9 +216,10 @@ AttentionParams attention_params(const ModelConfig& c, bool output_gate) {
 
 std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkpoint,
                                     DecoderWeights weights, AttentionParams attention,
-                                    GatedDeltaNetParams deltanet) {
+                                    GatedDeltaNetParams deltanet,
+                                    std::shared_ptr<CpuContext> context) {
   return std::make_unique<Decoder>(config, std::move(checkpoint), std::move(weights),
-                                   std::move(attention), deltanet);
+                                   std::move(attention), deltanet, std::move(context));
 }
 
 }  // namespace qhx

@@ -37,6 +37,7 @@ AttentionParams attention_params(const ModelConfig& c, bool output_gate);
 
 std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkpoint,
                                     DecoderWeights weights, AttentionParams attention,
-                                    GatedDeltaNetParams deltanet);
+                                    GatedDeltaNetParams deltanet,
+                                    std::shared_ptr<CpuContext> context);
 
 }  // namespace qhx

@@ -4,11 +4,15 @@
 #include <memory>
 
 #include "io/checkpoint.h"
+#include "kernels/cpu_context.h"
 #include "models/model.h"
 
 namespace qhx {
 
-std::unique_ptr<Model> load_qwen3(const ModelConfig& config, Checkpoint checkpoint);
-std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkpoint);
+// The model computes on `context`.
+std::unique_ptr<Model> load_qwen3(const ModelConfig& config, Checkpoint checkpoint,
+                                  std::shared_ptr<CpuContext> context);
+std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkpoint,
+                                    std::shared_ptr<CpuContext> context);
 
 }  // namespace qhx

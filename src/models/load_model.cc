@@ -19,11 +19,13 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
     config = load_model_config(dir / "config.json");
     checkpoint = Checkpoint::open(dir);
   }
+  std::shared_ptr<CpuContext> context = options.context;
+  if (context == nullptr) context = std::make_shared<CpuContext>(1, CpuKernels::from_environment());
   switch (config.family) {
     case Family::kQwen3:
-      return load_qwen3(config, std::move(checkpoint));
+      return load_qwen3(config, std::move(checkpoint), std::move(context));
     case Family::kQwen3_5:
-      return load_qwen3_5(config, std::move(checkpoint));
+      return load_qwen3_5(config, std::move(checkpoint), std::move(context));
   }
   return nullptr;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/hf_config.h"
+#include "kernels/cpu_context.h"
 
 namespace qhx {
 
@@ -65,6 +66,9 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
+  // The CPU context its forward passes run on (they take turns there: Model::forward may be
+  // called from several threads, for different states).
+  virtual CpuContext& context() const = 0;
   // Identifies these weights (sha256 over the configuration, the tensor tables and samples of
   // every weight file), so that a saved state is never continued on another model.
   virtual const std::string& fingerprint() const = 0;
@@ -85,6 +89,9 @@ class Model {
 struct LoadOptions {
   bool verify_sha256 = false;  // bundles: check every file's sha256 (sizes are always checked)
   bool check_target = true;    // bundles: refuse one built for another CPU
+  // Where the model computes (models may share one; their forward passes then take turns).
+  // Null: a context of its own, one thread, the kernels CpuKernels::from_environment() picks.
+  std::shared_ptr<CpuContext> context = nullptr;
 };
 
 // Opens a Hugging Face checkpoint directory (config.json + safetensors) or a qhx bundle

@@ -7,7 +7,8 @@
 
 namespace qhx {
 
-std::unique_ptr<Model> load_qwen3(const ModelConfig& c, Checkpoint checkpoint) {
+std::unique_ptr<Model> load_qwen3(const ModelConfig& c, Checkpoint checkpoint,
+                                  std::shared_ptr<CpuContext> context) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
   const WeightReader model(checkpoint, text_decoder_prefix(checkpoint), c.int8_activations);
@@ -33,7 +34,7 @@ std::unique_ptr<Model> load_qwen3(const ModelConfig& c, Checkpoint checkpoint) {
   }
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
-                      attention_params(c, /*output_gate=*/false), {});
+                      attention_params(c, /*output_gate=*/false), {}, std::move(context));
 }
 
 }  // namespace qhx

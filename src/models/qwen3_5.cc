@@ -7,7 +7,8 @@
 
 namespace qhx {
 
-std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint) {
+std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
+                                  std::shared_ptr<CpuContext> context) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
   GatedDeltaNetParams deltanet;
@@ -56,7 +57,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint)
   }
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
-                      attention_params(c, /*output_gate=*/true), deltanet);
+                      attention_params(c, /*output_gate=*/true), deltanet, std::move(context));
 }
 
 }  // namespace qhx

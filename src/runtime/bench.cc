@@ -8,7 +8,7 @@
 #include <random>
 #include <string>
 
-#include "kernels/thread_pool.h"
+#include "kernels/cpu_context.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "util/clock.h"
@@ -100,8 +100,8 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
   return result;
 }
 
-double read_bandwidth(int64_t bytes, int passes) {
-  const int64_t threads = kernel_threads();
+double read_bandwidth(CpuContext& cx, int64_t bytes, int passes) {
+  const int64_t threads = cx.threads();
   const int64_t words = bytes / static_cast<int64_t>(sizeof(uint64_t)) / threads * threads;
   void* p = ::mmap(nullptr, words * sizeof(uint64_t), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -112,7 +112,7 @@ double read_bandwidth(int64_t bytes, int passes) {
   double best = 0.0;
   for (int pass = 0; pass < passes; ++pass) {
     const auto start = Clock::now();
-    kernel_pool().run(threads, [&](int64_t t) {
+    cx.run(threads, [&](int64_t t, Scratch&) {
       // Four sums, so that the loads, not one chain of adds, set the pace.
       const uint64_t* slice = data + t * (words / threads);
       uint64_t s[4] = {0, 0, 0, 0};

@@ -37,12 +37,12 @@ struct BenchResult {
 
 BenchResult run_bench(const Model& model, const BenchConfig& config);
 
-// The memory's read bandwidth in bytes per second, as the kernel threads stream a buffer of
+// The memory's read bandwidth in bytes per second, as the threads of cx stream a buffer of
 // `bytes` (far past the last-level cache) once each pass: the best of `passes`. The ceiling
 // decode works against; 0 when the buffer cannot be mapped. Measured, never assumed: on a shared
 // or virtual machine it changes with where the threads run (this project's 2-core VM reads 50 or
 // 78 GB/s on two threads from one hour to the next, 41 on one).
-double read_bandwidth(int64_t bytes = int64_t{256} << 20, int passes = 5);
+double read_bandwidth(CpuContext& cx, int64_t bytes = int64_t{256} << 20, int passes = 5);
 
 // A multi-turn chat at the token level: each turn adds `user_tokens` random tokens to the
 // conversation and generates `reply_tokens` greedily. The same conversation is timed through one

@@ -165,10 +165,7 @@ void Session::forward(std::span<const int32_t> tokens, std::span<const int64_t> 
         if (at > begin && at < stop) stop = at;
       }
     }
-    {
-      ComputeTurn turn;
-      model_.forward(tokens.subspan(begin, stop - begin), *state_, LogitsFor::kLastToken, logits_);
-    }
+    model_.forward(tokens.subspan(begin, stop - begin), *state_, LogitsFor::kLastToken, logits_);
     history_.insert(history_.end(), tokens.begin() + begin, tokens.begin() + stop);
     if (std::find(checkpoint_at.begin(), checkpoint_at.end(), stop) != checkpoint_at.end()) {
       remember_checkpoint();
@@ -244,10 +241,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       stats.stop = StopReason::kCancelled;
       break;
     }
-    {
-      ComputeTurn turn;
-      model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
-    }
+    model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
     history_.push_back(token);
     token = sampler.sample(logits_, tokens, generated());
   }
@@ -368,39 +362,6 @@ int64_t PrefixCache::bytes() const {
 int64_t PrefixCache::entries() const {
   std::lock_guard lock(mutex_);
   return static_cast<int64_t>(entries_.size());
-}
-
-namespace {
-
-// A ticket lock: forward calls run in the order they asked.
-struct ComputeQueue {
-  std::mutex mutex;
-  std::condition_variable turn_changed;
-  uint64_t next_ticket = 0;
-  uint64_t serving = 0;
-};
-
-ComputeQueue& compute_queue() {
-  static ComputeQueue queue;
-  return queue;
-}
-
-}  // namespace
-
-ComputeTurn::ComputeTurn() {
-  ComputeQueue& q = compute_queue();
-  std::unique_lock lock(q.mutex);
-  const uint64_t ticket = q.next_ticket++;
-  q.turn_changed.wait(lock, [&] { return q.serving == ticket; });
-}
-
-ComputeTurn::~ComputeTurn() {
-  ComputeQueue& q = compute_queue();
-  {
-    std::lock_guard lock(q.mutex);
-    ++q.serving;
-  }
-  q.turn_changed.notify_all();
 }
 
 }  // namespace qhx

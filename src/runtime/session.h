@@ -141,14 +141,4 @@ class PrefixCache {
   std::vector<Entry> entries_;
 };
 
-// The kernels run one forward pass at a time (they share one thread pool); sessions on several
-// threads take turns, first come first served, one forward call each.
-class ComputeTurn {
- public:
-  ComputeTurn();
-  ~ComputeTurn();
-  ComputeTurn(const ComputeTurn&) = delete;
-  ComputeTurn& operator=(const ComputeTurn&) = delete;
-};
-
 }  // namespace qhx

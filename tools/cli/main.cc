@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -24,7 +25,7 @@
 #include "io/hf_config.h"
 #include "io/pack.h"
 #include "kernels/attention.h"
-#include "kernels/matmul.h"
+#include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "qhx_version.h"
@@ -98,6 +99,11 @@ void add_threads_option(CLI::App* command, int& threads) {
       ->check(CLI::Range(1, 256));
 }
 
+// The context a command's model computes on: -t threads, the kernels QHX_KERNELS allows.
+std::shared_ptr<qhx::CpuContext> cpu_context(int threads) {
+  return std::make_shared<qhx::CpuContext>(threads, qhx::CpuKernels::from_environment());
+}
+
 std::optional<qhx::Tokenizer> load_tokenizer_if_present(const fs::path& dir) {
   if (!fs::exists(dir / "tokenizer.json")) return std::nullopt;
   return qhx::Tokenizer::load(dir);
@@ -161,7 +167,8 @@ int run_generate(const GenerateArgs& args) {
     std::fprintf(stderr, "%s\n", describe_bundle(manifest).c_str());
     bundle_stop_ids = manifest.stop_ids;  // bundles made before they kept generation_config.json
   }
-  const auto model = qhx::load_model(dir, {.verify_sha256 = args.verify});
+  const auto model =
+      qhx::load_model(dir, {.verify_sha256 = args.verify, .context = cpu_context(args.threads)});
   const qhx::GenerationDefaults defaults = qhx::load_generation_config(dir, model->config());
 
   qhx::TurnOptions options;
@@ -460,7 +467,7 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
   const std::vector<qhx::ChatBenchTurn> turns = qhx::run_chat_bench(model, config);
   if (!args.json) {
     std::printf("model %s | weights %s | threads %d | %lld user + %lld reply tokens a turn\n",
-                args.model.c_str(), weights.c_str(), qhx::kernel_threads(),
+                args.model.c_str(), weights.c_str(), model.context().threads(),
                 static_cast<long long>(config.user_tokens),
                 static_cast<long long>(config.reply_tokens));
     std::printf("%5s %9s %10s %14s %14s %9s %13s\n", "turn", "n_prompt", "processed",
@@ -471,7 +478,7 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
     if (args.json) {
       std::cout << qhx::Json{{"model", args.model},
                              {"weights", weights},
-                             {"threads", qhx::kernel_threads()},
+                             {"threads", model.context().threads()},
                              {"turn", i + 1},
                              {"n_prompt", t.n_prompt},
                              {"n_processed", t.n_processed},
@@ -499,18 +506,20 @@ int run_bench(const BenchArgs& args) {
   qhx::Json gate;
   const std::string weights = weights_label(dir, gate);
   const auto load_start = qhx::Clock::now();
-  const auto model = qhx::load_model(dir);
+  const auto model = qhx::load_model(dir, {.context = cpu_context(args.threads)});
   const double load_s = qhx::seconds_since(load_start);
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);
-  const std::string kernel_path = std::string(qhx::matmul_kernel_path()) + "; attention " +
-                                  qhx::attention_kernel_path(model->config().head_dim);
+  const qhx::CpuKernels& kernels = model->context().kernels();
+  const std::string kernel_path = kernels.describe() + "; attention " +
+                                  qhx::attention_kernel_path(kernels, model->config().head_dim);
+  const int threads = model->context().threads();
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
   if (!args.json) {
     std::printf(
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | commit "
         "%s\n",
-        args.model.c_str(), weights.c_str(), weights_mb, qhx::kernel_threads(), kernel_path.c_str(),
+        args.model.c_str(), weights.c_str(), weights_mb, threads, kernel_path.c_str(),
         load_s, cpu.c_str(), QHX_GIT_COMMIT);
     std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
                 "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
@@ -531,7 +540,7 @@ int run_bench(const BenchArgs& args) {
         const qhx::Json record = {
             {"model", args.model},
             {"weights", weights},
-            {"threads", qhx::kernel_threads()},
+            {"threads", threads},
             {"n_prompt", n_prompt},
             {"n_gen", args.n_gen},
             {"depth", depth},
@@ -572,7 +581,7 @@ int run_bench(const BenchArgs& args) {
   }
   // The memory's read bandwidth, measured after the runs (its buffer would count in their peak
   // RSS), against what each decode read.
-  const double bandwidth = qhx::read_bandwidth();
+  const double bandwidth = qhx::read_bandwidth(model->context());
   if (bandwidth <= 0 && !args.json) {
     std::printf("memory read bandwidth not measured: no room to map its buffer\n");
   }
@@ -590,7 +599,7 @@ int run_bench(const BenchArgs& args) {
           "decode at depth %lld reads %.1f MB a token: %.1f GB/s, %.0f%% of the %.1f GB/s "
           "that %d threads read from memory\n",
           static_cast<long long>(r.config.depth), r.decode_step_bytes / 1e6, read * 1e-9,
-          100 * read / bandwidth, bandwidth * 1e-9, qhx::kernel_threads());
+          100 * read / bandwidth, bandwidth * 1e-9, threads);
     }
   }
   return 0;
@@ -619,7 +628,7 @@ int run_perplexity(const PerplexityArgs& args) {
   if (qhx::is_bundle(dir)) {
     std::fprintf(stderr, "%s\n", describe_bundle(qhx::open_bundle_manifest(dir, {})).c_str());
   }
-  const auto model = qhx::load_model(dir);
+  const auto model = qhx::load_model(dir, {.context = cpu_context(args.threads)});
   const auto start = qhx::Clock::now();
   const qhx::PerplexityResult r =
       qhx::perplexity(*model, ids, args.window, [](int64_t done, int64_t total) {
@@ -972,7 +981,6 @@ int main(int argc, char** argv) {
       if (gen.prompt.empty() && gen.prompt_ids.empty()) {
         qhx::fail("generate", "give --prompt or --prompt-ids");
       }
-      qhx::set_kernel_threads(gen.threads);
       return run_generate(gen);
     }
     if (chat->parsed()) return qhx::cli::run_chat(chat_args);
@@ -980,14 +988,8 @@ int main(int argc, char** argv) {
     if (gate->parsed()) return run_gate(forge_args);
     if (synth->parsed()) return run_synth(synth_args);
     if (verify->parsed()) return run_verify(verify_bundle);
-    if (perplexity_cmd->parsed()) {
-      qhx::set_kernel_threads(ppl.threads);
-      return run_perplexity(ppl);
-    }
-    if (bench->parsed()) {
-      qhx::set_kernel_threads(bench_args.threads);
-      return run_bench(bench_args);
-    }
+    if (perplexity_cmd->parsed()) return run_perplexity(ppl);
+    if (bench->parsed()) return run_bench(bench_args);
     if (pack->parsed()) return run_pack(pack_out, pack_bundles, pack_force);
     if (serve->parsed()) return run_serve(serve_args);
     if (template_cmd->parsed()) return run_template(template_args);
