@@ -2,19 +2,34 @@
 
 #include <cmath>
 
-#include "kernels/attention.h"
-#include "kernels/delta_rule.h"
-#include "kernels/elementwise.h"
-#include "kernels/matmul.h"
-#include "kernels/cpu_context.h"
-
 namespace qhx {
 namespace {
 
-// Buffer `slot` of the context's caller scratch with room for n floats. The blocks run one at a
-// time and each writes every element of a buffer before reading it, so they share slots.
-float* scratch(CpuContext& cx, int slot, int64_t n) {
-  return cx.caller_scratch().buffer<float>(Scratch::kFirstCallerSlot + slot, n);
+// A new activation of plan.n_tokens rows.
+ValueId activation(Plan& plan, int64_t cols) {
+  return plan.add_value(plan.n_tokens, cols);
+}
+
+// out = x · wᵀ, a node of its own (the backends fuse a run of them that share x).
+ValueId add_matmul(Plan& plan, ValueId x, const MatrixRef& w) {
+  const ValueId out = activation(plan, w.rows);
+  Node& n = plan.add(Op::kMatmul);
+  n.in[0] = {x};
+  n.out = {out};
+  n.rows = plan.n_tokens;
+  n.matrix = &w;
+  return out;
+}
+
+// Each `width` elements of v normalised in place with the weight `scale`.
+void add_rms_norm(Plan& plan, ValueId v, int64_t width, const std::vector<float>& scale,
+                  float eps) {
+  Node& n = plan.add(Op::kRmsNorm);
+  n.in[0] = n.out = {v};
+  n.rows = plan.n_tokens;
+  n.width = width;
+  n.vector = scale.data();
+  n.eps = eps;
 }
 
 }  // namespace
@@ -29,129 +44,150 @@ std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim) {
   return inv_freq;
 }
 
-void attention_forward(CpuContext& cx, const AttentionWeights& w, const AttentionParams& p, int64_t n_tokens,
-                       int64_t first_pos, const float* x, LayerState& cache, float* out) {
-  const int64_t hd = p.shape.head_dim, n_heads = p.shape.n_heads, n_kv = p.shape.n_kv_heads;
-  const int64_t q_width = n_heads * hd, kv_width = n_kv * hd;
-  float* q = scratch(cx, 0, n_tokens * q_width);
-  float* gate = scratch(cx, 1, p.output_gate ? n_tokens * q_width : 0);
-  // K and V go straight into the cache's new rows (normed and rotated there).
-  cache.keys.resize((first_pos + n_tokens) * kv_width);
-  cache.values.resize((first_pos + n_tokens) * kv_width);
-  float* k = cache.keys.data() + first_pos * kv_width;
-  float* v = cache.values.data() + first_pos * kv_width;
-  // With an output gate, q_proj yields [q_0 | g_0 | q_1 | g_1 | ...] per head, split below.
-  float* both = p.output_gate ? scratch(cx, 4, n_tokens * 2 * q_width) : q;
-  matmul(cx, x, n_tokens, {{w.q_proj, both}, {w.k_proj, k}, {w.v_proj, v}});
+void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams& p, int layer,
+                   ValueId x, ValueId y) {
+  const int64_t n = plan.n_tokens, hd = p.shape.head_dim;
+  const int64_t q_width = p.shape.n_heads * hd;
+  // With an output gate, q_proj yields [q_h | g_h] for each head h (spec §3.6).
+  const ValueId projected = add_matmul(plan, x, w.q_proj);
+  const ValueId k = add_matmul(plan, x, w.k_proj);
+  const ValueId v = add_matmul(plan, x, w.v_proj);
+  ValueId q = projected, gate = kNoValue;
+  if (p.output_gate) {
+    q = activation(plan, q_width);
+    gate = activation(plan, q_width);
+    Node& split = plan.add(Op::kSplitHeads);
+    split.in[0] = {projected};
+    split.out = {q};
+    split.out2 = {gate};
+    split.rows = n;
+    split.width = hd;
+  }
+  // Per-head RMSNorm of q and k, then RoPE at each token's absolute position.
+  add_rms_norm(plan, q, hd, w.q_norm, p.norm_eps);
+  add_rms_norm(plan, k, hd, w.k_norm, p.norm_eps);
+  for (const ValueId rotated : {q, k}) {
+    Node& rope = plan.add(Op::kRope);
+    rope.out = {rotated};
+    rope.rows = n;
+    rope.width = hd;
+    rope.rotary_dim = p.rotary_dim;
+    rope.vector = p.inv_freq.data();
+  }
 
-  // Per token, the gate split off, per-head q/k RMSNorm, then RoPE at the token's absolute
-  // position; tokens spread over the kernel threads (the same arithmetic wherever they fall).
-  cx.split_rows(n_tokens, 1, n_tokens * (q_width + kv_width), [&](int64_t begin, int64_t end) {
-    std::vector<float> cos(p.rotary_dim / 2), sin(p.rotary_dim / 2);
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t h = 0; p.output_gate && h < n_heads; ++h) {
-        const float* src = both + (t * n_heads + h) * 2 * hd;
-        std::copy(src, src + hd, q + (t * n_heads + h) * hd);
-        std::copy(src + hd, src + 2 * hd, gate + (t * n_heads + h) * hd);
-      }
-      float* qt = q + t * q_width;
-      float* kt = k + t * kv_width;
-      for (int64_t h = 0; h < n_heads; ++h) {
-        rms_norm(cx, qt + h * hd, w.q_norm.data(), hd, p.norm_eps, qt + h * hd);
-      }
-      for (int64_t h = 0; h < n_kv; ++h) {
-        rms_norm(cx, kt + h * hd, w.k_norm.data(), hd, p.norm_eps, kt + h * hd);
-      }
-      for (size_t i = 0; i < p.inv_freq.size(); ++i) {
-        const float angle = static_cast<float>(first_pos + t) * p.inv_freq[i];
-        cos[i] = std::cos(angle);
-        sin[i] = std::sin(angle);
-      }
-      rope_rotate_half(cx, qt, n_heads, hd, p.rotary_dim, cos.data(), sin.data());
-      rope_rotate_half(cx, kt, n_kv, hd, p.rotary_dim, cos.data(), sin.data());
-    }
-  });
-
-  float* attn = scratch(cx, 4, n_tokens * q_width);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  causal_attention(cx, q, n_tokens, first_pos, cache.keys.data(), cache.values.data(), p.shape, scale,
-                   attn);
-  if (p.output_gate) sigmoid_gate(cx, gate, n_tokens * q_width, attn);
-  matmul(cx, attn, n_tokens, w.o_proj, out);
+  const ValueId attended = activation(plan, q_width);
+  Node& attention = plan.add(Op::kAttention);
+  attention.in[0] = {q};
+  attention.in[1] = {k};
+  attention.in[2] = {v};
+  attention.out = {attended};
+  attention.rows = n;
+  attention.layer = layer;
+  attention.attention = p.shape;
+  attention.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (p.output_gate) {
+    Node& g = plan.add(Op::kSigmoidGate);
+    g.in[0] = {gate};
+    g.out = {attended};
+    g.rows = n;
+  }
+  Node& o = plan.add(Op::kMatmul);
+  o.in[0] = {attended};
+  o.out = {y};
+  o.rows = n;
+  o.matrix = &w.o_proj;
 }
 
-void gated_deltanet_forward(CpuContext& cx, const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
-                            int64_t n_tokens, const float* x, LayerState& state, float* out) {
-  const int64_t kd = p.key_width(), vd = p.value_width(), channels = p.conv_channels();
-  const int64_t hv = p.heads.n_v_heads, dk = p.heads.k_dim, dv = p.heads.v_dim;
+void add_gated_deltanet(Plan& plan, const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
+                        int layer, ValueId x, ValueId y) {
+  const int64_t n = plan.n_tokens;
+  const int64_t kd = p.key_width(), vd = p.value_width(), dk = p.heads.k_dim;
 
   // Step 1: projections.
-  float* mixed = scratch(cx, 0, n_tokens * channels);
-  float* z = scratch(cx, 1, n_tokens * vd);
-  float* b = scratch(cx, 2, n_tokens * hv);
-  float* a = scratch(cx, 3, n_tokens * hv);
-  matmul(cx, x, n_tokens,
-         {{w.in_proj_qkv, mixed}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}});
+  const ValueId mixed = add_matmul(plan, x, w.in_proj_qkv);
+  const ValueId z = add_matmul(plan, x, w.in_proj_z);
+  const ValueId b = add_matmul(plan, x, w.in_proj_b);
+  const ValueId a = add_matmul(plan, x, w.in_proj_a);
 
   // Step 2: causal depthwise conv + SiLU on the q|k|v channels, continuing the conv state.
-  float* conv_out = scratch(cx, 4, n_tokens * channels);
-  causal_conv1d_silu(cx, mixed, n_tokens, channels, w.conv.data(), p.conv_kernel, state.conv.data(),
-                     conv_out);
+  const ValueId conv_out = activation(plan, p.conv_channels());
+  Node& conv = plan.add(Op::kConvSilu);
+  conv.in[0] = {mixed};
+  conv.out = {conv_out};
+  conv.rows = n;
+  conv.width = p.conv_kernel;
+  conv.vector = w.conv.data();
+  conv.layer = layer;
 
   // Steps 3 and 6: split, L2-normalise q and k per key head, scale q by dk^-1/2.
-  float* q = scratch(cx, 5, n_tokens * kd);
-  float* k = scratch(cx, 6, n_tokens * kd);
-  float* v = scratch(cx, 7, n_tokens * vd);
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const float* row = conv_out + t * channels;
-    std::copy(row, row + kd, q + t * kd);
-    std::copy(row + kd, row + 2 * kd, k + t * kd);
-    std::copy(row + 2 * kd, row + channels, v + t * vd);
-    for (int64_t h = 0; h < p.heads.n_k_heads; ++h) {
-      float* qh = q + t * kd + h * dk;
-      l2_normalize(cx, qh, dk, 1e-6f);
-      for (int64_t d = 0; d < dk; ++d) qh[d] *= q_scale;
-      l2_normalize(cx, k + t * kd + h * dk, dk, 1e-6f);
-    }
+  ValueId qkv[3];
+  const int64_t begin[3] = {0, kd, 2 * kd}, width[3] = {kd, kd, vd};
+  for (int i = 0; i < 3; ++i) {
+    qkv[i] = activation(plan, width[i]);
+    Node& part = plan.add(Op::kCopyColumns);
+    part.in[0] = {conv_out};
+    part.out = {qkv[i]};
+    part.rows = n;
+    part.offset = begin[i];
+  }
+  for (const auto& [v, scale] : {std::pair{qkv[0], 1.0f / std::sqrt(static_cast<float>(dk))},
+                                 std::pair{qkv[1], 1.0f}}) {
+    Node& l2 = plan.add(Op::kL2Norm);
+    l2.out = {v};
+    l2.rows = n;
+    l2.width = dk;
+    l2.scale = scale;
   }
 
-  // Step 4: gates. β = σ(b); g = −exp(A_log) · softplus(a + dt_bias), softplus threshold 20.
-  // β and g overwrite b and a in place (each element is read once, then written).
-  float* beta = b;
-  float* g = a;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    for (int64_t j = 0; j < hv; ++j) {
-      const int64_t i = t * hv + j;
-      beta[i] = 1.0f / (1.0f + std::exp(-b[i]));
-      const float s = a[i] + w.dt_bias[j];
-      const float softplus = s > 20.0f ? s : std::log1p(std::exp(s));
-      g[i] = -std::exp(w.a_log[j]) * softplus;
-    }
-  }
+  // Step 4: gates, in place: β = σ(b); g = −exp(A_log) · softplus(a + dt_bias).
+  Node& gates = plan.add(Op::kDeltaGates);
+  gates.out = {b};
+  gates.out2 = {a};
+  gates.rows = n;
+  gates.vector = w.a_log.data();
+  gates.vector2 = w.dt_bias.data();
 
   // Steps 5 and 7: the gated delta rule (value head j reads key head j / (Hv/Hk)).
-  float* core = scratch(cx, 8, n_tokens * vd);
-  if (n_tokens == 1) {
-    gated_delta_rule_recurrent(cx, q, k, v, beta, g, 1, p.heads, state.recurrent.data(), core);
-  } else {
-    gated_delta_rule_chunked(cx, q, k, v, beta, g, n_tokens, p.heads, p.chunk, state.recurrent.data(),
-                             core);
-  }
+  const ValueId core = activation(plan, vd);
+  Node& rule = plan.add(Op::kDeltaRule);
+  rule.in[0] = {qkv[0]};
+  rule.in[1] = {qkv[1]};
+  rule.in[2] = {qkv[2]};
+  rule.in[3] = {b};
+  rule.in[4] = {a};
+  rule.out = {core};
+  rule.rows = n;
+  rule.layer = layer;
+  rule.heads = p.heads;
+  rule.chunk = p.chunk;
 
   // Step 8: per value head, RMSNorm (plain scale) then gate with silu(z); out_proj.
-  rms_norm_rows(cx, core, w.norm.data(), n_tokens * hv, dv, p.norm_eps, core);
-  silu_mul(cx, z, core, n_tokens * hv * dv, core);
-  matmul(cx, core, n_tokens, w.out_proj, out);
+  add_rms_norm(plan, core, p.heads.v_dim, w.norm, p.norm_eps);
+  Node& gated = plan.add(Op::kSiluMul);
+  gated.in[0] = {z};
+  gated.in[1] = {core};
+  gated.out = {core};
+  gated.rows = n;
+  Node& o = plan.add(Op::kMatmul);
+  o.in[0] = {core};
+  o.out = {y};
+  o.rows = n;
+  o.matrix = &w.out_proj;
 }
 
-void mlp_forward(CpuContext& cx, const MlpWeights& w, int64_t n_tokens, const float* x, float* out) {
-  const int64_t inner = w.gate_proj.rows;
-  float* gate = scratch(cx, 0, n_tokens * inner);
-  float* up = scratch(cx, 1, n_tokens * inner);
-  matmul(cx, x, n_tokens, {{w.gate_proj, gate}, {w.up_proj, up}});
-  silu_mul(cx, gate, up, n_tokens * inner, gate);
-  matmul(cx, gate, n_tokens, w.down_proj, out);
+void add_mlp(Plan& plan, const MlpWeights& w, ValueId x, ValueId y) {
+  const ValueId gate = add_matmul(plan, x, w.gate_proj);
+  const ValueId up = add_matmul(plan, x, w.up_proj);
+  Node& act = plan.add(Op::kSiluMul);
+  act.in[0] = {gate};
+  act.in[1] = {up};
+  act.out = {gate};
+  act.rows = plan.n_tokens;
+  Node& down = plan.add(Op::kMatmul);
+  down.in[0] = {gate};
+  down.out = {y};
+  down.rows = plan.n_tokens;
+  down.matrix = &w.down_proj;
 }
 
 }  // namespace qhx

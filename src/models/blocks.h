@@ -1,15 +1,15 @@
-// The blocks decoder layers are made of, each a short composition of kernels:
-// softmax attention (Qwen3; Qwen3.5 adds an output gate and partial rotary), Gated DeltaNet
-// linear attention (Qwen3.5), and the SwiGLU MLP. All take x: [n_tokens, hidden] and write
-// out: [n_tokens, hidden].
+// The blocks decoder layers are made of, each a short sequence of plan nodes in the spec's order
+// (graph/plan.h): softmax attention (Qwen3; Qwen3.5 adds an output gate and partial rotary),
+// Gated DeltaNet linear attention (Qwen3.5), and the SwiGLU MLP. Each appends its nodes to a plan
+// of n_tokens rows, reading x: [n_tokens, hidden] and writing y: [n_tokens, hidden]; fusions are
+// the backends' business.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu_context.h"
+#include "graph/plan.h"
 #include "kernels/kernels.h"
-#include "models/decoder_state.h"
 
 namespace qhx {
 
@@ -30,9 +30,9 @@ struct AttentionParams {
 // RoPE frequencies 1 / θ^(2i/R) in f32, as transformers computes them (spec §1.3).
 std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim);
 
-// Positions first_pos, first_pos+1, ...; appends the new keys and values to `cache`.
-void attention_forward(CpuContext& cx, const AttentionWeights& w, const AttentionParams& p, int64_t n_tokens,
-                       int64_t first_pos, const float* x, LayerState& cache, float* out);
+// Appends the new keys and values to the KV cache of `layer`.
+void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams& p, int layer,
+                   ValueId x, ValueId y);
 
 struct GatedDeltaNetWeights {
   MatrixRef in_proj_qkv;       // [2·Kd + Vd, H]: query, key and value channels
@@ -57,14 +57,14 @@ struct GatedDeltaNetParams {
   int64_t conv_channels() const { return 2 * key_width() + value_width(); }
 };
 
-// Continues the layer's conv and recurrent state in `state`.
-void gated_deltanet_forward(CpuContext& cx, const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
-                            int64_t n_tokens, const float* x, LayerState& state, float* out);
+// Continues the conv and recurrent states of `layer`.
+void add_gated_deltanet(Plan& plan, const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
+                        int layer, ValueId x, ValueId y);
 
 struct MlpWeights {
   MatrixRef gate_proj, up_proj, down_proj;
 };
 
-void mlp_forward(CpuContext& cx, const MlpWeights& w, int64_t n_tokens, const float* x, float* out);
+void add_mlp(Plan& plan, const MlpWeights& w, ValueId x, ValueId y);
 
 }  // namespace qhx

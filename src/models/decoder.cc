@@ -1,7 +1,9 @@
 #include "models/decoder.h"
 
-#include "kernels/elementwise.h"
-#include "kernels/matmul.h"
+#include <algorithm>
+
+#include "backend/cpu_backend.h"
+#include "graph/schedule.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
 #include "kernels/cpu_context.h"
@@ -18,14 +20,18 @@ class Decoder final : public Model {
  public:
   Decoder(const ModelConfig& config, Checkpoint checkpoint, DecoderWeights weights,
           AttentionParams attention, GatedDeltaNetParams deltanet,
-          std::shared_ptr<CpuContext> context)
+          std::shared_ptr<CpuContext> context, std::vector<std::shared_ptr<Backend>> devices)
       : context_(std::move(context)),
+        cpu_(std::make_unique<CpuBackend>(*context_)),
+        devices_(std::move(devices)),
         config_(config),
         checkpoint_(std::move(checkpoint)),
         weights_(std::move(weights)),
         attention_(std::move(attention)),
         deltanet_(deltanet),
         fingerprint_(checkpoint_.fingerprint()) {
+    backends_.push_back(cpu_.get());
+    for (const auto& d : devices_) backends_.push_back(d.get());
     pack_matrices();
   }
 
@@ -74,8 +80,14 @@ class Decoder final : public Model {
 
   void forward(std::span<const int32_t> ids, ModelState& base_state, LogitsFor which,
                std::vector<float>& logits) const override;
+  int64_t activation_bytes(int64_t n_tokens) const override;
 
  private:
+  // The forward pass over n_tokens new tokens as the spec reads (models/blocks.h).
+  Plan build_plan(int64_t n_tokens, LogitsFor which) const;
+  // That plan placed, fused and laid out for this model's backends, cached. Call on the turn.
+  Schedule& schedule_for(int64_t n_tokens, LogitsFor which) const;
+
   // Lays every quantized matrix out for this CPU's int8 kernels where they have a layout of
   // their own, and releases the mapped pages it was copied from, so the weights stay resident
   // once. A tied embedding table is then read from the lm_head's layout (read_row). The matrices
@@ -128,6 +140,16 @@ class Decoder final : public Model {
   }
 
   std::shared_ptr<CpuContext> context_;  // where this model computes
+  std::unique_ptr<CpuBackend> cpu_;      // on context_ (a pointer: backends_ keeps its address)
+  std::vector<std::shared_ptr<Backend>> devices_;
+  std::vector<Backend*> backends_;  // the CPU, then the devices
+  struct CachedSchedule {
+    std::pair<int64_t, LogitsFor> key;
+    Schedule schedule;
+    uint64_t last_used = 0;
+  };
+  mutable std::vector<CachedSchedule> schedules_;  // used on the context's turn
+  mutable uint64_t schedule_clock_ = 0;
   ModelConfig config_;
   Checkpoint checkpoint_;  // owns the mappings every MatrixRef points into
   DecoderWeights weights_;
@@ -137,62 +159,122 @@ class Decoder final : public Model {
   std::string fingerprint_;
 };
 
+Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  Plan plan;
+  plan.n_tokens = n_tokens;
+  const auto norm_of = [&](ValueId in, int64_t row, int64_t rows, const std::vector<float>& scale,
+                           ValueId out) {
+    Node& n = plan.add(Op::kRmsNorm);
+    n.in[0] = {in, row};
+    n.out = {out};
+    n.rows = rows;
+    n.width = H;
+    n.vector = scale.data();
+    n.eps = eps;
+  };
+  const auto add_to = [&](ValueId sum, int64_t row, int64_t rows, ValueId term) {
+    Node& n = plan.add(Op::kAdd);
+    n.in[0] = {term, row};
+    n.out = {sum, row};
+    n.rows = rows;
+  };
+
+  // h = embed[ids]; per layer h += mixer(norm(h)); h += mlp(norm(h)).
+  const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
+  const int64_t n_out = n_tokens - first_out;
+  const ValueId h = plan.add_value(n_tokens, H), x = plan.add_value(n_tokens, H);
+  const ValueId y = plan.add_value(n_tokens, H);
+  Node& embed = plan.add(Op::kEmbed);
+  embed.out = {h};
+  embed.rows = n_tokens;
+  embed.matrix = &weights_.embed_tokens;
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    const DecoderLayer& layer = weights_.layers[i];
+    const int index = static_cast<int>(i);
+    norm_of(h, 0, n_tokens, layer.input_norm, x);
+    if (layer.kind == LayerKind::kFullAttention) {
+      add_attention(plan, layer.attention, attention_, index, x, y);
+    } else {
+      add_gated_deltanet(plan, layer.deltanet, deltanet_, index, x, y);
+    }
+    add_to(h, 0, n_tokens, y);
+    norm_of(h, 0, n_tokens, layer.post_attention_norm, x);
+    add_mlp(plan, layer.mlp, x, y);
+    // The last block's output joins only the rows whose logits are asked for.
+    if (i + 1 < weights_.layers.size()) {
+      add_to(h, 0, n_tokens, y);
+    } else {
+      add_to(h, first_out, n_out, y);
+    }
+  }
+
+  // logits = lm_head(norm(h)).
+  const ValueId last = plan.add_value(n_out, H);
+  norm_of(h, first_out, n_out, weights_.final_norm, last);
+  const ValueId logits = plan.add_value(n_out, config_.vocab_size, /*binding=*/0);
+  Node& head = plan.add(Op::kMatmul);
+  head.in[0] = {last};
+  head.out = {logits};
+  head.rows = n_out;
+  head.matrix = &weights_.lm_head;
+  return plan;
+}
+
+Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which) const {
+  const auto key = std::pair{n_tokens, which};
+  ++schedule_clock_;
+  for (CachedSchedule& c : schedules_) {
+    if (c.key == key) {
+      c.last_used = schedule_clock_;
+      return c.schedule;
+    }
+  }
+  // A bounded cache: a decode step and the prefill chunks stay; odd tails come and go.
+  constexpr size_t kMaxSchedules = 8;
+  if (schedules_.size() == kMaxSchedules) {
+    schedules_.erase(std::min_element(
+        schedules_.begin(), schedules_.end(),
+        [](const CachedSchedule& a, const CachedSchedule& b) { return a.last_used < b.last_used; }));
+  }
+  schedules_.push_back({key, schedule(build_plan(n_tokens, which), backends_), schedule_clock_});
+  return schedules_.back().schedule;
+}
+
+int64_t Decoder::activation_bytes(int64_t n_tokens) const {
+  const CpuContext::Turn turn(*context_);
+  return schedule_for(n_tokens, LogitsFor::kLastToken).arena_bytes() +
+         config_.vocab_size * static_cast<int64_t>(sizeof(float));
+}
+
 void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, LogitsFor which,
                       std::vector<float>& logits) const {
   auto& state = dynamic_cast<DecoderState&>(base_state);
   const int64_t n_tokens = static_cast<int64_t>(ids.size());
   const int64_t first_pos = state.n_past();
-  const int64_t H = config_.hidden_size, vocab = config_.vocab_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int64_t vocab = config_.vocab_size;
   if (n_tokens == 0) fail("forward", "no tokens to process");
   if (first_pos + n_tokens > config_.max_position_embeddings) {
     fail("context", std::to_string(first_pos + n_tokens) +
                         " tokens exceed the model's max_position_embeddings (" +
                         std::to_string(config_.max_position_embeddings) + ")");
   }
-
   for (int64_t t = 0; t < n_tokens; ++t) {
     if (ids[t] < 0 || ids[t] >= vocab) {
       fail("token ids", "id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
                             std::to_string(vocab) + ")");
     }
   }
-  CpuContext& cx = *context_;
-  const CpuContext::Turn turn(cx);  // the sessions of the models on this context take turns
-  // The residual stream h, a block's input x and its output y, in the caller slots of the
-  // context's scratch after the blocks' own (models/blocks.cc).
-  Scratch& scratch = cx.caller_scratch();
-  float* h = scratch.buffer<float>(Scratch::kFirstCallerSlot + 9, n_tokens * H);
-  float* x = scratch.buffer<float>(Scratch::kFirstCallerSlot + 10, n_tokens * H);
-  float* y = scratch.buffer<float>(Scratch::kFirstCallerSlot + 11, n_tokens * H);
-  for (int64_t t = 0; t < n_tokens; ++t) read_row(cx, weights_.embed_tokens, ids[t], h + t * H);
-  // Each block's output y joins the residual stream h in the same pass as the norm that follows.
-  const auto add_and_norm = [&](const std::vector<float>& scale) {
-    add_rms_norm_rows(cx, h, y, scale.data(), n_tokens, H, eps, x);
-  };
-
-  rms_norm_rows(cx, h, weights_.layers.front().input_norm.data(), n_tokens, H, eps, x);
-  for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    const DecoderLayer& layer = weights_.layers[i];
-    if (layer.kind == LayerKind::kFullAttention) {
-      attention_forward(cx, layer.attention, attention_, n_tokens, first_pos, x, state.layers[i],
-                        y);
-    } else {
-      gated_deltanet_forward(cx, layer.deltanet, deltanet_, n_tokens, x, state.layers[i], y);
-    }
-    add_and_norm(layer.post_attention_norm);
-    mlp_forward(cx, layer.mlp, n_tokens, x, y);
-    if (i + 1 < weights_.layers.size()) add_and_norm(weights_.layers[i + 1].input_norm);
-  }
+  logits.resize((which == LogitsFor::kEveryToken ? n_tokens : 1) * vocab);
+  // The sessions of the models on this context take turns; the schedules and arenas are theirs
+  // for the pass.
+  const CpuContext::Turn turn(*context_);
+  Schedule& s = schedule_for(n_tokens, which);
+  float* const outputs[] = {logits.data()};
+  execute(s, backends_, {.ids = ids, .first_pos = first_pos, .layers = state.layers,
+                         .external = outputs});
   state.advance(n_tokens);
-
-  // The last block's output joins only the rows whose logits are asked for.
-  const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
-  const int64_t n_out = n_tokens - first_out;
-  add_rms_norm_rows(cx, h + first_out * H, y + first_out * H, weights_.final_norm.data(), n_out, H,
-                    eps, x);
-  logits.resize(n_out * vocab);
-  matmul(cx, x, n_out, weights_.lm_head, logits.data());
 }
 
 }  // namespace
@@ -217,9 +299,11 @@ AttentionParams attention_params(const ModelConfig& c, bool output_gate) {
 std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkpoint,
                                     DecoderWeights weights, AttentionParams attention,
                                     GatedDeltaNetParams deltanet,
-                                    std::shared_ptr<CpuContext> context) {
+                                    std::shared_ptr<CpuContext> context,
+                                    std::vector<std::shared_ptr<Backend>> devices) {
   return std::make_unique<Decoder>(config, std::move(checkpoint), std::move(weights),
-                                   std::move(attention), deltanet, std::move(context));
+                                   std::move(attention), deltanet, std::move(context),
+                                   std::move(devices));
 }
 
 }  // namespace qhx

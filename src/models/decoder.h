@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "graph/backend.h"
 #include "io/checkpoint.h"
 #include "models/blocks.h"
 #include "models/model.h"
@@ -38,6 +39,7 @@ AttentionParams attention_params(const ModelConfig& c, bool output_gate);
 std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkpoint,
                                     DecoderWeights weights, AttentionParams attention,
                                     GatedDeltaNetParams deltanet,
-                                    std::shared_ptr<CpuContext> context);
+                                    std::shared_ptr<CpuContext> context,
+                                    std::vector<std::shared_ptr<Backend>> devices);
 
 }  // namespace qhx

@@ -1,19 +1,14 @@
 // Per-sequence state of a decoder whose layers are softmax attention (KV cache) or Gated
-// DeltaNet (conv state + f32 recurrent state).
+// DeltaNet (conv state + f32 recurrent state): one LayerState (graph/plan.h) per layer.
 #pragma once
 
 #include <vector>
 
+#include "graph/plan.h"
 #include "models/model.h"
 
 namespace qhx {
 
-struct LayerState {
-  std::vector<float> keys, values;  // attention: [n_past, kv_width] each
-  int64_t kv_width = 0;             // attention: n_kv_heads·head_dim
-  std::vector<float> conv;       // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
-  std::vector<float> recurrent;  // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
-};
 
 class DecoderState final : public ModelState {
  public:

@@ -3,16 +3,19 @@
 
 #include <memory>
 
+#include "graph/backend.h"
 #include "io/checkpoint.h"
 #include "kernels/cpu_context.h"
 #include "models/model.h"
 
 namespace qhx {
 
-// The model computes on `context`.
+// The model computes on `context`, and on `devices` where the scheduler places nodes there.
 std::unique_ptr<Model> load_qwen3(const ModelConfig& config, Checkpoint checkpoint,
-                                  std::shared_ptr<CpuContext> context);
+                                  std::shared_ptr<CpuContext> context,
+                                  std::vector<std::shared_ptr<Backend>> devices);
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkpoint,
-                                    std::shared_ptr<CpuContext> context);
+                                    std::shared_ptr<CpuContext> context,
+                                    std::vector<std::shared_ptr<Backend>> devices);
 
 }  // namespace qhx

@@ -23,9 +23,9 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
   if (context == nullptr) context = std::make_shared<CpuContext>(1, CpuKernels::from_environment());
   switch (config.family) {
     case Family::kQwen3:
-      return load_qwen3(config, std::move(checkpoint), std::move(context));
+      return load_qwen3(config, std::move(checkpoint), std::move(context), options.devices);
     case Family::kQwen3_5:
-      return load_qwen3_5(config, std::move(checkpoint), std::move(context));
+      return load_qwen3_5(config, std::move(checkpoint), std::move(context), options.devices);
   }
   return nullptr;
 }

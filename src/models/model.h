@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/hf_config.h"
+#include "graph/backend.h"
 #include "kernels/cpu_context.h"
 
 namespace qhx {
@@ -84,6 +85,9 @@ class Model {
   // vocabulary or a context longer than max_position_embeddings.
   virtual void forward(std::span<const int32_t> ids, ModelState& state, LogitsFor which,
                        std::vector<float>& logits) const = 0;
+  // Bytes of activations a forward call over n_tokens new tokens uses (its arenas, reserved from
+  // its plan, and the logits): what memory admission counts per session for a prefill chunk.
+  virtual int64_t activation_bytes(int64_t n_tokens) const = 0;
 };
 
 struct LoadOptions {
@@ -92,6 +96,9 @@ struct LoadOptions {
   // Where the model computes (models may share one; their forward passes then take turns).
   // Null: a context of its own, one thread, the kernels CpuKernels::from_environment() picks.
   std::shared_ptr<CpuContext> context = nullptr;
+  // Backends besides the CPU that may run nodes of the model's plans (graph/schedule.h says
+  // which): where a GPU or NPU backend plugs in.
+  std::vector<std::shared_ptr<Backend>> devices = {};
 };
 
 // Opens a Hugging Face checkpoint directory (config.json + safetensors) or a qhx bundle

@@ -1,0 +1,284 @@
+#include "backend/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/delta_rule.h"
+#include "kernels/elementwise.h"
+#include "kernels/matmul.h"
+#include "kernels/matmul_int8.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+constexpr int64_t kMaxRotaryPairs = 512;  // RoPE frequencies a head may have (Qwen: ≤ 128)
+
+bool same(const Operand& a, const Operand& b) {
+  return a.value == b.value && a.row == b.row;
+}
+
+// cos and sin of each RoPE angle at `position`, as transformers computes them (in f32).
+void rotary_angles(int64_t position, const Node& rope, float* cos, float* sin) {
+  for (int64_t i = 0; i < rope.rotary_dim / 2; ++i) {
+    const float angle = static_cast<float>(position) * rope.vector[i];
+    cos[i] = std::cos(angle);
+    sin[i] = std::sin(angle);
+  }
+}
+
+// The fusable runs starting at nodes[i]: how many nodes follow it in the run (0: none).
+int matmul_run(std::span<const Node> nodes, size_t i) {
+  int fused = 0;
+  for (size_t j = i + 1; j < nodes.size() && fused < 3; ++j, ++fused) {
+    const Node& n = nodes[j];
+    if (n.op != Op::kMatmul || !same(n.in[0], nodes[i].in[0]) || n.rows != nodes[i].rows) break;
+  }
+  return fused;
+}
+
+int add_norm_run(const Plan& plan, std::span<const Node> nodes, size_t i) {
+  if (i + 1 >= nodes.size()) return 0;
+  const Node &add = nodes[i], &norm = nodes[i + 1];
+  const bool fits = norm.op == Op::kRmsNorm && same(norm.in[0], add.out) &&
+                    norm.rows == add.rows && norm.width == plan.values[add.out.value].cols;
+  return fits ? 1 : 0;
+}
+
+// [split_heads,] rms_norm q, rms_norm k, rope q, rope k: each on its own value, in place.
+int qk_norm_rope_run(std::span<const Node> nodes, size_t i) {
+  const bool split = nodes[i].op == Op::kSplitHeads;
+  const size_t first = i + (split ? 1 : 0);
+  if (first + 3 >= nodes.size()) return 0;
+  const Node &nq = nodes[first], &nk = nodes[first + 1];
+  const Node &rq = nodes[first + 2], &rk = nodes[first + 3];
+  if (nq.op != Op::kRmsNorm || nk.op != Op::kRmsNorm || rq.op != Op::kRope ||
+      rk.op != Op::kRope) {
+    return 0;
+  }
+  const bool in_place = same(nq.in[0], nq.out) && same(nk.in[0], nk.out) &&
+                        same(rq.out, nq.out) && same(rk.out, nk.out);
+  const bool widths = nq.width == rq.width && nk.width == rk.width && nq.width == nk.width &&
+                      rq.rotary_dim == rk.rotary_dim && rq.vector == rk.vector;
+  const int64_t rows = nodes[i].rows;
+  const bool rows_match =
+      nq.rows == rows && nk.rows == rows && rq.rows == rows && rk.rows == rows;
+  const bool split_feeds = !split || same(nodes[i].out, nq.in[0]);
+  if (!in_place || !widths || !rows_match || !split_feeds) return 0;
+  return split ? 4 : 3;
+}
+
+}  // namespace
+
+std::string CpuBackend::name() const {
+  return "cpu (" + context_.kernels().describe() + ", " + std::to_string(context_.threads()) +
+         " threads)";
+}
+
+void CpuBackend::fuse(const Plan& plan, std::span<Node> nodes) const {
+  if (!fusion_) return;
+  for (size_t i = 0; i < nodes.size(); i += nodes[i].fused + 1) {
+    switch (nodes[i].op) {
+      case Op::kMatmul:
+        nodes[i].fused = matmul_run(nodes, i);
+        break;
+      case Op::kAdd:
+        nodes[i].fused = add_norm_run(plan, nodes, i);
+        break;
+      case Op::kSplitHeads:
+      case Op::kRmsNorm:
+        nodes[i].fused = qk_norm_rope_run(nodes, i);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+float* CpuBackend::arena(int64_t floats) {
+  if (static_cast<int64_t>(arena_.size()) < floats) arena_.resize(floats);
+  return arena_.data();
+}
+
+void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
+  CpuContext& cx = context_;
+  const Node& head = nodes[0];
+  if (nodes.size() == 1) return run_one(plan, head, args);
+  const auto at = [&](const Operand& o) { return args.at(o, plan); };
+
+  if (head.op == Op::kMatmul) {
+    const float* x = at(head.in[0]);
+    const auto out = [&](size_t k) { return MatmulOutput{*nodes[k].matrix, at(nodes[k].out)}; };
+    switch (nodes.size()) {
+      case 2:
+        return matmul(cx, x, head.rows, {out(0), out(1)});
+      case 3:
+        return matmul(cx, x, head.rows, {out(0), out(1), out(2)});
+      default:
+        return matmul(cx, x, head.rows, {out(0), out(1), out(2), out(3)});
+    }
+  }
+  if (head.op == Op::kAdd) {
+    const Node& norm = nodes[1];
+    const int64_t cols = plan.values[head.out.value].cols;
+    return add_rms_norm_rows(cx, at(head.out), at(head.in[0]), norm.vector, head.rows, cols,
+                             norm.eps, at(norm.out));
+  }
+
+  // The query/gate split, q/k head norms and RoPE, token by token, tokens spread over the threads.
+  const bool split = head.op == Op::kSplitHeads;
+  const Node &nq = nodes[split ? 1 : 0], &nk = nodes[split ? 2 : 1], &rope = nodes[split ? 3 : 2];
+  const int64_t hd = nq.width;
+  float* q = at(nq.out);
+  float* k = at(nk.out);
+  const int64_t q_width = plan.values[nq.out.value].cols;
+  const int64_t kv_width = plan.values[nk.out.value].cols;
+  const int64_t n_heads = q_width / hd, n_kv = kv_width / hd;
+  const int64_t first_pos = args.inputs->first_pos;
+  cx.split_rows(head.rows, 1, head.rows * (q_width + kv_width), [&](int64_t begin, int64_t end) {
+    float cos[kMaxRotaryPairs], sin[kMaxRotaryPairs];
+    for (int64_t t = begin; t < end; ++t) {
+      if (split) {
+        const float* both = at(head.in[0]);
+        float* gate = at(head.out2);
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const float* src = both + (t * n_heads + h) * 2 * hd;
+          std::copy(src, src + hd, q + (t * n_heads + h) * hd);
+          std::copy(src + hd, src + 2 * hd, gate + (t * n_heads + h) * hd);
+        }
+      }
+      float* qt = q + t * q_width;
+      float* kt = k + t * kv_width;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        rms_norm(cx, qt + h * hd, nq.vector, hd, nq.eps, qt + h * hd);
+      }
+      for (int64_t h = 0; h < n_kv; ++h) {
+        rms_norm(cx, kt + h * hd, nk.vector, hd, nk.eps, kt + h * hd);
+      }
+      rotary_angles(first_pos + t, rope, cos, sin);
+      rope_rotate_half(cx, qt, n_heads, hd, rope.rotary_dim, cos, sin);
+      rope_rotate_half(cx, kt, n_kv, hd, rope.rotary_dim, cos, sin);
+    }
+  });
+}
+
+void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& args) {
+  CpuContext& cx = context_;
+  const auto at = [&](const Operand& o) { return args.at(o, plan); };
+  const auto cols = [&](const Operand& o) { return plan.values[o.value].cols; };
+  const RunInputs& inputs = *args.inputs;
+  float* out = node.out.value != kNoValue ? at(node.out) : nullptr;
+  switch (node.op) {
+    case Op::kEmbed:
+      for (int64_t t = 0; t < node.rows; ++t) {
+        read_row(cx, *node.matrix, inputs.ids[t], out + t * cols(node.out));
+      }
+      return;
+    case Op::kRmsNorm: {
+      const int64_t n = node.rows * cols(node.out) / node.width;
+      return rms_norm_rows(cx, at(node.in[0]), node.vector, n, node.width, node.eps, out);
+    }
+    case Op::kAdd: {
+      const float* y = at(node.in[0]);
+      const int64_t n = node.rows * cols(node.out);
+      cx.split_rows(n, 4096, n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] += y[i];
+      });
+      return;
+    }
+    case Op::kMatmul:
+      return matmul(cx, at(node.in[0]), node.rows, *node.matrix, out);
+    case Op::kCopyColumns: {
+      const float* in = at(node.in[0]);
+      const int64_t in_cols = cols(node.in[0]), out_cols = cols(node.out);
+      for (int64_t t = 0; t < node.rows; ++t) {
+        std::copy_n(in + t * in_cols + node.offset, out_cols, out + t * out_cols);
+      }
+      return;
+    }
+    case Op::kSplitHeads: {
+      const float* both = at(node.in[0]);
+      float* gate = at(node.out2);
+      const int64_t hd = node.width, heads = cols(node.out) / hd;
+      for (int64_t r = 0; r < node.rows * heads; ++r) {
+        std::copy_n(both + r * 2 * hd, hd, out + r * hd);
+        std::copy_n(both + r * 2 * hd + hd, hd, gate + r * hd);
+      }
+      return;
+    }
+    case Op::kRope: {
+      const int64_t width = cols(node.out);
+      cx.split_rows(node.rows, 1, node.rows * width, [&](int64_t begin, int64_t end) {
+        float cos[kMaxRotaryPairs], sin[kMaxRotaryPairs];
+        for (int64_t t = begin; t < end; ++t) {
+          rotary_angles(inputs.first_pos + t, node, cos, sin);
+          rope_rotate_half(cx, out + t * width, width / node.width, node.width, node.rotary_dim,
+                           cos, sin);
+        }
+      });
+      return;
+    }
+    case Op::kAttention: {
+      LayerState& cache = inputs.layers[node.layer];
+      const int64_t kv_width = cache.kv_width, first_pos = inputs.first_pos;
+      cache.keys.resize((first_pos + node.rows) * kv_width);
+      cache.values.resize((first_pos + node.rows) * kv_width);
+      std::copy_n(at(node.in[1]), node.rows * kv_width, cache.keys.data() + first_pos * kv_width);
+      std::copy_n(at(node.in[2]), node.rows * kv_width,
+                  cache.values.data() + first_pos * kv_width);
+      return causal_attention(cx, at(node.in[0]), node.rows, first_pos, cache.keys.data(),
+                              cache.values.data(), node.attention, node.scale, out);
+    }
+    case Op::kSigmoidGate:
+      return sigmoid_gate(cx, at(node.in[0]), node.rows * cols(node.out), out);
+    case Op::kSiluMul:
+      return silu_mul(cx, at(node.in[0]), at(node.in[1]), node.rows * cols(node.out), out);
+    case Op::kConvSilu:
+      return causal_conv1d_silu(cx, at(node.in[0]), node.rows, cols(node.out), node.vector,
+                                node.width, inputs.layers[node.layer].conv.data(), out);
+    case Op::kL2Norm: {
+      const int64_t n = node.rows * cols(node.out);
+      for (int64_t i = 0; i < n; i += node.width) {
+        l2_normalize(cx, out + i, node.width, 1e-6f);
+        if (node.scale != 1.0f) {
+          for (int64_t d = 0; d < node.width; ++d) out[i + d] *= node.scale;
+        }
+      }
+      return;
+    }
+    case Op::kDeltaGates: {
+      // β = σ(b); g = −exp(A_log) · softplus(a + dt_bias), softplus threshold 20.
+      float* beta = out;
+      float* g = at(node.out2);
+      const int64_t hv = cols(node.out);
+      for (int64_t t = 0; t < node.rows; ++t) {
+        for (int64_t j = 0; j < hv; ++j) {
+          const int64_t i = t * hv + j;
+          beta[i] = 1.0f / (1.0f + std::exp(-beta[i]));
+          const float s = g[i] + node.vector2[j];
+          const float softplus = s > 20.0f ? s : std::log1p(std::exp(s));
+          g[i] = -std::exp(node.vector[j]) * softplus;
+        }
+      }
+      return;
+    }
+    case Op::kDeltaRule: {
+      float* state = inputs.layers[node.layer].recurrent.data();
+      const float *q = at(node.in[0]), *k = at(node.in[1]), *v = at(node.in[2]);
+      const float *beta = at(node.in[3]), *g = at(node.in[4]);
+      if (node.rows == 1) {
+        return gated_delta_rule_recurrent(cx, q, k, v, beta, g, 1, node.heads, state, out);
+      }
+      return gated_delta_rule_chunked(cx, q, k, v, beta, g, node.rows, node.heads, node.chunk,
+                                      state, out);
+    }
+    case Op::kCopy:
+      std::memcpy(out, at(node.in[0]), node.rows * cols(node.out) * sizeof(float));
+      return;
+  }
+  fail("cpu backend", std::string("no implementation of ") + op_name(node.op));
+}
+
+}  // namespace qhx

@@ -1,0 +1,41 @@
+// The CPU backend: every node of a plan, on a CPU context's kernels and threads
+// (kernels/cpu_context.h). With a context of reference kernels (CpuKernels{}), every node runs
+// through its ref:: definition: that is the oracle other backends are tested against.
+//
+// It fuses, where the plan has them side by side: matmuls of one input (quantized once, all
+// rows one job for the threads), a residual add and the norm of its sum (one pass), and a
+// layer's [query/gate split,] q/k head norms and RoPE (one pass per token). Fused or not, every
+// element is computed the same way, so fusion never changes a bit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/backend.h"
+#include "kernels/cpu_context.h"
+
+namespace qhx {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(CpuContext& context, bool fusion = true)
+      : context_(context), fusion_(fusion) {}
+
+  std::string name() const override;
+  bool supports(const Node&) const override { return true; }
+  void fuse(const Plan& plan, std::span<Node> nodes) const override;
+  float* arena(int64_t floats) override;
+  void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
+
+  CpuContext& context() const { return context_; }
+  int64_t arena_bytes() const { return static_cast<int64_t>(arena_.size() * sizeof(float)); }
+
+ private:
+  void run_one(const Plan& plan, const Node& node, const NodeArgs& args);
+
+  CpuContext& context_;
+  bool fusion_;
+  std::vector<float> arena_;
+};
+
+}  // namespace qhx

@@ -1,0 +1,91 @@
+#include "graph/plan.h"
+
+namespace qhx {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kEmbed:
+      return "embed";
+    case Op::kRmsNorm:
+      return "rms_norm";
+    case Op::kAdd:
+      return "add";
+    case Op::kMatmul:
+      return "matmul";
+    case Op::kCopyColumns:
+      return "copy_columns";
+    case Op::kSplitHeads:
+      return "split_heads";
+    case Op::kRope:
+      return "rope";
+    case Op::kAttention:
+      return "attention";
+    case Op::kSigmoidGate:
+      return "sigmoid_gate";
+    case Op::kSiluMul:
+      return "silu_mul";
+    case Op::kConvSilu:
+      return "conv_silu";
+    case Op::kL2Norm:
+      return "l2_norm";
+    case Op::kDeltaGates:
+      return "delta_gates";
+    case Op::kDeltaRule:
+      return "delta_rule";
+    case Op::kCopy:
+      return "copy";
+  }
+  return "?";
+}
+
+ValueId Plan::add_value(int64_t rows, int64_t cols, int binding) {
+  Value v;
+  v.rows = rows;
+  v.cols = cols;
+  v.binding = binding;
+  values.push_back(v);
+  return static_cast<ValueId>(values.size() - 1);
+}
+
+Node& Plan::add(Op op) {
+  Node node{};
+  node.op = op;
+  nodes.push_back(node);
+  return nodes.back();
+}
+
+std::string Plan::describe(const Node& node) const {
+  // Appends only: GCC 12 warns, wrongly, of "..." + std::string (-Wrestrict).
+  std::string text = op_name(node.op);
+  const auto name = [&](const Operand& o) {
+    const Value& v = values[o.value];
+    text += " v";
+    text += std::to_string(o.value);
+    text += "[";
+    text += std::to_string(v.rows);
+    text += "x";
+    text += std::to_string(v.cols);
+    text += "]";
+    if (o.row != 0) {
+      text += "@";
+      text += std::to_string(o.row);
+    }
+  };
+  if (node.layer >= 0) {
+    text += " (layer ";
+    text += std::to_string(node.layer);
+    text += ")";
+  }
+  if (node.out.value != kNoValue) name(node.out);
+  if (node.out2.value != kNoValue) name(node.out2);
+  text += " <-";
+  for (const Operand& in : node.in) {
+    if (in.value != kNoValue) name(in);
+  }
+  text += ", ";
+  text += std::to_string(node.rows);
+  text += " rows";
+  return text;
+}
+
+}  // namespace qhx

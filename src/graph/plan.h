@@ -1,0 +1,117 @@
+// A forward pass as a flat list of nodes over a closed vocabulary of model-shaped ops, in the
+// order the spec reads. A model emits one plan per shape (a decode step, a prefill chunk, a
+// tail); a scheduler (graph/schedule.h) places each node on a backend, inserts copies where a
+// value crosses between backends, lets each backend fuse adjacent nodes, and reserves every
+// backend's activation arena exactly, before anything runs. Running a plan allocates nothing.
+//
+// Every activation is a float32 row-major [rows, cols] value. Nodes read and write values at a
+// row offset (the final norm reads only the rows whose logits are asked for) and reach the
+// sequence's state (KV caches, conv and recurrent states) by layer index.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace qhx {
+
+// One layer's part of a sequence's state: softmax attention (a KV cache) or Gated DeltaNet (conv
+// state + f32 recurrent state).
+struct LayerState {
+  std::vector<float> keys, values;  // attention: [n_past, kv_width] each
+  int64_t kv_width = 0;             // attention: n_kv_heads·head_dim
+  std::vector<float> conv;       // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
+  std::vector<float> recurrent;  // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
+};
+
+enum class Op : uint8_t {
+  kEmbed,        // out[t] = row ids[t] of `matrix`
+  kRmsNorm,      // each `width` elements of in0: rms_norm with weight `vector`, eps
+  kAdd,          // out += in0 (out is also read)
+  kMatmul,       // out = in0 · matrixᵀ
+  kCopyColumns,  // out = in0[:, offset : offset + out.cols]
+  kSplitHeads,   // in0 [rows, heads·2·width] as [query | gate] per head: out = queries, out2 = gates
+  kRope,         // in place on out: rotate-half RoPE of each `width`-element head at positions
+                 // first_pos + row, on its first rotary_dim elements (frequencies `vector`)
+  kAttention,    // appends in1 (keys) and in2 (values) to layer's KV cache, then
+                 // out = causal attention of queries in0 over the cache
+  kSigmoidGate,  // out *= sigmoid(in0)
+  kSiluMul,      // out = silu(in0) · in1 (out may be in0)
+  kConvSilu,     // out = causal depthwise conv1d (weights `vector`, kernel `width`) of in0, then
+                 // SiLU, continuing the layer's conv state
+  kL2Norm,       // in place on out: each `width` elements L2-normalised (eps 1e-6), then × scale
+  kDeltaGates,   // in place: out (b) becomes β = σ(b), out2 (a) g = −exp(a_log)·softplus(a + dt)
+  kDeltaRule,    // out = gated delta rule of q in0, k in1, v in2, β in3, g in4, continuing the
+                 // layer's recurrent state (one token: the recurrent step; more: chunked)
+  kCopy,         // out = in0 (inserted by the scheduler where a value changes backend)
+};
+inline constexpr int kOpKinds = static_cast<int>(Op::kCopy) + 1;
+const char* op_name(Op op);
+
+using ValueId = int32_t;
+inline constexpr ValueId kNoValue = -1;
+
+// A value at a row offset.
+struct Operand {
+  ValueId value = kNoValue;
+  int64_t row = 0;
+};
+
+struct Value {
+  int64_t rows = 0, cols = 0;
+  // ≥ 0: bound by the caller at run time (RunInputs::external[binding], the logits), in CPU
+  // memory rather than an arena.
+  int binding = -1;
+  int backend = 0;     // where it lives (the scheduler sets it)
+  int64_t offset = 0;  // in floats, within that backend's arena (the scheduler sets it)
+  int64_t floats() const { return rows * cols; }
+  bool external() const { return binding >= 0; }
+};
+
+struct Node {
+  Op op;
+  Operand in[5];  // inputs, as the op reads them
+  Operand out, out2;
+  int64_t rows = 0;   // rows (tokens) the node processes
+  int64_t width = 0;  // op-specific, as Op says
+  int64_t offset = 0;
+  float eps = 0.0f, scale = 1.0f;
+  int layer = -1;                     // state of this layer (attention, conv, delta rule)
+  const MatrixRef* matrix = nullptr;  // kEmbed, kMatmul
+  const float* vector = nullptr;      // norm weights, conv weights, RoPE frequencies, a_log
+  const float* vector2 = nullptr;     // kDeltaGates: dt_bias
+  AttentionShape attention{};         // kAttention
+  DeltaRuleShape heads{};             // kDeltaRule
+  int64_t rotary_dim = 0;             // kRope
+  int64_t chunk = 0;                  // kDeltaRule: the prefill chunk of the WY form
+
+  // Set by the scheduler: the backend that runs it, and how many of the nodes that follow it
+  // run with it as one (fused by that backend).
+  int backend = 0;
+  int fused = 0;
+};
+
+struct Plan {
+  int64_t n_tokens = 0;
+  std::vector<Value> values;
+  std::vector<Node> nodes;
+
+  ValueId add_value(int64_t rows, int64_t cols, int binding = -1);
+  Node& add(Op op);
+  // "rms_norm x ← h (w 1024)": one line per node, for errors and tests.
+  std::string describe(const Node& node) const;
+};
+
+// What a plan runs on: the new tokens, where they start, the sequence's layers, and the external
+// values' memory (by Value::binding).
+struct RunInputs {
+  std::span<const int32_t> ids;
+  int64_t first_pos = 0;
+  std::span<LayerState> layers;
+  std::span<float* const> external;
+};
+
+}  // namespace qhx

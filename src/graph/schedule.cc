@@ -1,0 +1,236 @@
+#include "graph/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+// Ops whose output is also an input: they update it in place.
+bool updates_in_place(Op op) {
+  switch (op) {
+    case Op::kAdd:
+    case Op::kRope:
+    case Op::kSigmoidGate:
+    case Op::kL2Norm:
+    case Op::kDeltaGates:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// f(operand, reads, writes) for each operand of the node that names a value.
+template <typename Node, typename F>
+void for_each_operand(Node& node, F f) {
+  for (auto& in : node.in) {
+    if (in.value != kNoValue) f(in, true, false);
+  }
+  const bool in_place = updates_in_place(node.op);
+  if (node.out.value != kNoValue) f(node.out, in_place, true);
+  if (node.out2.value != kNoValue) f(node.out2, node.op == Op::kDeltaGates, true);
+}
+
+bool has_host_weights(const Node& node) {
+  return node.matrix != nullptr;  // every weight is on the host today
+}
+
+// Where each logical value has a physical copy, and which copy holds its latest contents.
+struct Versions {
+  std::vector<std::map<int, ValueId>> copies;  // per logical value: backend → physical value
+  std::vector<int> latest;                     // per logical value: backend, -1 if never written
+};
+
+// Offsets in one backend's arena for values alive over [first, last] node index: first fit.
+int64_t lay_out(std::vector<Value>& values, int backend, const std::vector<int64_t>& first,
+                const std::vector<int64_t>& last) {
+  std::vector<ValueId> order;
+  for (ValueId v = 0; v < static_cast<ValueId>(values.size()); ++v) {
+    if (values[v].backend == backend && !values[v].external() && first[v] >= 0) order.push_back(v);
+  }
+  // Largest first: fewer holes.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](ValueId a, ValueId b) { return values[a].floats() > values[b].floats(); });
+  constexpr int64_t kAlign = 16;  // floats: 64-byte rows for the SIMD kernels
+  std::vector<ValueId> placed;
+  int64_t total = 0;
+  for (const ValueId v : order) {
+    // The placed values alive at the same time, by offset.
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (const ValueId p : placed) {
+      if (first[p] <= last[v] && first[v] <= last[p]) {
+        busy.emplace_back(values[p].offset, values[p].offset + values[p].floats());
+      }
+    }
+    std::sort(busy.begin(), busy.end());
+    const int64_t size = (values[v].floats() + kAlign - 1) / kAlign * kAlign;
+    int64_t offset = 0;
+    for (const auto& [begin, end] : busy) {
+      if (offset + size <= begin) break;
+      offset = std::max(offset, (end + kAlign - 1) / kAlign * kAlign);
+    }
+    values[v].offset = offset;
+    total = std::max(total, offset + size);
+    placed.push_back(v);
+  }
+  return total;
+}
+
+}  // namespace
+
+int64_t Schedule::arena_bytes() const {
+  int64_t floats = 0;
+  for (const int64_t f : arena_floats) floats += f;
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+Schedule schedule(Plan plan, std::span<Backend* const> backends) {
+  if (backends.empty() || backends.size() > kMaxBackends) {
+    fail("schedule", "1 to " + std::to_string(kMaxBackends) +
+                         " backends, the CPU backend first, not " +
+                         std::to_string(backends.size()));
+  }
+  Schedule out;
+  Plan& placed = out.plan;
+  placed.n_tokens = plan.n_tokens;
+
+  // 1. Placement.
+  std::vector<int> producer_backend(plan.values.size(), 0);
+  for (Node& node : plan.nodes) {
+    int where = 0;
+    if (has_host_weights(node)) {
+      for (size_t b = 1; b < backends.size(); ++b) {
+        if (backends[b]->supports(node) && backends[b]->claims(node)) {
+          where = static_cast<int>(b);
+          break;
+        }
+      }
+    } else if (node.in[0].value != kNoValue) {
+      const int input_home = producer_backend[node.in[0].value];
+      if (backends[input_home]->supports(node)) where = input_home;
+    }
+    if (!backends[where]->supports(node)) {
+      fail("schedule", backends[where]->name() + " cannot run " + plan.describe(node));
+    }
+    node.backend = where;
+    for_each_operand(node, [&](Operand& o, bool, bool writes) {
+      if (writes) producer_backend[o.value] = where;
+    });
+  }
+
+  // 2. Physical values per backend, and copies where a node reads a value whose latest contents
+  // are on another backend. External values live on the CPU.
+  Versions versions;
+  versions.copies.resize(plan.values.size());
+  versions.latest.assign(plan.values.size(), -1);
+  const auto physical = [&](ValueId logical, int backend) {
+    auto& copies = versions.copies[logical];
+    if (const auto it = copies.find(backend); it != copies.end()) return it->second;
+    // An external value's CPU copy is the caller's memory; elsewhere it is an arena value.
+    const Value& v = plan.values[logical];
+    const ValueId id = placed.add_value(v.rows, v.cols, backend == 0 ? v.binding : -1);
+    placed.values[id].backend = backend;
+    copies.emplace(backend, id);
+    return id;
+  };
+  const auto copy_to = [&](ValueId logical, int backend) {
+    const int from = versions.latest[logical];
+    Node& copy = placed.add(Op::kCopy);
+    copy.in[0] = {physical(logical, from), 0};
+    copy.out = {physical(logical, backend), 0};
+    copy.rows = plan.values[logical].rows;
+    copy.backend = backend;
+    ++out.copies;
+  };
+  // Which (logical value, backend) pairs hold the latest contents.
+  std::vector<std::vector<bool>> fresh(plan.values.size(),
+                                       std::vector<bool>(backends.size(), false));
+  for (const Node& source : plan.nodes) {
+    Node node = source;
+    for_each_operand(node, [&](Operand& o, bool reads, bool) {
+      if (reads && versions.latest[o.value] >= 0 && !fresh[o.value][node.backend]) {
+        copy_to(o.value, node.backend);
+        fresh[o.value][node.backend] = true;
+      }
+    });
+    for_each_operand(node, [&](Operand& o, bool, bool writes) {
+      const ValueId logical = o.value;
+      o.value = physical(logical, node.backend);
+      if (writes) {
+        std::fill(fresh[logical].begin(), fresh[logical].end(), false);
+        fresh[logical][node.backend] = true;
+        versions.latest[logical] = node.backend;
+      }
+    });
+    placed.nodes.push_back(node);
+  }
+  for (ValueId v = 0; v < static_cast<ValueId>(plan.values.size()); ++v) {
+    if (plan.values[v].external() && versions.latest[v] > 0 && !fresh[v][0]) copy_to(v, 0);
+  }
+
+  // 3. Fusion, over each run of adjacent nodes on one backend.
+  for (size_t begin = 0; begin < placed.nodes.size();) {
+    size_t end = begin + 1;
+    while (end < placed.nodes.size() &&
+           placed.nodes[end].backend == placed.nodes[begin].backend) {
+      ++end;
+    }
+    backends[placed.nodes[begin].backend]->fuse(
+        placed, std::span<Node>(placed.nodes).subspan(begin, end - begin));
+    begin = end;
+  }
+
+  // 4. Arenas: each value's lifetime is its first to last use.
+  std::vector<int64_t> first(placed.values.size(), -1), last(placed.values.size(), -1);
+  for (int64_t i = 0; i < static_cast<int64_t>(placed.nodes.size()); ++i) {
+    for_each_operand(placed.nodes[i], [&](const Operand& o, bool, bool) {
+      if (first[o.value] < 0) first[o.value] = i;
+      last[o.value] = i;
+    });
+  }
+  // A fused run reads and writes its values at once: each value's lifetime covers the run.
+  for (int64_t i = 0; i < static_cast<int64_t>(placed.nodes.size());) {
+    const int64_t run_end = i + placed.nodes[i].fused;
+    for (int64_t j = i; j <= run_end; ++j) {
+      for_each_operand(placed.nodes[j], [&](const Operand& o, bool, bool) {
+        first[o.value] = std::min(first[o.value], i);
+        last[o.value] = std::max(last[o.value], run_end);
+      });
+    }
+    i = run_end + 1;
+  }
+  out.arena_floats.resize(backends.size());
+  for (size_t b = 0; b < backends.size(); ++b) {
+    out.arena_floats[b] = lay_out(placed.values, static_cast<int>(b), first, last);
+  }
+  return out;
+}
+
+void execute(Schedule& s, std::span<Backend* const> backends, const RunInputs& inputs) {
+  const Plan& plan = s.plan;
+  float* bases[kMaxBackends];
+  for (size_t b = 0; b < backends.size(); ++b) bases[b] = backends[b]->arena(s.arena_floats[b]);
+  std::vector<float*>& pointers = s.pointers;
+  pointers.resize(plan.values.size());
+  for (size_t v = 0; v < plan.values.size(); ++v) {
+    const Value& value = plan.values[v];
+    if (value.external()) {
+      if (value.binding >= static_cast<int>(inputs.external.size())) {
+        fail("plan", "output " + std::to_string(value.binding) + " is not bound");
+      }
+      pointers[v] = inputs.external[value.binding];
+    } else {
+      pointers[v] = bases[value.backend] + value.offset;
+    }
+  }
+  const NodeArgs args{pointers, &inputs};
+  const std::span<const Node> nodes(plan.nodes);
+  for (size_t i = 0; i < nodes.size(); i += nodes[i].fused + 1) {
+    backends[nodes[i].backend]->run(plan, nodes.subspan(i, nodes[i].fused + 1), args);
+  }
+}
+
+}  // namespace qhx
