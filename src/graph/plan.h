@@ -108,10 +108,10 @@ struct Plan {
 // What a plan runs on: the new tokens, where they start, the sequence's layers, and the external
 // values' memory (by Value::binding).
 struct RunInputs {
-  std::span<const int32_t> ids;
+  std::span<const int32_t> ids = {};
   int64_t first_pos = 0;
-  std::span<LayerState> layers;
-  std::span<float* const> external;
+  std::span<LayerState> layers = {};
+  std::span<float* const> external = {};
 };
 
 }  // namespace qhx

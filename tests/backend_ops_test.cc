@@ -1,0 +1,552 @@
+// Every op kind of the plan, on every compiled backend, against its ref:: definition (the CPU
+// backend on reference kernels), over the shapes of every model fixture: the suite a new backend
+// must pass first. Also: fusion and thread counts change no bit, and the scheduler's placement,
+// fallback and copies with a backend that runs a subset of the ops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "graph/schedule.h"
+#include "io/hf_config.h"
+#include "kernels/quant.h"
+#include "models/model.h"
+#include "support/fixtures.h"
+#include "support/subset_backend.h"
+
+namespace qhx {
+namespace {
+
+namespace fs = std::filesystem;
+using test::random_vector;
+
+// A weight matrix and the storage it points into.
+struct TestMatrix {
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  std::vector<int8_t> q8;
+  std::vector<uint8_t> q4;
+  std::vector<float> row_scales;
+  std::vector<uint16_t> group_scales;
+  MatrixRef ref;
+};
+
+// One plan to run on each backend from the same inputs and state.
+struct OpCase {
+  std::string name;
+  Plan plan;
+  std::vector<LayerState> layers;
+  std::vector<int32_t> ids;
+  int64_t first_pos = 0;
+  std::deque<std::vector<float>> vectors;  // weights the nodes point into
+  std::deque<TestMatrix> matrices;
+
+  const float* vector(int64_t n, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
+    std::vector<float>& v = vectors.emplace_back(random_vector(n, seed, scale));
+    for (float& x : v) x += offset;
+    return v.data();
+  }
+  const MatrixRef* matrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed,
+                          Activations activations = Activations::kF32) {
+    TestMatrix& m = matrices.emplace_back();
+    m.f32 = random_vector(rows * cols, seed, 0.1f);
+    m.ref = {dtype, nullptr, rows, cols};
+    switch (dtype) {
+      case DType::kF32:
+        m.ref.data = m.f32.data();
+        break;
+      case DType::kBF16:
+        for (const float x : m.f32) m.half.push_back(f32_to_bf16(x));
+        m.ref.data = m.half.data();
+        break;
+      case DType::kW8:
+        m.q8.resize(rows * cols);
+        m.row_scales.resize(rows);
+        quantize_w8(m.f32.data(), rows, cols, m.q8.data(), m.row_scales.data());
+        m.ref.data = m.q8.data();
+        m.ref.scales = m.row_scales.data();
+        break;
+      default: {  // W4, in the largest groups that divide the columns
+        int64_t group = 64;
+        while (cols % group != 0) group /= 2;
+        m.q4.resize(rows * cols / 2);
+        m.group_scales.resize(rows * cols / group);
+        quantize_w4(m.f32.data(), rows, cols, group, m.q4.data(), m.group_scales.data());
+        m.ref.data = m.q4.data();
+        m.ref.scales = m.group_scales.data();
+        m.ref.group_size = group;
+        break;
+      }
+    }
+    m.ref.activations = activations;
+    return &m.ref;
+  }
+  Node& node(Op op, int64_t rows) {
+    Node& n = plan.add(op);
+    n.rows = rows;
+    return n;
+  }
+};
+
+struct Outcome {
+  std::vector<std::vector<float>> values;  // by the schedule's value ids
+  std::vector<LayerState> layers;
+};
+
+Outcome run_on(const OpCase& c, Backend& backend) {
+  Backend* const backends[] = {&backend};
+  Schedule s = schedule(c.plan, backends);
+  // Every value in memory of its own, so that each input and output can be set and read back (the
+  // scheduler would let values whose lifetimes do not overlap share).
+  int64_t floats = 0;
+  for (Value& value : s.plan.values) {
+    value.offset = floats;
+    floats += value.floats();
+  }
+  s.arena_floats[0] = floats;
+  float* base = backend.arena(floats);
+  for (size_t v = 0; v < s.plan.values.size(); ++v) {
+    const Value& value = s.plan.values[v];
+    const std::vector<float> init = random_vector(value.floats(), 1000 + v, 0.5f);
+    std::copy(init.begin(), init.end(), base + value.offset);
+  }
+  Outcome out;
+  out.layers = c.layers;
+  execute(s, backends, {.ids = c.ids, .first_pos = c.first_pos, .layers = out.layers});
+  for (const Value& value : s.plan.values) {
+    out.values.emplace_back(base + value.offset, base + value.offset + value.floats());
+  }
+  return out;
+}
+
+// |got − want| ≤ 1e-4 · max|want| + 1e-6, element by element.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float scale = 0.0f;
+  for (const float w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-4f * scale + 1e-6f) << what << " at " << i;
+  }
+}
+
+void expect_close(const Outcome& got, const Outcome& want, const std::string& what) {
+  ASSERT_EQ(got.values.size(), want.values.size()) << what;
+  for (size_t v = 0; v < got.values.size(); ++v) {
+    expect_close(got.values[v], want.values[v], what + ", value " + std::to_string(v));
+  }
+  for (size_t l = 0; l < got.layers.size(); ++l) {
+    const std::string layer = what + ", layer " + std::to_string(l);
+    expect_close(got.layers[l].keys, want.layers[l].keys, layer + " keys");
+    expect_close(got.layers[l].values, want.layers[l].values, layer + " values");
+    expect_close(got.layers[l].conv, want.layers[l].conv, layer + " conv");
+    expect_close(got.layers[l].recurrent, want.layers[l].recurrent, layer + " recurrent");
+  }
+}
+
+bool same_bits(const Outcome& a, const Outcome& b) {
+  if (a.values != b.values || a.layers.size() != b.layers.size()) return false;
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    const LayerState &x = a.layers[l], &y = b.layers[l];
+    if (x.keys != y.keys || x.values != y.values || x.conv != y.conv ||
+        x.recurrent != y.recurrent) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The cases for one model configuration, each op at rows 1 (decode) and 5 (a prompt). A deque:
+// the nodes point into their case, which must not move.
+std::deque<OpCase> cases_for(const ModelConfig& c) {
+  std::deque<OpCase> cases;
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  const AttentionShape shape{c.num_heads, c.num_kv_heads, hd};
+  const bool linear = c.linear_num_value_heads > 0;
+  const DeltaRuleShape heads{linear ? c.linear_num_key_heads : 2,
+                             linear ? c.linear_num_value_heads : 4,
+                             linear ? c.linear_key_head_dim : 16,
+                             linear ? c.linear_value_head_dim : 16};
+  const int64_t kd = heads.n_k_heads * heads.k_dim, vd = heads.n_v_heads * heads.v_dim;
+  const int64_t channels = 2 * kd + vd, kernel = 4;
+  const int64_t rotary = c.rotary_dim > 0 ? c.rotary_dim : hd;
+  const auto add = [&](const std::string& name, int64_t rows,
+                       const std::function<void(OpCase&, int64_t)>& build) {
+    OpCase& k = cases.emplace_back();
+    k.name = name + " rows " + std::to_string(rows);
+    k.plan.n_tokens = rows;
+    build(k, rows);
+  };
+  for (const int64_t rows : {1, 5}) {
+    add("embed", rows, [&](OpCase& k, int64_t n) {
+      const int64_t vocab = std::min<int64_t>(c.vocab_size, 512);
+      Node& e = k.node(Op::kEmbed, n);
+      e.matrix = k.matrix(DType::kBF16, vocab, H, 1);
+      e.out = {k.plan.add_value(n, H)};
+      for (int64_t t = 0; t < n; ++t) k.ids.push_back(static_cast<int32_t>((t * 97 + 3) % vocab));
+    });
+    for (const int64_t width : {H, hd}) {
+      add("rms_norm " + std::to_string(width), rows, [&](OpCase& k, int64_t n) {
+        Node& r = k.node(Op::kRmsNorm, n);
+        r.in[0] = {k.plan.add_value(n, H)};
+        r.out = {k.plan.add_value(n, H)};
+        r.width = width;
+        r.vector = k.vector(width, 2, 0.5f, 1.0f);
+        r.eps = 1e-6f;
+      });
+    }
+    add("add", rows, [&](OpCase& k, int64_t n) {
+      Node& a = k.node(Op::kAdd, n);
+      a.in[0] = {k.plan.add_value(n, H)};
+      a.out = {k.plan.add_value(n, H)};
+    });
+    add("add + rms_norm", rows, [&](OpCase& k, int64_t n) {
+      const ValueId h = k.plan.add_value(n, H);
+      Node& a = k.node(Op::kAdd, n);
+      a.in[0] = {k.plan.add_value(n, H)};
+      a.out = {h};
+      Node& r = k.node(Op::kRmsNorm, n);
+      r.in[0] = {h};
+      r.out = {k.plan.add_value(n, H)};
+      r.width = H;
+      r.vector = k.vector(H, 3, 0.5f, 1.0f);
+      r.eps = 1e-6f;
+    });
+    const std::pair<DType, Activations> dtypes[] = {{DType::kF32, Activations::kF32},
+                                                    {DType::kBF16, Activations::kF32},
+                                                    {DType::kW8, Activations::kF32},
+                                                    {DType::kW8, Activations::kInt8},
+                                                    {DType::kW4, Activations::kInt8}};
+    for (const auto& [dtype, activations] : dtypes) {
+      std::string name = "matmul ";
+      name += dtype_name(dtype);
+      if (activations == Activations::kInt8) name += " int8";
+      add(name, rows, [&](OpCase& k, int64_t n) {
+        Node& m = k.node(Op::kMatmul, n);
+        m.in[0] = {k.plan.add_value(n, H)};
+        m.out = {k.plan.add_value(n, I)};
+        m.matrix = k.matrix(dtype, I, H, 4, activations);
+      });
+      add(name + " x3 of one input", rows, [&](OpCase& k, int64_t n) {
+        const ValueId x = k.plan.add_value(n, H);
+        for (const int64_t out : {q_width, kv_width, kv_width}) {
+          Node& m = k.node(Op::kMatmul, n);
+          m.in[0] = {x};
+          m.out = {k.plan.add_value(n, out)};
+          m.matrix = k.matrix(dtype, out, H, 5 + static_cast<uint32_t>(out), activations);
+        }
+      });
+    }
+    add("copy_columns", rows, [&](OpCase& k, int64_t n) {
+      Node& p = k.node(Op::kCopyColumns, n);
+      p.in[0] = {k.plan.add_value(n, channels)};
+      p.out = {k.plan.add_value(n, kd)};
+      p.offset = kd;
+    });
+    add("split_heads", rows, [&](OpCase& k, int64_t n) {
+      Node& s = k.node(Op::kSplitHeads, n);
+      s.in[0] = {k.plan.add_value(n, 2 * q_width)};
+      s.out = {k.plan.add_value(n, q_width)};
+      s.out2 = {k.plan.add_value(n, q_width)};
+      s.width = hd;
+    });
+    add("rope", rows, [&](OpCase& k, int64_t n) {
+      k.first_pos = 7;
+      Node& r = k.node(Op::kRope, n);
+      r.out = {k.plan.add_value(n, q_width)};
+      r.width = hd;
+      r.rotary_dim = rotary;
+      r.vector = k.vector(rotary / 2, 6, 0.5f, 0.5f);
+    });
+    for (const bool split : {false, true}) {
+      add(split ? "split_heads + q/k rms_norm + rope" : "q/k rms_norm + rope", rows,
+          [&](OpCase& k, int64_t n) {
+            k.first_pos = 3;
+            ValueId q = k.plan.add_value(n, q_width);
+            if (split) {
+              Node& s = k.node(Op::kSplitHeads, n);
+              s.in[0] = {k.plan.add_value(n, 2 * q_width)};
+              s.out = {q};
+              s.out2 = {k.plan.add_value(n, q_width)};
+              s.width = hd;
+            }
+            const ValueId kv = k.plan.add_value(n, kv_width);
+            for (const ValueId v : {q, kv}) {
+              Node& r = k.node(Op::kRmsNorm, n);
+              r.in[0] = r.out = {v};
+              r.width = hd;
+              r.vector = k.vector(hd, 7, 0.5f, 1.0f);
+              r.eps = 1e-6f;
+            }
+            const float* inv_freq = k.vector(rotary / 2, 8, 0.5f, 0.5f);
+            for (const ValueId v : {q, kv}) {
+              Node& r = k.node(Op::kRope, n);
+              r.out = {v};
+              r.width = hd;
+              r.rotary_dim = rotary;
+              r.vector = inv_freq;
+            }
+          });
+    }
+    add("attention", rows, [&](OpCase& k, int64_t n) {
+      k.first_pos = 6;
+      LayerState& cache = k.layers.emplace_back();
+      cache.kv_width = kv_width;
+      cache.keys = random_vector(k.first_pos * kv_width, 9);
+      cache.values = random_vector(k.first_pos * kv_width, 10);
+      Node& a = k.node(Op::kAttention, n);
+      a.in[0] = {k.plan.add_value(n, q_width)};
+      a.in[1] = {k.plan.add_value(n, kv_width)};
+      a.in[2] = {k.plan.add_value(n, kv_width)};
+      a.out = {k.plan.add_value(n, q_width)};
+      a.layer = 0;
+      a.attention = shape;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    });
+    add("sigmoid_gate", rows, [&](OpCase& k, int64_t n) {
+      Node& g = k.node(Op::kSigmoidGate, n);
+      g.in[0] = {k.plan.add_value(n, q_width)};
+      g.out = {k.plan.add_value(n, q_width)};
+    });
+    add("silu_mul", rows, [&](OpCase& k, int64_t n) {
+      Node& s = k.node(Op::kSiluMul, n);
+      s.in[0] = {k.plan.add_value(n, I)};
+      s.in[1] = {k.plan.add_value(n, I)};
+      s.out = {k.plan.add_value(n, I)};
+    });
+    add("conv_silu", rows, [&](OpCase& k, int64_t n) {
+      LayerState& state = k.layers.emplace_back();
+      state.conv = random_vector((kernel - 1) * channels, 11);
+      Node& cv = k.node(Op::kConvSilu, n);
+      cv.in[0] = {k.plan.add_value(n, channels)};
+      cv.out = {k.plan.add_value(n, channels)};
+      cv.width = kernel;
+      cv.vector = k.vector(channels * kernel, 12, 0.5f);
+      cv.layer = 0;
+    });
+    add("l2_norm", rows, [&](OpCase& k, int64_t n) {
+      Node& l = k.node(Op::kL2Norm, n);
+      l.out = {k.plan.add_value(n, kd)};
+      l.width = heads.k_dim;
+      l.scale = 0.25f;
+    });
+    for (const int64_t chunk : {int64_t{4}, int64_t{64}}) {
+      add("delta_gates + delta_rule, chunk " + std::to_string(chunk), rows + 4 * (rows > 1),
+          [&](OpCase& k, int64_t n) {
+            LayerState& state = k.layers.emplace_back();
+            state.recurrent = random_vector(heads.n_v_heads * heads.k_dim * heads.v_dim, 13, 0.1f);
+            const ValueId b = k.plan.add_value(n, heads.n_v_heads);
+            const ValueId a = k.plan.add_value(n, heads.n_v_heads);
+            Node& g = k.node(Op::kDeltaGates, n);
+            g.out = {b};
+            g.out2 = {a};
+            g.vector = k.vector(heads.n_v_heads, 14, 0.5f);
+            g.vector2 = k.vector(heads.n_v_heads, 15, 0.5f);
+            const ValueId q = k.plan.add_value(n, kd), key = k.plan.add_value(n, kd);
+            for (const ValueId v : {q, key}) {
+              Node& l = k.node(Op::kL2Norm, n);
+              l.out = {v};
+              l.width = heads.k_dim;
+            }
+            Node& r = k.node(Op::kDeltaRule, n);
+            r.in[0] = {q};
+            r.in[1] = {key};
+            r.in[2] = {k.plan.add_value(n, vd)};
+            r.in[3] = {b};
+            r.in[4] = {a};
+            r.out = {k.plan.add_value(n, vd)};
+            r.layer = 0;
+            r.heads = heads;
+            r.chunk = chunk;
+          });
+    }
+    add("copy", rows, [&](OpCase& k, int64_t n) {
+      Node& p = k.node(Op::kCopy, n);
+      p.in[0] = {k.plan.add_value(n, H)};
+      p.out = {k.plan.add_value(n, H)};
+    });
+  }
+  return cases;
+}
+
+std::vector<fs::path> fixture_configs() {
+  std::vector<fs::path> configs;
+  for (const char* family : {"qwen3", "qwen3_5"}) {
+    for (const auto& entry : fs::directory_iterator(test::source_dir() / "tests" / "fixtures" /
+                                                    family)) {
+      if (fs::exists(entry.path() / "config.json")) configs.push_back(entry.path());
+    }
+  }
+  std::sort(configs.begin(), configs.end());
+  return configs;
+}
+
+TEST(BackendOps, EveryOpOnEveryBackendMatchesTheReferenceOnEveryFixturesShapes) {
+  CpuContext reference_context(1, CpuKernels{});
+  CpuBackend reference(reference_context, /*fusion=*/false);
+  CpuContext one(1, CpuKernels::from_environment()), two(2, CpuKernels::from_environment());
+  CpuBackend fast_one(one), fast_two(two), unfused(one, /*fusion=*/false);
+  std::set<Op> covered;
+  const std::vector<fs::path> configs = fixture_configs();
+  ASSERT_GE(configs.size(), 7u);
+  for (const fs::path& dir : configs) {
+    const ModelConfig config = load_model_config(dir / "config.json");
+    for (const OpCase& c : cases_for(config)) {
+      const std::string what = dir.filename().string() + ": " + c.name;
+      for (const Node& n : c.plan.nodes) covered.insert(n.op);
+      const Outcome want = run_on(c, reference);
+      const Outcome got = run_on(c, fast_one);
+      expect_close(got, want, what);
+      EXPECT_TRUE(same_bits(run_on(c, fast_two), got)) << what << ": 2 threads differ from 1";
+      EXPECT_TRUE(same_bits(run_on(c, unfused), got)) << what << ": fusion changed a bit";
+    }
+  }
+  EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << "an op kind has no case";
+  std::printf("fast kernels: %s\n", one.kernels().describe().c_str());
+}
+
+// The fused runs are fused where the plan has them side by side.
+TEST(BackendOps, TheCpuBackendFusesWhatItCan) {
+  const ModelConfig config =
+      load_model_config(test::source_dir() / "tests/fixtures/qwen3_5/gva2_tied/config.json");
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  Backend* const backends[] = {&cpu};
+  int checked = 0;
+  for (const OpCase& c : cases_for(config)) {
+    const Schedule s = schedule(c.plan, backends);
+    const int64_t n = static_cast<int64_t>(c.plan.nodes.size());
+    if (c.name.starts_with("add + rms_norm") || c.name.find("x3 of one input") != std::string::npos ||
+        c.name.find("rms_norm + rope") != std::string::npos) {
+      EXPECT_EQ(s.plan.nodes[0].fused, n - 1) << c.name;
+      ++checked;
+    } else if (n == 1) {
+      EXPECT_EQ(s.plan.nodes[0].fused, 0) << c.name;
+    }
+  }
+  EXPECT_EQ(checked, 2 * (1 + 5 + 2));
+}
+
+// A backend that runs a subset of the ops: nodes it claims run there, the rest on the CPU, with a
+// copy wherever a value crosses; a whole model gives the CPU's logits within float tolerance, and
+// a decode step (nothing claimed) the CPU's exact bits.
+TEST(Scheduler, PlacesClaimedNodesOnADeviceWithCopiesAndFallsBackToTheCpu) {
+  for (const char* fixture : {"qwen3/gqa2_f16", "qwen3_5/gva2_tied"}) {
+    SCOPED_TRACE(fixture);
+    const fs::path dir = test::source_dir() / "tests" / "fixtures" / fixture;
+    auto device = std::make_shared<test::SubsetBackend>(
+        std::initializer_list<Op>{Op::kMatmul, Op::kRmsNorm, Op::kAdd, Op::kSiluMul}, 4);
+    const auto alone = load_model(dir);
+    const auto placed = load_model(dir, {.devices = {device}});
+    const std::vector<int32_t> prompt = {1, 5, 9, 13, 17, 21, 25, 29};
+    auto state_alone = alone->new_state();
+    auto state_placed = placed->new_state();
+    std::vector<float> want, got;
+    alone->forward(prompt, *state_alone, LogitsFor::kEveryToken, want);
+    placed->forward(prompt, *state_placed, LogitsFor::kEveryToken, got);
+    EXPECT_GT(device->nodes_run, 0);
+    expect_close(got, want, "prefill logits");
+    // Decode: one row, which the device does not claim; its weightless neighbours stay on the
+    // CPU too, so the step is the CPU's to the bit (given the same state).
+    state_placed->restore(*state_alone);
+    const int64_t before = device->nodes_run;
+    const int32_t next = 3;
+    alone->forward(std::span(&next, 1), *state_alone, LogitsFor::kLastToken, want);
+    placed->forward(std::span(&next, 1), *state_placed, LogitsFor::kLastToken, got);
+    EXPECT_EQ(device->nodes_run, before);
+    EXPECT_EQ(got, want);
+  }
+}
+
+// Placement rules on a small plan: a claimed matmul moves to the device with a copy of its input;
+// a node the device does not run falls back to the CPU with a copy back; the logits come home.
+TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  test::SubsetBackend device({Op::kMatmul}, 2);
+  Backend* const backends[] = {&cpu, &device};
+  OpCase c;
+  const int64_t n = 3, H = 8, V = 16;
+  c.plan.n_tokens = n;
+  const ValueId x = c.plan.add_value(n, H), h = c.plan.add_value(n, H);
+  Node& e = c.node(Op::kEmbed, n);
+  e.matrix = c.matrix(DType::kF32, V, H, 1);
+  e.out = {x};
+  c.ids = {1, 2, 3};
+  Node& m = c.node(Op::kMatmul, n);  // claimed: 3 rows
+  m.in[0] = {x};
+  m.out = {h};
+  m.matrix = c.matrix(DType::kF32, H, H, 2);
+  Node& r = c.node(Op::kRmsNorm, n);  // not supported there: back on the CPU
+  r.in[0] = r.out = {h};
+  r.width = H;
+  r.vector = c.vector(H, 3, 0.5f, 1.0f);
+  r.eps = 1e-6f;
+  const ValueId logits = c.plan.add_value(n, V, /*binding=*/0);
+  Node& head = c.node(Op::kMatmul, n);  // claimed; its output must come back to the caller
+  head.in[0] = {h};
+  head.out = {logits};
+  head.matrix = c.matrix(DType::kF32, V, H, 4);
+
+  Schedule s = schedule(c.plan, backends);
+  std::vector<std::string> placed;
+  for (const Node& node : s.plan.nodes) {
+    placed.push_back(std::string(op_name(node.op)) + "@" + std::to_string(node.backend));
+  }
+  EXPECT_EQ(placed, (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "copy@0",
+                                              "rms_norm@0", "copy@1", "matmul@1", "copy@0"}));
+  EXPECT_EQ(s.copies, 4);
+  EXPECT_GT(s.arena_floats[1], 0);
+
+  std::vector<float> got(n * V), want(n * V);
+  float* const out_got[] = {got.data()};
+  execute(s, backends, {.ids = c.ids, .external = out_got});
+  Backend* const cpu_only[] = {&cpu};
+  Schedule alone = schedule(c.plan, cpu_only);
+  EXPECT_EQ(alone.copies, 0);
+  float* const out_want[] = {want.data()};
+  execute(alone, cpu_only, {.ids = c.ids, .external = out_want});
+  expect_close(got, want, "logits");
+}
+
+// Values whose lifetimes do not overlap share arena memory: a 28-layer plan's arena is the size
+// of a few layers' activations, not of all of them.
+TEST(Scheduler, ArenaReusesMemoryAcrossLayers) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  Backend* const backends[] = {&cpu};
+  Plan plan;
+  plan.n_tokens = 4;
+  const int64_t H = 64;
+  std::vector<float> scale(H, 1.0f);
+  ValueId x = plan.add_value(4, H);
+  Node& first = plan.add(Op::kCopy);
+  first.in[0] = {plan.add_value(4, H)};
+  first.out = {x};
+  first.rows = 4;
+  int64_t total = 0;
+  for (int layer = 0; layer < 28; ++layer) {
+    const ValueId y = plan.add_value(4, H);
+    Node& n = plan.add(Op::kRmsNorm);
+    n.in[0] = {x};
+    n.out = {y};
+    n.rows = 4;
+    n.width = H;
+    n.vector = scale.data();
+    total += 4 * H;
+    x = y;
+  }
+  const Schedule s = schedule(plan, backends);
+  EXPECT_LE(s.arena_floats[0], 3 * 4 * H);
+  EXPECT_LT(s.arena_floats[0], total / 4);
+}
+
+}  // namespace
+}  // namespace qhx
