@@ -312,6 +312,8 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       request.weights_bytes = opened->model->weights_bytes();
       request.sessions = options->max_sessions;
       request.prefix_cache_bytes = options->prefix_cache_bytes;
+      request.activation_bytes =
+          opened->model->activation_bytes(qhx::SessionOptions{}.prefill_chunk);
       opened->context_length =
           qhx::admit_context(config, request, options->context_length,
                              qhx::available_memory_bytes(), &opened->admission_note);

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "forge/gate.h"
-#include "io/dtype.h"
+#include "core/dtype.h"
 
 namespace qhx {
 

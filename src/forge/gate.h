@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <random>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "io/safetensors.h"
 #include "kernels/quant.h"
 #include "util/error.h"

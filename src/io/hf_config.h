@@ -43,7 +43,7 @@ struct ModelConfig {
   // prefill (a bundle's plan.generate.prefill_chunk; transformers uses 64).
   int64_t deltanet_chunk = 64;
   // Run-plan setting: W8/W4 matrices multiply int8-quantized activations (a bundle's
-  // precision_policy.activations is "int8"; see kernels/kernels.h).
+  // precision_policy.activations is "int8"; see core/tensor.h).
   bool int8_activations = false;
   bool tie_word_embeddings = false;  // a hint only: tying is decided by the weights present
   int64_t max_position_embeddings = 32768;

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <limits>
 
-#include "kernels/quant.h"
+#include "core/dtype.h"
 #include "util/error.h"
 #include "util/json_file.h"
 

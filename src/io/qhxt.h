@@ -28,7 +28,7 @@ class QhxtFile final : public TensorFile {
       : TensorFile(path, std::move(file)) {}
 };
 
-// One tensor to write: its bytes in the layout of `dtype` (see kernels/kernels.h MatrixRef).
+// One tensor to write: its bytes in the layout of `dtype` (see core/tensor.h MatrixRef).
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::kF32;

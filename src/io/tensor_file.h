@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "util/mapped_file.h"
 
 namespace qhx {

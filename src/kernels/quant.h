@@ -1,24 +1,12 @@
-// Narrowing conversions and weight quantisers, used when writing qhx bundles. The layouts they
-// produce are the MatrixRef formats of kernels/kernels.h.
+// Weight quantisers, used when writing qhx bundles. The layouts they produce are the MatrixRef
+// formats of core/tensor.h (their sizes: matrix_bytes in core/dtype.h).
 #pragma once
 
 #include <cstdint>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
 
 namespace qhx {
-
-// float32 → bfloat16 / IEEE half bits, rounding to nearest, ties to even. NaN stays NaN (quiet,
-// sign and leading payload bits kept); past the largest finite value rounds to ±inf; f16
-// subnormals are exact; ±0 keep their sign.
-uint16_t f32_to_bf16(float x);
-uint16_t f32_to_f16(float x);
-
-// Bytes of the data part and of the scales of a [rows, cols] matrix stored as `dtype`: plain
-// types have no scales, W8 one f32 per row, W4 one f16 per group. group_size must be 0 except
-// for W4, where it is positive, even and divides cols. Throws Error on an impossible layout.
-uint64_t matrix_bytes(DType dtype, int64_t rows, int64_t cols, int64_t group_size);
-uint64_t matrix_scale_bytes(DType dtype, int64_t rows, int64_t cols, int64_t group_size);
 
 // Symmetric per-row int8: scales[r] = max|w[r, :]| / 127, q = clamp(round(w / scale), ±127),
 // rounding to nearest even (std::nearbyint in the default mode). A row whose scale is 0 (all

@@ -5,7 +5,7 @@
 #include "backend/cpu_backend.h"
 #include "graph/schedule.h"
 #include "kernels/matmul_int8.h"
-#include "kernels/quant.h"
+#include "core/dtype.h"
 #include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "models/decoder_state.h"

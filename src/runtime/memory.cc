@@ -37,19 +37,6 @@ int64_t recurrent_bytes(const ModelConfig& c) {
   return linear_layers(c) * (conv + recurrent) * kFloat;
 }
 
-// Activations of one forward call of `chunk` tokens (models/blocks.cc, models/decoder.cc): the
-// residual stream and its two work rows, every projection's output, int8 copies of the inputs,
-// and the logits. Summed where the code reuses one buffer for several of them: an upper bound.
-int64_t scratch_bytes(const ModelConfig& c, int64_t chunk) {
-  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-  const int64_t kd = c.linear_num_key_heads * c.linear_key_head_dim;
-  const int64_t vd = c.linear_num_value_heads * c.linear_value_head_dim;
-  const int64_t per_token = 3 * c.hidden_size + 2 * c.intermediate_size + 4 * q + 2 * kv +
-                            2 * (2 * kd + vd) + 2 * kd + 3 * vd + 2 * c.linear_num_value_heads;
-  const int64_t int8_inputs = std::max(c.hidden_size, c.intermediate_size);  // bytes per token
-  return chunk * (per_token * kFloat + int8_inputs) + c.vocab_size * kFloat;
-}
-
 int64_t read_cgroup_value(const char* path) {
   std::ifstream in(path);
   std::string text;
@@ -83,7 +70,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   plan.kv_cache = r.sessions * r.context_length * kv_per_token;
   plan.recurrent = r.sessions * recurrent_bytes(c);
   plan.checkpoints = r.sessions * r.max_checkpoints * (recurrent_bytes(c) + c.vocab_size * kFloat);
-  plan.scratch = r.sessions * scratch_bytes(c, std::min(r.prefill_chunk, r.context_length));
+  plan.scratch = r.activation_bytes + r.sessions * c.vocab_size * kFloat;
   plan.prefix_cache = r.prefix_cache_bytes;
   return plan;
 }

@@ -1,7 +1,8 @@
 // Memory admission: before a model serves, estimate the most memory it can need (mapped weights,
-// KV caches at the full context, recurrent states, turn checkpoints, prefill scratch, the prefix
-// cache) and compare it with what the machine has, so a run fails or shrinks its context up
-// front instead of being killed halfway through a long chat.
+// KV caches at the full context, recurrent states, turn checkpoints, the activations of a prefill
+// chunk as its plan reserves them, the prefix cache) and compare it with what the machine has, so
+// a run fails or shrinks its context up front instead of being killed halfway through a long
+// chat.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,9 @@ struct MemoryRequest {
   int64_t weights_bytes = 0;   // the mapped weight files
   int64_t context_length = 0;  // tokens per session
   int64_t sessions = 1;        // sessions that can be live at once (server slots)
-  int64_t prefill_chunk = 512;
+  // One forward pass's activations for a prefill chunk, as the model's plan reserves them
+  // (Model::activation_bytes): one arena per model, which its sessions take turns on.
+  int64_t activation_bytes = 0;
   int64_t max_checkpoints = 8;     // per session
   int64_t prefix_cache_bytes = 0;  // the shared prefix cache's bound
 };
@@ -25,7 +28,7 @@ struct MemoryPlan {
   int64_t kv_cache = 0;     // all sessions, full context
   int64_t recurrent = 0;    // all sessions: conv + recurrent states
   int64_t checkpoints = 0;  // all sessions: recurrent copies + logits at turn boundaries
-  int64_t scratch = 0;      // all sessions: activations of one prefill chunk
+  int64_t scratch = 0;      // the activations of a prefill chunk + every session's logits
   int64_t prefix_cache = 0;
   int64_t total() const;
   std::string describe() const;  // "1.2 GB weights + 0.9 GB KV cache (…) + …"

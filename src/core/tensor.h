@@ -1,0 +1,61 @@
+// The shapes compute works on, shared by the file formats, the kernels, the plan and every
+// backend: weight matrices as they lie in memory, and the head layouts of the two attentions.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace qhx {
+
+// How a matmul multiplies a quantized (W8/W4) matrix: with the float32 activations, or with the
+// activations quantized on the fly to int8 (llama.cpp's Q8_0 layout), so the dot products run in
+// integer arithmetic. Float matrices always use float32 activations.
+enum class Activations : uint8_t { kF32, kInt8 };
+
+// Dynamic int8 activations: each token's row is cut into blocks of kActivationBlock columns, each
+// with its own scale, so one outlier costs precision only in its block.
+inline constexpr int64_t kActivationBlock = 32;
+
+// A row-major [rows, cols] matrix used where it lies (usually in a mapped weight file).
+// Quantized weights are symmetric, w ≈ scale · q, with `data` holding q and `scales` the scales:
+//   W8: q int8 [rows, cols] in [-127, 127]; one f32 scale per row, [rows].
+//   W4: q int4 in [-7, 7] (two's complement), two per byte, cols/2 bytes per row: byte b holds
+//       column 2b in its low nibble and column 2b+1 in its high nibble. One scale (f16 bits) per
+//       group_size consecutive columns of a row, [rows, cols/group_size]; group_size is even
+//       and divides cols (kernels/quant.h checks layouts and writes them).
+struct MatrixRef {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* scales = nullptr;                 // W8 and W4 only
+  int64_t group_size = 0;                       // W4 only
+  Activations activations = Activations::kF32;  // W8 and W4 only
+  // The same matrix laid out for this CPU's int8 kernels (pack_for_int8_kernels,
+  // kernels/matmul_int8.h), or null: the kernels then read `data` as it lies.
+  const void* packed = nullptr;
+};
+
+// One matrix of several that multiply the same activations, and where its product goes.
+struct MatmulOutput {
+  const MatrixRef& w;
+  float* y;
+};
+
+// Shape of grouped-query attention: query head h reads key/value head h / (n_heads/n_kv_heads).
+struct AttentionShape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// Heads of a gated delta rule: value head j reads key head j / (n_v_heads / n_k_heads).
+struct DeltaRuleShape {
+  int64_t n_k_heads = 0;
+  int64_t n_v_heads = 0;
+  int64_t k_dim = 0;
+  int64_t v_dim = 0;
+};
+
+}  // namespace qhx
