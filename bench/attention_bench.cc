@@ -31,7 +31,8 @@ void BM_Attention(benchmark::State& state) {
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   for (auto _ : state) {
-    causal_attention(cx, q.data(), n_queries, first_pos, k.data(), v.data(), shape, scale, out.data());
+    causal_attention(cx, q.data(), n_queries, first_pos, k.data(), v.data(), shape, scale,
+                     out.data());
     benchmark::DoNotOptimize(out.data());
   }
   // Multiply-adds of q·k and p·v over the (query, key) pairs the causal mask keeps.

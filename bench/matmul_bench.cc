@@ -9,11 +9,11 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu_context.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
-#include "kernels/cpu_context.h"
 
 namespace qhx {
 namespace {

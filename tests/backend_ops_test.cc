@@ -170,10 +170,9 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
   const AttentionShape shape{c.num_heads, c.num_kv_heads, hd};
   const bool linear = c.linear_num_value_heads > 0;
-  const DeltaRuleShape heads{linear ? c.linear_num_key_heads : 2,
-                             linear ? c.linear_num_value_heads : 4,
-                             linear ? c.linear_key_head_dim : 16,
-                             linear ? c.linear_value_head_dim : 16};
+  const DeltaRuleShape heads{
+      linear ? c.linear_num_key_heads : 2, linear ? c.linear_num_value_heads : 4,
+      linear ? c.linear_key_head_dim : 16, linear ? c.linear_value_head_dim : 16};
   const int64_t kd = heads.n_k_heads * heads.k_dim, vd = heads.n_v_heads * heads.v_dim;
   const int64_t channels = 2 * kd + vd, kernel = 4;
   const int64_t rotary = c.rotary_dim > 0 ? c.rotary_dim : hd;
@@ -379,8 +378,8 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
 std::vector<fs::path> fixture_configs() {
   std::vector<fs::path> configs;
   for (const char* family : {"qwen3", "qwen3_5"}) {
-    for (const auto& entry : fs::directory_iterator(test::source_dir() / "tests" / "fixtures" /
-                                                    family)) {
+    for (const auto& entry :
+         fs::directory_iterator(test::source_dir() / "tests" / "fixtures" / family)) {
       if (fs::exists(entry.path() / "config.json")) configs.push_back(entry.path());
     }
   }
@@ -423,7 +422,8 @@ TEST(BackendOps, TheCpuBackendFusesWhatItCan) {
   for (const OpCase& c : cases_for(config)) {
     const Schedule s = schedule(c.plan, backends);
     const int64_t n = static_cast<int64_t>(c.plan.nodes.size());
-    if (c.name.starts_with("add + rms_norm") || c.name.find("x3 of one input") != std::string::npos ||
+    if (c.name.starts_with("add + rms_norm") ||
+        c.name.find("x3 of one input") != std::string::npos ||
         c.name.find("rms_norm + rope") != std::string::npos) {
       EXPECT_EQ(s.plan.nodes[0].fused, n - 1) << c.name;
       ++checked;

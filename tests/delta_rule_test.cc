@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kernels.h"
 #include "kernels/cpu_context.h"
+#include "kernels/kernels.h"
 #include "support/cpu.h"
 #include "support/fixtures.h"
 
@@ -72,8 +72,8 @@ TEST(DeltaRule, RecurrentMatchesTheReference) {
     ref::gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
                                     in.g.data(), in.n_tokens, s, expected_state.data(),
                                     expected.data());
-    gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
-                               in.n_tokens, s, state.data(), fast.data());
+    gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
+                               in.g.data(), in.n_tokens, s, state.data(), fast.data());
     EXPECT_LE(relative_diff(expected, fast), 1e-6f) << name(s);
     EXPECT_LE(relative_diff(expected_state, state), 1e-6f) << name(s);
   }
@@ -89,8 +89,8 @@ TEST(DeltaRule, ChunkedMatchesTheReference) {
       ref::gated_delta_rule_chunked(in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
                                     in.g.data(), in.n_tokens, s, chunk, expected_state.data(),
                                     expected.data());
-      gated_delta_rule_chunked(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
-                               in.n_tokens, s, chunk, state.data(), fast.data());
+      gated_delta_rule_chunked(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
+                               in.g.data(), in.n_tokens, s, chunk, state.data(), fast.data());
       EXPECT_LE(relative_diff(expected, fast), 2e-6f) << name(s) << ", chunk " << chunk;
       EXPECT_LE(relative_diff(expected_state, state), 2e-6f) << name(s) << ", chunk " << chunk;
     }
@@ -103,14 +103,15 @@ TEST(DeltaRule, RecurrentTokenByTokenEqualsOneCall) {
   for (const DeltaRuleShape& s : kShapes) {
     const Inputs in(s, 6, 40);
     std::vector<float> state = in.state, out(in.out_size());
-    gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
-                               in.n_tokens, s, state.data(), out.data());
+    gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
+                               in.g.data(), in.n_tokens, s, state.data(), out.data());
     std::vector<float> stepped_state = in.state, stepped(in.out_size());
     const int64_t qk = s.n_k_heads * s.k_dim, vw = s.n_v_heads * s.v_dim, hv = s.n_v_heads;
     for (int64_t t = 0; t < in.n_tokens; ++t) {
-      gated_delta_rule_recurrent(*cx, in.q.data() + t * qk, in.k.data() + t * qk, in.v.data() + t * vw,
-                                 in.beta.data() + t * hv, in.g.data() + t * hv, 1, s,
-                                 stepped_state.data(), stepped.data() + t * vw);
+      gated_delta_rule_recurrent(*cx, in.q.data() + t * qk, in.k.data() + t * qk,
+                                 in.v.data() + t * vw, in.beta.data() + t * hv,
+                                 in.g.data() + t * hv, 1, s, stepped_state.data(),
+                                 stepped.data() + t * vw);
     }
     EXPECT_EQ(stepped, out) << name(s);
     EXPECT_EQ(stepped_state, state) << name(s);
@@ -125,11 +126,11 @@ TEST(DeltaRule, SameBitsOnAnyNumberOfThreads) {
     cx = test::cpu(threads);
     std::vector<float> state = in.state, out(in.out_size());
     if (chunked) {
-      gated_delta_rule_chunked(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
-                               in.n_tokens, s, 8, state.data(), out.data());
+      gated_delta_rule_chunked(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
+                               in.g.data(), in.n_tokens, s, 8, state.data(), out.data());
     } else {
-      gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(), in.g.data(),
-                                 in.n_tokens, s, state.data(), out.data());
+      gated_delta_rule_recurrent(*cx, in.q.data(), in.k.data(), in.v.data(), in.beta.data(),
+                                 in.g.data(), in.n_tokens, s, state.data(), out.data());
     }
     out.insert(out.end(), state.begin(), state.end());
     return out;

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu_context.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
 #include "kernels/simd_avx512.h"
-#include "kernels/cpu_context.h"
 #include "support/cpu.h"
 #include "support/fixtures.h"
 
@@ -222,7 +222,8 @@ TEST(Elementwise, ThreadsDoNotChangeAResult) {
   std::vector<float> sum_one = x, added_norm_one(rows * width);
   for (int64_t i = 0; i < rows * width; ++i) sum_one[i] += y[i];
   for (int64_t r = 0; r < rows; ++r) {
-    rms_norm(*cx, sum_one.data() + r * width, w.data(), width, 1e-6f, added_norm_one.data() + r * width);
+    rms_norm(*cx, sum_one.data() + r * width, w.data(), width, 1e-6f,
+             added_norm_one.data() + r * width);
   }
   for (const int threads : {1, 2, 3}) {
     cx = test::cpu(threads);

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu_context.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
-#include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
@@ -240,9 +240,10 @@ TEST(ThreadPool, AFailingTaskReachesTheCaller) {
     for (int64_t i = 0; i < 100; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << i;
     // Through a context, as the kernels use it.
     CpuContext cx(threads, {});
-    EXPECT_THROW(cx.run(50, [](int64_t i, Scratch&) {
-                   if (i == 49) throw std::runtime_error("last task");
-                 }),
+    EXPECT_THROW(cx.run(50,
+                        [](int64_t i, Scratch&) {
+                          if (i == 49) throw std::runtime_error("last task");
+                        }),
                  std::runtime_error);
   }
 }

@@ -17,11 +17,11 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cpu_context.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/quant.h"
-#include "kernels/cpu_context.h"
 #include "support/cpu.h"
 #include "support/fixtures.h"
 

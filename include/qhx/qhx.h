@@ -51,8 +51,8 @@ void qhx_string_free(char* text);
 typedef struct qhx_model qhx_model;
 
 typedef struct qhx_model_options {
-  int32_t n_threads;      /* compute threads; 0: every hardware thread the process may use
-                             (its CPU affinity); a process-wide setting */
+  int32_t n_threads;      /* compute threads of the model's own pool; 0: every hardware thread
+                             the process may use (its CPU affinity) */
   int64_t context_length; /* tokens per session; 0: as long as the model allows and memory holds */
   int32_t max_sessions;   /* sessions live at once, counted by memory admission; default 1 */
   int64_t prefix_cache_bytes; /* bound of the prefix cache shared by sessions; 0: none */

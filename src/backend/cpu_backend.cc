@@ -42,8 +42,8 @@ int matmul_run(std::span<const Node> nodes, size_t i) {
 int add_norm_run(const Plan& plan, std::span<const Node> nodes, size_t i) {
   if (i + 1 >= nodes.size()) return 0;
   const Node &add = nodes[i], &norm = nodes[i + 1];
-  const bool fits = norm.op == Op::kRmsNorm && same(norm.in[0], add.out) &&
-                    norm.rows == add.rows && norm.width == plan.values[add.out.value].cols;
+  const bool fits = norm.op == Op::kRmsNorm && same(norm.in[0], add.out) && norm.rows == add.rows &&
+                    norm.width == plan.values[add.out.value].cols;
   return fits ? 1 : 0;
 }
 
@@ -54,17 +54,15 @@ int qk_norm_rope_run(std::span<const Node> nodes, size_t i) {
   if (first + 3 >= nodes.size()) return 0;
   const Node &nq = nodes[first], &nk = nodes[first + 1];
   const Node &rq = nodes[first + 2], &rk = nodes[first + 3];
-  if (nq.op != Op::kRmsNorm || nk.op != Op::kRmsNorm || rq.op != Op::kRope ||
-      rk.op != Op::kRope) {
+  if (nq.op != Op::kRmsNorm || nk.op != Op::kRmsNorm || rq.op != Op::kRope || rk.op != Op::kRope) {
     return 0;
   }
-  const bool in_place = same(nq.in[0], nq.out) && same(nk.in[0], nk.out) &&
-                        same(rq.out, nq.out) && same(rk.out, nk.out);
+  const bool in_place = same(nq.in[0], nq.out) && same(nk.in[0], nk.out) && same(rq.out, nq.out) &&
+                        same(rk.out, nk.out);
   const bool widths = nq.width == rq.width && nk.width == rk.width && nq.width == nk.width &&
                       rq.rotary_dim == rk.rotary_dim && rq.vector == rk.vector;
   const int64_t rows = nodes[i].rows;
-  const bool rows_match =
-      nq.rows == rows && nk.rows == rows && rq.rows == rows && rk.rows == rows;
+  const bool rows_match = nq.rows == rows && nk.rows == rows && rq.rows == rows && rk.rows == rows;
   const bool split_feeds = !split || same(nodes[i].out, nq.in[0]);
   if (!in_place || !widths || !rows_match || !split_feeds) return 0;
   return split ? 4 : 3;
@@ -226,8 +224,7 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
       cache.keys.resize((first_pos + node.rows) * kv_width);
       cache.values.resize((first_pos + node.rows) * kv_width);
       std::copy_n(at(node.in[1]), node.rows * kv_width, cache.keys.data() + first_pos * kv_width);
-      std::copy_n(at(node.in[2]), node.rows * kv_width,
-                  cache.values.data() + first_pos * kv_width);
+      std::copy_n(at(node.in[2]), node.rows * kv_width, cache.values.data() + first_pos * kv_width);
       return causal_attention(cx, at(node.in[0]), node.rows, first_pos, cache.keys.data(),
                               cache.values.data(), node.attention, node.scale, out);
     }

@@ -270,6 +270,8 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
                   "max_sessions >= 1");
   }
   auto opened = std::make_unique<qhx_model>();
+  const int64_t resident_before = qhx::resident_memory_bytes();
+  int64_t tokenizer_bytes = 0;
   const qhx_status status = guarded(QHX_ERROR_MODEL, [&] {
     fs::path dir(path);
     if (qhx::is_pack(dir)) dir = qhx::select_pack_bundle(dir);
@@ -280,18 +282,19 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     std::vector<int32_t> bundle_stop_ids;
     if (qhx::is_bundle(dir)) {
       bundle_stop_ids =
-          qhx::open_bundle_manifest(dir, {.verify_sha256 = options->verify_sha256 != 0}).stop_ids;
+          qhx::open_bundle_manifest(dir, {}).stop_ids;  // load_model verifies the files
     }
     // A context of the model's own: models opened with other thread counts compute side by side.
-    opened->model = qhx::load_model(
-        dir, {.verify_sha256 = options->verify_sha256 != 0,
-              .context = std::make_shared<qhx::CpuContext>(n_threads,
-                                                           qhx::CpuKernels::from_environment())});
+    opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0,
+                                          .context = std::make_shared<qhx::CpuContext>(
+                                              n_threads, qhx::CpuKernels::from_environment())});
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
     opened->generation = qhx::load_generation_config(dir, config);
     if (fs::exists(dir / "tokenizer.json")) {
+      const int64_t before_tokenizer = qhx::resident_memory_bytes();
       opened->tokenizer = qhx::Tokenizer::load(dir);
+      tokenizer_bytes = std::max<int64_t>(qhx::resident_memory_bytes() - before_tokenizer, 0);
       if (!opened->tokenizer->chat_template().empty()) {
         opened->chat_template =
             qhx::ChatTemplate::from_tokenizer(*opened->tokenizer, (dir / "chat_template").string());
@@ -312,6 +315,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       request.weights_bytes = opened->model->weights_bytes();
       request.sessions = options->max_sessions;
       request.prefix_cache_bytes = options->prefix_cache_bytes;
+      request.resident_bytes = resident_before + tokenizer_bytes;
       request.activation_bytes =
           opened->model->activation_bytes(qhx::SessionOptions{}.prefill_chunk);
       opened->context_length =

@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
-#include "forge/gate.h"
 #include "core/dtype.h"
+#include "forge/gate.h"
 
 namespace qhx {
 

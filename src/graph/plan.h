@@ -33,9 +33,9 @@ enum class Op : uint8_t {
   kAdd,          // out += in0 (out is also read)
   kMatmul,       // out = in0 · matrixᵀ
   kCopyColumns,  // out = in0[:, offset : offset + out.cols]
-  kSplitHeads,   // in0 [rows, heads·2·width] as [query | gate] per head: out = queries, out2 = gates
-  kRope,         // in place on out: rotate-half RoPE of each `width`-element head at positions
-                 // first_pos + row, on its first rotary_dim elements (frequencies `vector`)
+  kSplitHeads,  // in0 [rows, heads·2·width] as [query | gate] per head: out = queries, out2 = gates
+  kRope,        // in place on out: rotate-half RoPE of each `width`-element head at positions
+                // first_pos + row, on its first rotary_dim elements (frequencies `vector`)
   kAttention,    // appends in1 (keys) and in2 (values) to layer's KV cache, then
                  // out = causal attention of queries in0 over the cache
   kSigmoidGate,  // out *= sigmoid(in0)
@@ -43,10 +43,10 @@ enum class Op : uint8_t {
   kConvSilu,     // out = causal depthwise conv1d (weights `vector`, kernel `width`) of in0, then
                  // SiLU, continuing the layer's conv state
   kL2Norm,       // in place on out: each `width` elements L2-normalised (eps 1e-6), then × scale
-  kDeltaGates,   // in place: out (b) becomes β = σ(b), out2 (a) g = −exp(a_log)·softplus(a + dt)
-  kDeltaRule,    // out = gated delta rule of q in0, k in1, v in2, β in3, g in4, continuing the
-                 // layer's recurrent state (one token: the recurrent step; more: chunked)
-  kCopy,         // out = in0 (inserted by the scheduler where a value changes backend)
+  kDeltaGates,  // in place: out (b) becomes β = σ(b), out2 (a) g = −exp(a_log)·softplus(a + dt)
+  kDeltaRule,   // out = gated delta rule of q in0, k in1, v in2, β in3, g in4, continuing the
+                // layer's recurrent state (one token: the recurrent step; more: chunked)
+  kCopy,        // out = in0 (inserted by the scheduler where a value changes backend)
 };
 inline constexpr int kOpKinds = static_cast<int>(Op::kCopy) + 1;
 const char* op_name(Op op);

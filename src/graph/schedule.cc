@@ -174,8 +174,7 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
   // 3. Fusion, over each run of adjacent nodes on one backend.
   for (size_t begin = 0; begin < placed.nodes.size();) {
     size_t end = begin + 1;
-    while (end < placed.nodes.size() &&
-           placed.nodes[end].backend == placed.nodes[begin].backend) {
+    while (end < placed.nodes.size() && placed.nodes[end].backend == placed.nodes[begin].backend) {
       ++end;
     }
     backends[placed.nodes[begin].backend]->fuse(

@@ -13,8 +13,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/matmul.h"
 #include "kernels/cpu_context.h"
+#include "kernels/matmul.h"
 
 namespace qhx {
 namespace {

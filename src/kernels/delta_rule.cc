@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu_context.h"
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
-#include "kernels/cpu_context.h"
 
 namespace qhx {
 
@@ -257,9 +257,8 @@ QHX_TARGET_AVX2 void chunked_head(const DeltaRuleArgs& a, int64_t chunk, int64_t
 #endif
 
 void gated_delta_rule_recurrent([[maybe_unused]] CpuContext& cx, const float* q, const float* k,
-                                const float* v, const float* beta, const float* g,
-                                int64_t n_tokens, const DeltaRuleShape& shape, float* state,
-                                float* out) {
+                                const float* v, const float* beta, const float* g, int64_t n_tokens,
+                                const DeltaRuleShape& shape, float* state, float* out) {
 #if defined(__x86_64__)
   if (cx.kernels().avx2) {
     const DeltaRuleArgs args{q, k, v, beta, g, n_tokens, shape, state, out};

@@ -1,7 +1,7 @@
 // The fast gated delta rule: float32 with AVX2 + FMA where the CPU has it (otherwise, or with
-// QHX_KERNELS=reference, the scalar references), on the threads of a CPU context (kernels/cpu_context.h).
-// Both have the arguments and meaning of their ref:: namesakes in kernels/kernels.h, and give
-// the same bits on any number of threads.
+// QHX_KERNELS=reference, the scalar references), on the threads of a CPU context
+// (kernels/cpu_context.h). Both have the arguments and meaning of their ref:: namesakes in
+// kernels/kernels.h, and give the same bits on any number of threads.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,6 @@ void gated_delta_rule_recurrent(CpuContext& cx, const float* q, const float* k, 
 // each chunk a few small matrix products.
 void gated_delta_rule_chunked(CpuContext& cx, const float* q, const float* k, const float* v,
                               const float* beta, const float* g, int64_t n_tokens,
-                              const DeltaRuleShape& shape, int64_t chunk, float* state,
-                              float* out);
+                              const DeltaRuleShape& shape, int64_t chunk, float* state, float* out);
 
 }  // namespace qhx

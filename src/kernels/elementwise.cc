@@ -4,10 +4,10 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu_context.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/simd_avx2.h"
-#include "kernels/cpu_context.h"
 
 namespace qhx {
 
@@ -79,9 +79,9 @@ QHX_TARGET_AVX2 void l2_normalize_avx2(float* x, int64_t n, float eps) {
 
 // Vectorised over channels: for each token, the kernel's inputs are `kernel` rows (from the
 // state or from u) weighted tap by tap.
-QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(CpuContext& cx, const float* u, int64_t n_tokens, int64_t channels,
-                                             const float* weight, int64_t kernel, float* state,
-                                             float* out) {
+QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(CpuContext& cx, const float* u, int64_t n_tokens,
+                                             int64_t channels, const float* weight, int64_t kernel,
+                                             float* state, float* out) {
   const int64_t history = kernel - 1;
   // Taps as [kernel, channels], so that one tap of eight channels is one load.
   float* taps = cx.caller_scratch().buffer<float>(Scratch::kConvTaps, kernel * channels);
@@ -97,8 +97,7 @@ QHX_TARGET_AVX2 void causal_conv1d_silu_avx2(CpuContext& cx, const float* u, int
     for_each_block(channels, [&](int64_t c, auto block) QHX_TARGET_AVX2 {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t j = 0; j < kernel; ++j) {
-        acc = _mm256_fmadd_ps(block.load(taps + j * channels + c), block.load(inputs[j] + c),
-                              acc);
+        acc = _mm256_fmadd_ps(block.load(taps + j * channels + c), block.load(inputs[j] + c), acc);
       }
       block.store(out + t * channels + c, silu(acc));
     });
@@ -138,15 +137,15 @@ void rms_norm(CpuContext& cx, const float* x, const float* weight, int64_t n, fl
   ref::rms_norm(x, weight, n, eps, y);
 }
 
-void rms_norm_rows(CpuContext& cx, const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
-                   float* y) {
+void rms_norm_rows(CpuContext& cx, const float* x, const float* weight, int64_t n_rows, int64_t n,
+                   float eps, float* y) {
   cx.split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) rms_norm(cx, x + r * n, weight, n, eps, y + r * n);
   });
 }
 
-void add_rms_norm_rows(CpuContext& cx, float* h, const float* y, const float* weight, int64_t n_rows, int64_t n,
-                       float eps, float* x) {
+void add_rms_norm_rows(CpuContext& cx, float* h, const float* y, const float* weight,
+                       int64_t n_rows, int64_t n, float eps, float* x) {
   cx.split_rows(n_rows, 1, n_rows * n, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t i = r * n; i < (r + 1) * n; ++i) h[i] += y[i];
@@ -155,8 +154,8 @@ void add_rms_norm_rows(CpuContext& cx, float* h, const float* y, const float* we
   });
 }
 
-void rope_rotate_half(CpuContext& cx, float* x, int64_t n_vectors, int64_t stride, int64_t rotary_dim,
-                      const float* cos, const float* sin) {
+void rope_rotate_half(CpuContext& cx, float* x, int64_t n_vectors, int64_t stride,
+                      int64_t rotary_dim, const float* cos, const float* sin) {
 #if defined(__x86_64__)
   if (cx.kernels().avx2) return rope_rotate_half_avx2(x, n_vectors, stride, rotary_dim, cos, sin);
 #endif
@@ -188,8 +187,8 @@ void l2_normalize(CpuContext& cx, float* x, int64_t n, float eps) {
   ref::l2_normalize(x, n, eps);
 }
 
-void causal_conv1d_silu(CpuContext& cx, const float* u, int64_t n_tokens, int64_t channels, const float* weight,
-                        int64_t kernel, float* state, float* out) {
+void causal_conv1d_silu(CpuContext& cx, const float* u, int64_t n_tokens, int64_t channels,
+                        const float* weight, int64_t kernel, float* state, float* out) {
 #if defined(__x86_64__)
   if (cx.kernels().avx2) {
     return causal_conv1d_silu_avx2(cx, u, n_tokens, channels, weight, kernel, state, out);

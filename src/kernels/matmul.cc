@@ -1,7 +1,7 @@
 #include "kernels/matmul.h"
 
-#include "kernels/matmul_int8.h"
 #include "kernels/cpu_context.h"
+#include "kernels/matmul_int8.h"
 #include "kernels/token_blocks.h"
 
 #if defined(__x86_64__)

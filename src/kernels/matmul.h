@@ -1,7 +1,8 @@
 // The fast matmul: y = x · wᵀ for every weight dtype, on the kernels a CPU context chose for its
-// CPU (kernels/cpu_context.h; kernels/kernels.h defines MatrixRef and the scalar reference, ref::matmul, that it is tested
-// against). Each output is one dot product computed the same way whatever n_tokens is, so a token
-// decoded alone gets exactly the logits it gets inside a batched prefill.
+// CPU (kernels/cpu_context.h; kernels/kernels.h defines MatrixRef and the scalar reference,
+// ref::matmul, that it is tested against). Each output is one dot product computed the same way
+// whatever n_tokens is, so a token decoded alone gets exactly the logits it gets inside a batched
+// prefill.
 #pragma once
 
 #include <cstdint>

@@ -17,10 +17,10 @@
 //   W8, AVX2: |q_w| · (q_x with q_w's sign) instead (cannot overflow 16 bits, so no offset).
 #include "kernels/matmul_int8.h"
 
+#include "kernels/cpu_context.h"
 #include "kernels/int8_activations.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
-#include "kernels/cpu_context.h"
 #include "util/error.h"
 
 #if defined(__x86_64__)
@@ -581,7 +581,8 @@ void read_row(CpuContext& cx, const MatrixRef& w, int64_t row, float* out) {
   // The row's 4 bytes of each step, 64 bytes apart, back into the row-major layout.
   const uint8_t* step = static_cast<const uint8_t*>(w.packed) + row / kPanelRows * panel_bytes(w) +
                         4 * (row % kPanelRows);
-  std::vector<uint8_t>& bytes = cx.caller_scratch().object<std::vector<uint8_t>>(Scratch::kRowBytes);
+  std::vector<uint8_t>& bytes =
+      cx.caller_scratch().object<std::vector<uint8_t>>(Scratch::kRowBytes);
   MatrixRef one_row = w;
   one_row.rows = 1;
   if (w.dtype == DType::kW8) {

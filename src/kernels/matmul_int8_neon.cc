@@ -25,10 +25,10 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "kernels/cpu_context.h"
 #include "kernels/int8_activations.h"
 #include "kernels/matmul.h"
 #include "kernels/neon.h"
-#include "kernels/cpu_context.h"
 
 #if defined(__ARM_FEATURE_DOTPROD)  // built for CPUs that all have it
 #define QHX_DOTPROD_KERNELS 1

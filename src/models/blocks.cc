@@ -130,8 +130,8 @@ void add_gated_deltanet(Plan& plan, const GatedDeltaNetWeights& w, const GatedDe
     part.rows = n;
     part.offset = begin[i];
   }
-  for (const auto& [v, scale] : {std::pair{qkv[0], 1.0f / std::sqrt(static_cast<float>(dk))},
-                                 std::pair{qkv[1], 1.0f}}) {
+  for (const auto& [v, scale] :
+       {std::pair{qkv[0], 1.0f / std::sqrt(static_cast<float>(dk))}, std::pair{qkv[1], 1.0f}}) {
     Node& l2 = plan.add(Op::kL2Norm);
     l2.out = {v};
     l2.rows = n;

@@ -3,10 +3,10 @@
 #include <algorithm>
 
 #include "backend/cpu_backend.h"
-#include "graph/schedule.h"
-#include "kernels/matmul_int8.h"
 #include "core/dtype.h"
+#include "graph/schedule.h"
 #include "kernels/cpu_context.h"
+#include "kernels/matmul_int8.h"
 #include "kernels/thread_pool.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
@@ -234,9 +234,10 @@ Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which) const {
   // A bounded cache: a decode step and the prefill chunks stay; odd tails come and go.
   constexpr size_t kMaxSchedules = 8;
   if (schedules_.size() == kMaxSchedules) {
-    schedules_.erase(std::min_element(
-        schedules_.begin(), schedules_.end(),
-        [](const CachedSchedule& a, const CachedSchedule& b) { return a.last_used < b.last_used; }));
+    schedules_.erase(std::min_element(schedules_.begin(), schedules_.end(),
+                                      [](const CachedSchedule& a, const CachedSchedule& b) {
+                                        return a.last_used < b.last_used;
+                                      }));
   }
   schedules_.push_back({key, schedule(build_plan(n_tokens, which), backends_), schedule_clock_});
   return schedules_.back().schedule;
@@ -272,8 +273,8 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   const CpuContext::Turn turn(*context_);
   Schedule& s = schedule_for(n_tokens, which);
   float* const outputs[] = {logits.data()};
-  execute(s, backends_, {.ids = ids, .first_pos = first_pos, .layers = state.layers,
-                         .external = outputs});
+  execute(s, backends_,
+          {.ids = ids, .first_pos = first_pos, .layers = state.layers, .external = outputs});
   state.advance(n_tokens);
 }
 

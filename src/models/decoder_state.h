@@ -9,7 +9,6 @@
 
 namespace qhx {
 
-
 class DecoderState final : public ModelState {
  public:
   // `empty` gives each layer's state at the start of a sequence (zeroed, correctly sized).

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "io/hf_config.h"
 #include "graph/backend.h"
+#include "io/hf_config.h"
 #include "kernels/cpu_context.h"
 
 namespace qhx {

@@ -8,8 +8,8 @@
 namespace qhx {
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
-                                  std::shared_ptr<CpuContext> context,
-                                  std::vector<std::shared_ptr<Backend>> devices) {
+                                    std::shared_ptr<CpuContext> context,
+                                    std::vector<std::shared_ptr<Backend>> devices) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
   GatedDeltaNetParams deltanet;

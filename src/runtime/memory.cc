@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "util/error.h"
 
 namespace qhx {
@@ -51,7 +53,7 @@ int64_t read_cgroup_value(const char* path) {
 }  // namespace
 
 int64_t MemoryPlan::total() const {
-  return weights + kv_cache + recurrent + checkpoints + scratch + prefix_cache;
+  return weights + kv_cache + recurrent + checkpoints + scratch + prefix_cache + resident;
 }
 
 std::string MemoryPlan::describe() const {
@@ -60,6 +62,7 @@ std::string MemoryPlan::describe() const {
   if (checkpoints > 0) text += " + " + gigabytes(checkpoints) + " turn checkpoints";
   text += " + " + gigabytes(scratch) + " scratch";
   if (prefix_cache > 0) text += " + " + gigabytes(prefix_cache) + " prefix cache";
+  if (resident > 0) text += " + " + gigabytes(resident) + " process and tokenizer";
   return text + " = " + gigabytes(total());
 }
 
@@ -72,6 +75,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   plan.checkpoints = r.sessions * r.max_checkpoints * (recurrent_bytes(c) + c.vocab_size * kFloat);
   plan.scratch = r.activation_bytes + r.sessions * c.vocab_size * kFloat;
   plan.prefix_cache = r.prefix_cache_bytes;
+  plan.resident = r.resident_bytes;
   return plan;
 }
 
@@ -95,6 +99,13 @@ int64_t available_memory_bytes() {
   return available;
 }
 
+int64_t resident_memory_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, pages = 0;
+  if (!(statm >> size >> pages)) return 0;
+  return pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
 int64_t admit_context(const ModelConfig& config, MemoryRequest request, int64_t requested,
                       int64_t available, std::string* note) {
   const int64_t model_max = config.max_position_embeddings;
@@ -108,14 +119,16 @@ int64_t admit_context(const ModelConfig& config, MemoryRequest request, int64_t 
     return plan_memory(config, request);
   };
   const int64_t wanted = requested > 0 ? requested : model_max;
+  // What is resident already is not in `available`.
+  const auto fits = [&](const MemoryPlan& p) { return p.total() - p.resident <= available; };
   const MemoryPlan plan = needs(wanted);
-  if (plan.total() <= available) return wanted;
+  if (fits(plan)) return wanted;
 
   // The longest context that fits (the estimate grows with the context).
   int64_t lo = 0, hi = wanted;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (needs(mid).total() <= available) {
+    if (fits(needs(mid))) {
       lo = mid;
     } else {
       hi = mid - 1;

@@ -21,6 +21,9 @@ struct MemoryRequest {
   int64_t activation_bytes = 0;
   int64_t max_checkpoints = 8;     // per session
   int64_t prefix_cache_bytes = 0;  // the shared prefix cache's bound
+  // Already resident when admission runs, so counted in the estimate but not against what is
+  // available: the process before the model was opened, and the tokenizer's tables.
+  int64_t resident_bytes = 0;
 };
 
 struct MemoryPlan {
@@ -30,6 +33,7 @@ struct MemoryPlan {
   int64_t checkpoints = 0;  // all sessions: recurrent copies + logits at turn boundaries
   int64_t scratch = 0;      // the activations of a prefill chunk + every session's logits
   int64_t prefix_cache = 0;
+  int64_t resident = 0;  // the process before the model, and the tokenizer (already held)
   int64_t total() const;
   std::string describe() const;  // "1.2 GB weights + 0.9 GB KV cache (…) + …"
 };
@@ -38,6 +42,9 @@ MemoryPlan plan_memory(const ModelConfig& config, const MemoryRequest& request);
 
 // Bytes this process may still use: MemAvailable, or less where a cgroup limit says so.
 int64_t available_memory_bytes();
+
+// Bytes this process holds in memory now (its resident set, /proc/self/statm), 0 if unknown.
+int64_t resident_memory_bytes();
 
 // The context to run with. `requested` 0 means "as long as the model allows and memory holds":
 // it is lowered to fit (`note` says so). An explicit request that does not fit, or a model that

@@ -22,8 +22,8 @@ struct JsonBounds {
 };
 
 // The parsed document, or nothing with `error` saying why ("nested deeper than 64 levels",
-// "invalid JSON at byte 12: syntax error ..."). A key given twice keeps its first position and its last value,
-// as nlohmann's parser does.
+// "invalid JSON at byte 12: syntax error ..."). A key given twice keeps its first position and its
+// last value, as nlohmann's parser does.
 std::optional<nlohmann::ordered_json> parse_bounded_json(std::string_view text,
                                                          const JsonBounds& bounds,
                                                          std::string* error);

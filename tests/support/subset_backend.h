@@ -16,15 +16,12 @@ namespace qhx::test {
 class SubsetBackend final : public Backend {
  public:
   SubsetBackend(std::initializer_list<Op> ops, int64_t claim_rows)
-      : reference_(1, CpuKernels{}), inner_(reference_, /*fusion=*/false),
-        claim_rows_(claim_rows) {
+      : reference_(1, CpuKernels{}), inner_(reference_, /*fusion=*/false), claim_rows_(claim_rows) {
     for (const Op op : ops) ops_.set(static_cast<size_t>(op));
   }
 
   std::string name() const override { return "test subset backend"; }
-  bool supports(const Node& node) const override {
-    return ops_.test(static_cast<size_t>(node.op));
-  }
+  bool supports(const Node& node) const override { return ops_.test(static_cast<size_t>(node.op)); }
   bool claims(const Node& node) const override { return node.rows >= claim_rows_; }
   float* arena(int64_t floats) override { return inner_.arena(floats); }
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override {

@@ -28,12 +28,12 @@
 #include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
+#include "qhx/qhx.h"
 #include "qhx_version.h"
 #include "runtime/bench.h"
 #include "runtime/generation_config.h"
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
-#include "runtime/stop_strings.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
@@ -104,11 +104,6 @@ std::shared_ptr<qhx::CpuContext> cpu_context(int threads) {
   return std::make_shared<qhx::CpuContext>(threads, qhx::CpuKernels::from_environment());
 }
 
-std::optional<qhx::Tokenizer> load_tokenizer_if_present(const fs::path& dir) {
-  if (!fs::exists(dir / "tokenizer.json")) return std::nullopt;
-  return qhx::Tokenizer::load(dir);
-}
-
 struct GenerateArgs {
   int threads = default_threads();
   std::string model;
@@ -145,89 +140,137 @@ std::string describe_bundle(const qhx::BundleManifest& m) {
   return line + buf;
 }
 
+// Frees what the C API allocated when it goes out of scope.
+struct OpenedModel {
+  qhx_model* model = nullptr;
+  qhx_session* session = nullptr;
+  ~OpenedModel() {
+    qhx_session_destroy(session);
+    qhx_model_close(model);
+  }
+};
+
+void check(qhx_status status) {
+  if (status != QHX_OK) qhx::fail("generate", qhx_last_error());
+}
+
+// Through the C API, as chat and serve: the same sampling, stop ids and stop strings.
 int run_generate(const GenerateArgs& args) {
   fs::path dir(args.model);
   if (qhx::is_pack(dir)) {
     dir = qhx::select_pack_bundle(dir);
     std::fprintf(stderr, "pack: using %s\n", dir.c_str());
   }
-  // Ids in and ids out need no tokenizer (and do not pay for loading one).
-  const bool needs_tokenizer = !args.prompt.empty() || !args.print_ids;
-  const auto tokenizer = needs_tokenizer ? load_tokenizer_if_present(dir) : std::nullopt;
-  if (!tokenizer && needs_tokenizer) {
+  if (!fs::exists(dir / "tokenizer.json") && (!args.prompt.empty() || !args.print_ids)) {
     qhx::fail(dir.string(), "no tokenizer.json: use --prompt-ids and --print-ids");
   }
-  const std::vector<int32_t> prompt = args.prompt_ids.empty()
-                                          ? tokenizer->encode(args.prompt, "--prompt")
-                                          : parse_id_list(args.prompt_ids, "--prompt-ids");
-
-  std::vector<int32_t> bundle_stop_ids;
-  if (qhx::is_bundle(dir)) {
-    const auto manifest = qhx::open_bundle_manifest(dir, {.verify_sha256 = args.verify});
-    std::fprintf(stderr, "%s\n", describe_bundle(manifest).c_str());
-    bundle_stop_ids = manifest.stop_ids;  // bundles made before they kept generation_config.json
+  if (!args.stop.empty() && args.print_ids) {
+    qhx::fail("--stop", "needs text output, not --print-ids");
   }
-  const auto model =
-      qhx::load_model(dir, {.verify_sha256 = args.verify, .context = cpu_context(args.threads)});
-  const qhx::GenerationDefaults defaults = qhx::load_generation_config(dir, model->config());
+  qhx_model_options model_options;
+  qhx_model_options_default(&model_options);
+  model_options.n_threads = args.threads;
+  model_options.verify_sha256 = args.verify ? 1 : 0;
+  OpenedModel m;
+  if (qhx_model_open(dir.c_str(), &model_options, &m.model) != QHX_OK) {
+    qhx::fail(dir.string(), qhx_last_error());
+  }
+  qhx_model_info info;
+  check(qhx_model_get_info(m.model, &info));
+  if (info.admission_note[0] != '\0') std::fprintf(stderr, "%s\n", info.admission_note);
+  // The model's own configuration, for generation_config.json's max_new_tokens; a bundle's
+  // provenance on stderr (its files were checked as the model opened).
+  qhx::ModelConfig config;
+  if (qhx::is_bundle(dir)) {
+    const qhx::BundleManifest manifest = qhx::open_bundle_manifest(dir, {});
+    std::fprintf(stderr, "%s\n", describe_bundle(manifest).c_str());
+    config = manifest.config;
+  } else {
+    config = qhx::load_model_config(dir / "config.json");
+  }
 
-  qhx::TurnOptions options;
-  options.max_new_tokens = args.n.value_or(defaults.max_new_tokens.value_or(64));
+  std::vector<int32_t> prompt;
+  if (args.prompt_ids.empty()) {
+    size_t n = 0;
+    qhx_status status =
+        qhx_tokenize(m.model, args.prompt.data(), args.prompt.size(), nullptr, 0, &n);
+    if (status == QHX_ERROR_BUFFER_TOO_SMALL) {
+      prompt.resize(n);
+      status = qhx_tokenize(m.model, args.prompt.data(), args.prompt.size(), prompt.data(), n, &n);
+    }
+    if (status != QHX_OK) qhx::fail("--prompt", qhx_last_error());
+  } else {
+    prompt = parse_id_list(args.prompt_ids, "--prompt-ids");
+  }
+
   // The checkpoint's defaults, as transformers' generate() would use them; a sampling flag turns
   // sampling on (with the file's other values), --greedy turns it off.
-  qhx::SamplingParams& s = options.sampling;
-  s = defaults.sampling;
+  qhx_generate_options options;
+  check(qhx_generate_options_default(m.model, &options));
+  options.max_new_tokens =
+      args.n.value_or(qhx::load_generation_config(dir, config).max_new_tokens.value_or(64));
+  qhx_sampling& s = options.sampling;
   if (args.greedy) {
-    s.greedy = true;
+    s.greedy = 1;
   } else if (args.temperature || args.top_k || args.top_p || args.min_p) {
-    s.greedy = false;
+    s.greedy = 0;
   }
   s.temperature = args.temperature.value_or(s.temperature);
-  s.top_k = args.top_k.value_or(s.top_k);
+  s.top_k = static_cast<int32_t>(args.top_k.value_or(s.top_k));
   s.top_p = args.top_p.value_or(s.top_p);
   s.min_p = args.min_p.value_or(s.min_p);
   s.repetition_penalty = args.repeat_penalty.value_or(s.repetition_penalty);
   s.presence_penalty = args.presence_penalty.value_or(s.presence_penalty);
   s.frequency_penalty = args.frequency_penalty.value_or(s.frequency_penalty);
-  for (const std::string& item : args.logit_bias) s.logit_bias.push_back(parse_logit_bias(item));
+  std::vector<int32_t> bias_ids;
+  std::vector<float> bias_values;
+  for (const std::string& item : args.logit_bias) {
+    const auto [id, bias] = parse_logit_bias(item);
+    bias_ids.push_back(id);
+    bias_values.push_back(bias);
+  }
+  s.logit_bias_ids = bias_ids.data();
+  s.logit_bias_values = bias_values.data();
+  s.n_logit_bias = bias_ids.size();
   s.seed = args.seed.value_or(std::random_device{}());
-  if (!args.ignore_eos) {
-    options.stop_ids = qhx::default_stop_ids(defaults, bundle_stop_ids,
-                                             tokenizer ? tokenizer->eos_id() : std::nullopt);
-  }
-  if (!args.stop.empty() && args.print_ids)
-    qhx::fail("--stop", "needs text output, not --print-ids");
-  qhx::StopStringMatcher stop_strings(args.stop);
+  options.stop_at_eos = args.ignore_eos ? 0 : 1;
+  std::vector<const char*> stops;
+  for (const std::string& stop : args.stop) stops.push_back(stop.c_str());
+  options.stop_strings = stops.data();
+  options.n_stop_strings = stops.size();
+  check(qhx_generate_options_check(m.model, &options));
 
-  std::vector<int32_t> generated;
-  std::optional<qhx::StreamingDecoder> text_out;
-  if (!args.print_ids) text_out.emplace(*tokenizer);
-  qhx::Session session(*model);
-  const qhx::TurnStats stats = session.generate(prompt, options, [&](int32_t id) {
-    generated.push_back(id);
-    if (!text_out) return true;
-    const auto piece = stop_strings.push(text_out->push(id));
-    std::cout << piece.text << std::flush;
-    return !piece.stopped;
-  });
+  struct Output {
+    bool ids;
+    std::vector<int32_t> generated;
+  } out{args.print_ids, {}};
+  const auto on_token = [](void* user, int32_t token, const char* text, size_t len) {
+    auto* o = static_cast<Output*>(user);
+    if (token >= 0) o->generated.push_back(token);
+    if (!o->ids) std::cout.write(text, static_cast<std::streamsize>(len)).flush();
+    return 0;
+  };
+  check(qhx_session_create(m.model, nullptr, &m.session));
+  qhx_generate_result result;
+  check(qhx_session_generate(m.session, prompt.data(), prompt.size(), &options, on_token, &out,
+                             &result));
+  qhx_string_free(result.text);
   if (args.print_ids) {
-    for (size_t i = 0; i < generated.size(); ++i) std::cout << (i ? "," : "") << generated[i];
-    std::cout << "\n";
-  } else if (stop_strings.stopped()) {
-    std::cout << "\n";
-  } else {
-    std::cout << stop_strings.push(text_out->flush()).text << stop_strings.flush() << "\n";
+    for (size_t i = 0; i < out.generated.size(); ++i)
+      std::cout << (i ? "," : "") << out.generated[i];
   }
+  std::cout << "\n";
   std::cout.flush();
 
-  const double prefill_tps = stats.n_prompt / std::max(stats.prefill_seconds, 1e-9);
-  const double decode_tps =
-      stats.n_generated > 1 ? (stats.n_generated - 1) / std::max(stats.decode_seconds, 1e-9) : 0;
+  const double prefill_tps = result.n_prompt / std::max(result.prefill_ms * 1e-3, 1e-9);
+  const double decode_tps = result.n_generated > 1
+                                ? (result.n_generated - 1) / std::max(result.decode_ms * 1e-3, 1e-9)
+                                : 0;
   std::fprintf(stderr,
                "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | "
                "TTFT %.1f ms | peak RSS %.1f MB | %s\n",
-               static_cast<long long>(stats.n_prompt), prefill_tps,
-               static_cast<long long>(stats.n_generated), decode_tps, stats.ttft_seconds * 1e3,
+               static_cast<long long>(result.n_prompt), prefill_tps,
+               static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms,
                peak_rss_mb(),
                s.greedy ? "greedy" : ("sampled, seed " + std::to_string(s.seed)).c_str());
   return 0;
@@ -519,8 +562,8 @@ int run_bench(const BenchArgs& args) {
     std::printf(
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | commit "
         "%s\n",
-        args.model.c_str(), weights.c_str(), weights_mb, threads, kernel_path.c_str(),
-        load_s, cpu.c_str(), QHX_GIT_COMMIT);
+        args.model.c_str(), weights.c_str(), weights_mb, threads, kernel_path.c_str(), load_s,
+        cpu.c_str(), QHX_GIT_COMMIT);
     std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
                 "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
   }
