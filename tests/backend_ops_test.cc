@@ -15,27 +15,16 @@
 #include "backend/cpu_backend.h"
 #include "graph/schedule.h"
 #include "io/hf_config.h"
-#include "kernels/quant.h"
 #include "models/model.h"
 #include "support/fixtures.h"
 #include "support/subset_backend.h"
+#include "support/test_matrix.h"
 
 namespace qhx {
 namespace {
 
 namespace fs = std::filesystem;
 using test::random_vector;
-
-// A weight matrix and the storage it points into.
-struct TestMatrix {
-  std::vector<float> f32;
-  std::vector<uint16_t> half;
-  std::vector<int8_t> q8;
-  std::vector<uint8_t> q4;
-  std::vector<float> row_scales;
-  std::vector<uint16_t> group_scales;
-  MatrixRef ref;
-};
 
 // One plan to run on each backend from the same inputs and state.
 struct OpCase {
@@ -45,7 +34,7 @@ struct OpCase {
   std::vector<int32_t> ids;
   int64_t first_pos = 0;
   std::deque<std::vector<float>> vectors;  // weights the nodes point into
-  std::deque<TestMatrix> matrices;
+  std::deque<test::TestMatrix> matrices;
 
   const float* vector(int64_t n, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
     std::vector<float>& v = vectors.emplace_back(random_vector(n, seed, scale));
@@ -54,38 +43,14 @@ struct OpCase {
   }
   const MatrixRef* matrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed,
                           Activations activations = Activations::kF32) {
-    TestMatrix& m = matrices.emplace_back();
-    m.f32 = random_vector(rows * cols, seed, 0.1f);
-    m.ref = {dtype, nullptr, rows, cols};
-    switch (dtype) {
-      case DType::kF32:
-        m.ref.data = m.f32.data();
-        break;
-      case DType::kBF16:
-        for (const float x : m.f32) m.half.push_back(f32_to_bf16(x));
-        m.ref.data = m.half.data();
-        break;
-      case DType::kW8:
-        m.q8.resize(rows * cols);
-        m.row_scales.resize(rows);
-        quantize_w8(m.f32.data(), rows, cols, m.q8.data(), m.row_scales.data());
-        m.ref.data = m.q8.data();
-        m.ref.scales = m.row_scales.data();
-        break;
-      default: {  // W4, in the largest groups that divide the columns
-        int64_t group = 64;
-        while (cols % group != 0) group /= 2;
-        m.q4.resize(rows * cols / 2);
-        m.group_scales.resize(rows * cols / group);
-        quantize_w4(m.f32.data(), rows, cols, group, m.q4.data(), m.group_scales.data());
-        m.ref.data = m.q4.data();
-        m.ref.scales = m.group_scales.data();
-        m.ref.group_size = group;
-        break;
-      }
+    int64_t group = 0;  // W4: the largest groups that divide the columns
+    if (dtype == DType::kW4) {
+      for (group = 64; cols % group != 0;) group /= 2;
     }
-    m.ref.activations = activations;
-    return &m.ref;
+    return &matrices
+                .emplace_back(dtype, random_vector(rows * cols, seed, 0.1f), rows, cols, group,
+                              activations)
+                .ref;
   }
   Node& node(Op op, int64_t rows) {
     Node& n = plan.add(op);

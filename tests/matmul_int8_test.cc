@@ -24,35 +24,18 @@
 #include "kernels/quant.h"
 #include "support/cpu.h"
 #include "support/fixtures.h"
+#include "support/test_matrix.h"
 
 namespace qhx {
 namespace {
 
 using test::random_vector;
 
-// A random matrix quantized to W8 or W4, owning its bytes.
-struct QuantizedMatrix {
-  std::vector<int8_t> q8;
-  std::vector<uint8_t> q4;
-  std::vector<float> scales8;
-  std::vector<uint16_t> scales4;
-  MatrixRef ref;
-
-  QuantizedMatrix(DType dtype, int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
-    const std::vector<float> w = random_vector(rows * cols, seed, 0.05f);
-    if (dtype == DType::kW8) {
-      q8.resize(w.size());
-      scales8.resize(rows);
-      quantize_w8(w.data(), rows, cols, q8.data(), scales8.data());
-      ref = {DType::kW8, q8.data(), rows, cols, scales8.data()};
-    } else {
-      q4.resize(w.size() / 2);
-      scales4.resize(rows * (cols / group));
-      quantize_w4(w.data(), rows, cols, group, q4.data(), scales4.data());
-      ref = {DType::kW4, q4.data(), rows, cols, scales4.data(), group};
-    }
-    ref.activations = Activations::kInt8;
-  }
+// A random matrix quantized to W8 or W4, multiplied with int8 activations.
+struct QuantizedMatrix : test::TestMatrix {
+  QuantizedMatrix(DType dtype, int64_t rows, int64_t cols, int64_t group, uint32_t seed)
+      : TestMatrix(dtype, random_vector(rows * cols, seed, 0.05f), rows, cols,
+                   dtype == DType::kW4 ? group : 0, Activations::kInt8) {}
 };
 
 // Activations with a few large outliers, as transformer activations have.

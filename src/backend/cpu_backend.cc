@@ -29,6 +29,15 @@ void rotary_angles(int64_t position, const Node& rope, float* cos, float* sin) {
   }
 }
 
+// Token t's [query | gate] halves of each head, from both into q and gate.
+void split_heads(const float* both, int64_t t, int64_t n_heads, int64_t hd, float* q, float* gate) {
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const float* src = both + (t * n_heads + h) * 2 * hd;
+    std::copy(src, src + hd, q + (t * n_heads + h) * hd);
+    std::copy(src + hd, src + 2 * hd, gate + (t * n_heads + h) * hd);
+  }
+}
+
 // The fusable runs starting at nodes[i]: how many nodes follow it in the run (0: none).
 int matmul_run(std::span<const Node> nodes, size_t i) {
   int fused = 0;
@@ -138,15 +147,7 @@ void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeAr
   cx.split_rows(head.rows, 1, head.rows * (q_width + kv_width), [&](int64_t begin, int64_t end) {
     float cos[kMaxRotaryPairs], sin[kMaxRotaryPairs];
     for (int64_t t = begin; t < end; ++t) {
-      if (split) {
-        const float* both = at(head.in[0]);
-        float* gate = at(head.out2);
-        for (int64_t h = 0; h < n_heads; ++h) {
-          const float* src = both + (t * n_heads + h) * 2 * hd;
-          std::copy(src, src + hd, q + (t * n_heads + h) * hd);
-          std::copy(src + hd, src + 2 * hd, gate + (t * n_heads + h) * hd);
-        }
-      }
+      if (split) split_heads(at(head.in[0]), t, n_heads, hd, q, at(head.out2));
       float* qt = q + t * q_width;
       float* kt = k + t * kv_width;
       for (int64_t h = 0; h < n_heads; ++h) {
@@ -196,16 +197,11 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
       }
       return;
     }
-    case Op::kSplitHeads: {
-      const float* both = at(node.in[0]);
-      float* gate = at(node.out2);
-      const int64_t hd = node.width, heads = cols(node.out) / hd;
-      for (int64_t r = 0; r < node.rows * heads; ++r) {
-        std::copy_n(both + r * 2 * hd, hd, out + r * hd);
-        std::copy_n(both + r * 2 * hd + hd, hd, gate + r * hd);
+    case Op::kSplitHeads:
+      for (int64_t t = 0; t < node.rows; ++t) {
+        split_heads(at(node.in[0]), t, cols(node.out) / node.width, node.width, out, at(node.out2));
       }
       return;
-    }
     case Op::kRope: {
       const int64_t width = cols(node.out);
       cx.split_rows(node.rows, 1, node.rows * width, [&](int64_t begin, int64_t end) {

@@ -27,9 +27,6 @@ class CpuBackend final : public Backend {
   float* arena(int64_t floats) override;
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
 
-  CpuContext& context() const { return context_; }
-  int64_t arena_bytes() const { return static_cast<int64_t>(arena_.size() * sizeof(float)); }
-
  private:
   void run_one(const Plan& plan, const Node& node, const NodeArgs& args);
 

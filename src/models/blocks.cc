@@ -10,9 +10,10 @@ ValueId activation(Plan& plan, int64_t cols) {
   return plan.add_value(plan.n_tokens, cols);
 }
 
-// out = x · wᵀ, a node of its own (the backends fuse a run of them that share x).
-ValueId add_matmul(Plan& plan, ValueId x, const MatrixRef& w) {
-  const ValueId out = activation(plan, w.rows);
+// out = x · wᵀ, a node of its own (the backends fuse a run of them that share x); out is a new
+// value unless given.
+ValueId add_matmul(Plan& plan, ValueId x, const MatrixRef& w, ValueId out = kNoValue) {
+  if (out == kNoValue) out = activation(plan, w.rows);
   Node& n = plan.add(Op::kMatmul);
   n.in[0] = {x};
   n.out = {out};
@@ -91,11 +92,7 @@ void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams&
     g.out = {attended};
     g.rows = n;
   }
-  Node& o = plan.add(Op::kMatmul);
-  o.in[0] = {attended};
-  o.out = {y};
-  o.rows = n;
-  o.matrix = &w.o_proj;
+  add_matmul(plan, attended, w.o_proj, y);
 }
 
 void add_gated_deltanet(Plan& plan, const GatedDeltaNetWeights& w, const GatedDeltaNetParams& p,
@@ -168,11 +165,7 @@ void add_gated_deltanet(Plan& plan, const GatedDeltaNetWeights& w, const GatedDe
   gated.in[1] = {core};
   gated.out = {core};
   gated.rows = n;
-  Node& o = plan.add(Op::kMatmul);
-  o.in[0] = {core};
-  o.out = {y};
-  o.rows = n;
-  o.matrix = &w.out_proj;
+  add_matmul(plan, core, w.out_proj, y);
 }
 
 void add_mlp(Plan& plan, const MlpWeights& w, ValueId x, ValueId y) {
@@ -183,11 +176,7 @@ void add_mlp(Plan& plan, const MlpWeights& w, ValueId x, ValueId y) {
   act.in[1] = {up};
   act.out = {gate};
   act.rows = plan.n_tokens;
-  Node& down = plan.add(Op::kMatmul);
-  down.in[0] = {gate};
-  down.out = {y};
-  down.rows = plan.n_tokens;
-  down.matrix = &w.down_proj;
+  add_matmul(plan, gate, w.down_proj, y);
 }
 
 }  // namespace qhx
