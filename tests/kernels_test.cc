@@ -257,12 +257,12 @@ TEST(CpuKernels, AnUnknownChoiceIsRefused) {
 // and holds one type.
 TEST(Scratch, SlotsKeepTheirBuffersAndOneType) {
   Scratch scratch;
-  float* a = scratch.buffer<float>(Scratch::kFirstCallerSlot, 100);
+  float* a = scratch.buffer<float>(Scratch::kConvTaps, 100);
   a[99] = 1.5f;
-  EXPECT_EQ(scratch.buffer<float>(Scratch::kFirstCallerSlot, 10), a);
-  EXPECT_EQ(scratch.buffer<float>(Scratch::kFirstCallerSlot, 100)[99], 1.5f);
-  EXPECT_NE(scratch.buffer<float>(Scratch::kFirstCallerSlot + 1, 10), a);
-  test::expect_error([&] { scratch.buffer<int32_t>(Scratch::kFirstCallerSlot, 4); },
+  EXPECT_EQ(scratch.buffer<float>(Scratch::kConvTaps, 10), a);
+  EXPECT_EQ(scratch.buffer<float>(Scratch::kConvTaps, 100)[99], 1.5f);
+  EXPECT_NE(scratch.buffer<float>(Scratch::kAttentionScores, 10), a);
+  test::expect_error([&] { scratch.buffer<int32_t>(Scratch::kConvTaps, 4); },
                      {"used with two types"});
 }
 

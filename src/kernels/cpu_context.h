@@ -40,11 +40,11 @@ struct CpuKernels {
   std::string describe() const;
 };
 
-// Working memory of one thread of a context, in numbered slots, each kept at its largest size: a
-// prefill's buffers are megabytes, and allocating them on every call costs page faults and zeroing
-// (measured: pp512 ~25 % slower). Slots below kFirstCallerSlot belong to the kernels (an op uses
-// its own slots, so an op's tasks may run on the thread whose slots hold the op's inputs); the
-// rest are for the code that drives the kernels.
+// Working memory of one thread of a context for the kernels, in numbered slots, each kept at its
+// largest size: a prefill's buffers are megabytes, and allocating them on every call costs page
+// faults and zeroing (measured: pp512 ~25 % slower). Each op uses slots of its own, so an op's
+// tasks may run on the thread whose slots hold the op's inputs. (Activations between ops live in
+// the plan's arena, graph/schedule.h.)
 class Scratch {
  public:
   enum Slot : int {
@@ -58,8 +58,7 @@ class Scratch {
     kAttentionCalls,
     kGatheredHead,
     kDeltaRule,
-    kFirstCallerSlot,
-    kSlots = kFirstCallerSlot + 16,
+    kSlots,
   };
 
   Scratch() = default;
