@@ -193,13 +193,14 @@ QHX_TARGET_AVX2 void chunked_head(const DeltaRuleArgs& a, int64_t chunk, int64_t
     // P[i,p] = (q_i·k_p) e^{G_i−G_p} for p ≤ i, zero beyond.
     float* A = KK;
     float* P = QK;
+    float* const exponents = diff.data();  // a lambda may not capture a structured binding
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t p = 0; p <= i; ++p) diff[p] = static_cast<float>(G[i] - G[p]);
+      for (int64_t p = 0; p <= i; ++p) exponents[p] = static_cast<float>(G[i] - G[p]);
       const __m256 beta = _mm256_set1_ps(beta_at(i));
       float* a_row = A + i * np;
       float* p_row = P + i * np;
       avx2::for_each_block(i + 1, [&](int64_t p, auto block) QHX_TARGET_AVX2 {
-        const __m256 decay = avx2::exp(block.load(diff.data() + p));
+        const __m256 decay = avx2::exp(block.load(exponents + p));
         block.store(a_row + p, _mm256_mul_ps(beta, _mm256_mul_ps(block.load(a_row + p), decay)));
         block.store(p_row + p, _mm256_mul_ps(block.load(p_row + p), decay));
       });
