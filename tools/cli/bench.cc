@@ -1,0 +1,243 @@
+// qhx bench: speed records in llama-bench's shape (src/runtime/bench.h measures), with what a
+// record needs to be compared later: the CPU, the kernels, the weights, the commit, the date.
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commands.h"
+#include "common.h"
+#include "io/bundle.h"
+#include "io/hf_config.h"
+#include "io/pack.h"
+#include "kernels/attention.h"
+#include "kernels/cpu_context.h"
+#include "models/model.h"
+#include "qhx_version.h"
+#include "runtime/bench.h"
+#include "util/clock.h"
+#include "util/json_file.h"
+
+namespace qhx::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<int64_t> parse_count_list(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> out;
+  for (const int32_t v : parse_id_list(text, flag)) out.push_back(v);
+  return out;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("model name")) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+// What the model's weights are: a bundle's matrix dtype (with its activations when int8), or a
+// checkpoint's stored dtype.
+std::string weights_label(const fs::path& dir, qhx::Json& gate) {
+  if (qhx::is_bundle(dir)) {
+    const auto manifest = qhx::open_bundle_manifest(dir, {});
+    gate = manifest.gate;
+    return manifest.precision_policy.value("matrices", std::string("?")) +
+           (manifest.config.int8_activations ? "+a8" : "");
+  }
+  const qhx::Json config = qhx::read_json_file(dir / "config.json");
+  const qhx::Json& text = config.contains("text_config") ? config["text_config"] : config;
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (text.contains(key) && text[key].is_string())
+      return "checkpoint " + text[key].get<std::string>();
+    if (config.contains(key) && config[key].is_string()) {
+      return "checkpoint " + config[key].get<std::string>();
+    }
+  }
+  return "checkpoint";
+}
+
+// Bytes of weights the model maps: a bundle's tensor files, or a checkpoint's safetensors.
+double weight_file_mb(const fs::path& dir) {
+  uint64_t bytes = 0;
+  if (qhx::is_bundle(dir)) {
+    for (const auto& f : qhx::open_bundle_manifest(dir, {}).files) {
+      if (f.path.ends_with(".qhxt")) bytes += f.size;
+    }
+  } else {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().extension() == ".safetensors") bytes += entry.file_size();
+    }
+  }
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
+// llama-bench-like: one record per (prompt length, depth) configuration.
+// qhx bench --turns: per turn, the session that kept its state against a fresh one.
+int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::string& weights) {
+  qhx::ChatBenchConfig config;
+  config.turns = args.turns;
+  config.user_tokens = parse_count_list("-p", args.prompts).front();
+  config.reply_tokens = args.n_gen;
+  const std::vector<qhx::ChatBenchTurn> turns = qhx::run_chat_bench(model, config);
+  if (!args.json) {
+    std::printf("model %s | weights %s | threads %d | %lld user + %lld reply tokens a turn\n",
+                args.model.c_str(), weights.c_str(), model.context().threads(),
+                static_cast<long long>(config.user_tokens),
+                static_cast<long long>(config.reply_tokens));
+    std::printf("%5s %9s %10s %14s %14s %9s %13s\n", "turn", "n_prompt", "processed",
+                "TTFT kept ms", "TTFT fresh ms", "speedup", "decode tok/s");
+  }
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const qhx::ChatBenchTurn& t = turns[i];
+    if (args.json) {
+      std::cout << qhx::Json{{"model", args.model},
+                             {"weights", weights},
+                             {"threads", model.context().threads()},
+                             {"turn", i + 1},
+                             {"n_prompt", t.n_prompt},
+                             {"n_processed", t.n_processed},
+                             {"ttft_ms", t.ttft_ms},
+                             {"ttft_fresh_ms", t.ttft_fresh_ms},
+                             {"decode_tok_s", t.decode_tok_s},
+                             {"commit", QHX_GIT_COMMIT},
+                             {"date", utc_date()}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::printf("%5zu %9lld %10lld %14.1f %14.1f %8.1fx %13.1f\n", i + 1,
+                  static_cast<long long>(t.n_prompt), static_cast<long long>(t.n_processed),
+                  t.ttft_ms, t.ttft_fresh_ms, t.ttft_fresh_ms / t.ttft_ms, t.decode_tok_s);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& args) {
+  fs::path dir(args.model);
+  if (qhx::is_pack(dir)) dir = qhx::select_pack_bundle(dir);
+  const std::vector<int64_t> prompt_lengths = parse_count_list("-p", args.prompts);
+  const std::vector<int64_t> depths = parse_count_list("--depth", args.depths);
+  qhx::Json gate;
+  const std::string weights = weights_label(dir, gate);
+  const auto load_start = qhx::Clock::now();
+  const auto model = qhx::load_model(dir, {.context = cpu_context(args.threads)});
+  const double load_s = qhx::seconds_since(load_start);
+  const std::string cpu = cpu_model_name();
+  const double weights_mb = weight_file_mb(dir);
+  const qhx::CpuKernels& kernels = model->context().kernels();
+  const std::string kernel_path = kernels.describe() + "; attention " +
+                                  qhx::attention_kernel_path(kernels, model->config().head_dim);
+  const int threads = model->context().threads();
+  if (args.turns > 0) return run_chat_bench(args, *model, weights);
+  if (!args.json) {
+    std::printf(
+        "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | commit "
+        "%s\n",
+        args.model.c_str(), weights.c_str(), weights_mb, threads, kernel_path.c_str(), load_s,
+        cpu.c_str(), QHX_GIT_COMMIT);
+    std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
+                "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
+  }
+  std::vector<std::pair<qhx::BenchResult, qhx::Json>> results;  // JSON records wait for the probe
+  for (const int64_t n_prompt : prompt_lengths) {
+    for (const int64_t depth : depths) {
+      qhx::BenchConfig config;
+      config.n_prompt = n_prompt;
+      config.n_gen = args.n_gen;
+      config.depth = depth;
+      config.repetitions = args.repetitions;
+      const qhx::BenchResult r = qhx::run_bench(*model, config);
+      if (args.json) {
+        const auto spread = [](const qhx::Spread& s) {
+          return qhx::Json{{"mean", s.mean}, {"stddev", s.stddev}, {"min", s.min}, {"max", s.max}};
+        };
+        const qhx::Json record = {
+            {"model", args.model},
+            {"weights", weights},
+            {"threads", threads},
+            {"n_prompt", n_prompt},
+            {"n_gen", args.n_gen},
+            {"depth", depth},
+            {"repetitions", args.repetitions},
+            {"prefill_tok_s", r.prefill_tok_s.mean},
+            {"decode_tok_s", r.decode_tok_s.mean},
+            {"ttft_ms", r.ttft_ms.mean},
+            {"peak_rss_mb", peak_rss_mb()},
+            {"weights_mb", weights_mb},
+            {"state_mb", static_cast<double>(r.state_bytes) / (1024.0 * 1024.0)},
+            {"load_s", load_s},
+            {"spread",
+             {{"prefill_tok_s", spread(r.prefill_tok_s)},
+              {"decode_tok_s", spread(r.decode_tok_s)},
+              {"ttft_ms", spread(r.ttft_ms)}}},
+            {"family", model->config().family == qhx::Family::kQwen3_5 ? "qwen3_5" : "qwen3"},
+            {"cpu", cpu},
+            {"kernel_path", kernel_path},
+            {"commit", QHX_GIT_COMMIT},
+            {"date", utc_date()},
+            {"gate", gate}};
+        results.emplace_back(r, record);
+      } else {
+        const auto cell = [](const qhx::Spread& s) {
+          char buf[48];
+          std::snprintf(buf, sizeof buf, "%.2f ± %.2f", s.mean, s.stddev);
+          return std::string(buf);
+        };
+        std::printf("%8lld %8lld %6lld %22s %22s %18s %10.1f %10.1f\n",
+                    static_cast<long long>(n_prompt), static_cast<long long>(depth),
+                    static_cast<long long>(args.n_gen), cell(r.prefill_tok_s).c_str(),
+                    cell(r.decode_tok_s).c_str(), cell(r.ttft_ms).c_str(),
+                    static_cast<double>(r.state_bytes) / (1024.0 * 1024.0), peak_rss_mb());
+        std::fflush(stdout);
+        results.emplace_back(r, qhx::Json());
+      }
+    }
+  }
+  // The memory's read bandwidth, measured after the runs (its buffer would count in their peak
+  // RSS), against what each decode read.
+  const double bandwidth = qhx::read_bandwidth(model->context());
+  if (bandwidth <= 0 && !args.json) {
+    std::printf("memory read bandwidth not measured: no room to map its buffer\n");
+  }
+  for (auto& [r, record] : results) {
+    const double read = static_cast<double>(r.decode_step_bytes) * r.decode_tok_s.mean;
+    const qhx::Json fraction =
+        bandwidth > 0 && r.config.n_gen > 0 ? qhx::Json(read / bandwidth) : qhx::Json();
+    if (args.json) {
+      record["memory_read_gb_s"] = bandwidth > 0 ? qhx::Json(bandwidth * 1e-9) : qhx::Json();
+      record["decode_read_gb_s"] = read * 1e-9;
+      record["decode_bandwidth_fraction"] = fraction;
+      std::cout << record.dump() << std::endl;
+    } else if (r.config.n_gen > 0 && bandwidth > 0) {
+      std::printf(
+          "decode at depth %lld reads %.1f MB a token: %.1f GB/s, %.0f%% of the %.1f GB/s "
+          "that %d threads read from memory\n",
+          static_cast<long long>(r.config.depth), r.decode_step_bytes / 1e6, read * 1e-9,
+          100 * read / bandwidth, bandwidth * 1e-9, threads);
+    }
+  }
+  return 0;
+}
+
+}  // namespace qhx::cli

@@ -1,0 +1,137 @@
+// The qhx commands main() dispatches to (all but chat, in chat.h): each takes what its options
+// filled in and returns the process's exit status; errors are thrown for main() to report.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "forge/convert.h"
+#include "forge/gate.h"
+#include "server/server.h"
+#include "util/error.h"
+
+namespace qhx::cli {
+
+struct GenerateArgs {
+  int threads = default_threads();
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;
+  std::optional<int64_t> n;  // default: generation_config.json's max_new_tokens, else 64
+  bool greedy = false;
+  std::optional<float> temperature;
+  std::optional<int64_t> top_k;
+  std::optional<float> top_p;
+  std::optional<float> min_p;
+  std::optional<float> repeat_penalty;
+  std::optional<float> presence_penalty;
+  std::optional<float> frequency_penalty;
+  std::vector<std::string> logit_bias;  // ID=BIAS
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;
+  bool print_ids = false;
+  bool ignore_eos = false;
+  bool verify = false;
+};
+
+// qhx generate: one prompt's continuation on stdout, speed figures on stderr.
+int run_generate(const GenerateArgs& args);
+
+// qhx forge convert and qhx forge gate.
+struct ForgeArgs {
+  std::string source, out, weights = "f32", lm_head, embed, target = "generic", reference,
+                           activations = "auto";
+  int64_t group_size = 64, shards = 1, max_context = 0;
+  qhx::GateSuiteOptions suite;
+  uint64_t max_shard_bytes = 0;
+  std::optional<double> min_top1, min_top5, min_pearson, max_kl, min_greedy;
+  bool no_gate = false, force = false, json = false;
+
+  qhx::DType dtype(const std::string& flag, const std::string& value) const {
+    const auto d = qhx::parse_weight_dtype(value);
+    if (!d) qhx::fail(flag, "'" + value + "' is not one of f32, bf16, f16, w8, w4");
+    return *d;
+  }
+  std::optional<qhx::GateThresholds> thresholds(qhx::DType weights) const {
+    if (!min_top1 && !min_top5 && !min_pearson && !max_kl && !min_greedy) return std::nullopt;
+    qhx::GateThresholds t = qhx::default_gate_thresholds(weights);
+    if (min_top1) t.min_top1 = *min_top1;
+    if (min_top5) t.min_top5 = *min_top5;
+    if (min_pearson) t.min_pearson = *min_pearson;
+    if (max_kl) t.max_kl = *max_kl;
+    if (min_greedy) t.min_greedy = *min_greedy;
+    return t;
+  }
+};
+
+// qhx forge convert: a checkpoint into a bundle, published only if it passes the gate (else 3).
+int run_convert(const ForgeArgs& a);
+// qhx forge gate: a bundle compared with its reference; exit status 3 if it fails.
+int run_gate(const ForgeArgs& a);
+
+struct SynthArgs {
+  std::string preset, out, weights, embed, lm_head, activations = "auto";
+  uint64_t seed = 1;
+};
+
+// qhx forge synth: a random-weight checkpoint, or bundle, with a preset's shapes.
+int run_synth(const SynthArgs& a);
+
+// qhx verify: a bundle's files against its manifest (sizes, sha256, tensor tables).
+int run_verify(const std::string& bundle);
+
+// qhx pack: bundles for several targets gathered into one pack at `out`.
+int run_pack(const std::string& out, const std::vector<std::string>& bundles, bool force);
+
+struct BenchArgs {
+  int threads = default_threads();
+  std::string model;
+  std::string prompts = "512", depths = "0";
+  int64_t n_gen = 128;
+  int64_t repetitions = 5;
+  int64_t turns = 0;  // > 0: the multi-turn chat benchmark instead
+  bool json = false;
+};
+
+// qhx bench: prefill and decode speed, TTFT and memory; with --turns, the multi-turn chat bench.
+int run_bench(const BenchArgs& args);
+
+struct PerplexityArgs {
+  int threads = default_threads();
+  std::string model, file;
+  int64_t window = 512;
+  int64_t max_tokens = 0;
+  bool json = false;
+};
+
+// qhx perplexity: a text file's perplexity under the model.
+int run_perplexity(const PerplexityArgs& args);
+
+struct ServeArgs {
+  int threads = default_threads();
+  std::string model;
+  int64_t ctx_size = 0;
+  int64_t cache_mb = 256;
+  bool verify = false;
+  qhx::server::ServerOptions server;
+};
+
+// qhx serve: the OpenAI-compatible server until SIGINT or SIGTERM.
+int run_serve(const ServeArgs& args);
+
+// qhx tokenize: stdin's UTF-8 text as a JSON array of token ids.
+int run_tokenize(const std::string& model_dir);
+
+struct TemplateArgs {
+  std::string model;
+  bool no_generation_prompt = false;
+  std::optional<bool> enable_thinking;
+};
+
+// qhx template: the chat template rendered for the JSON request on stdin.
+int run_template(const TemplateArgs& args);
+
+}  // namespace qhx::cli

@@ -1,0 +1,65 @@
+#include "common.h"
+
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <sstream>
+
+#include "io/bundle.h"
+#include "kernels/cpu_context.h"
+#include "kernels/thread_pool.h"
+#include "util/error.h"
+
+namespace qhx::cli {
+
+double peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 0 || value > INT32_MAX) {
+      qhx::fail(flag, "'" + item + "' is not a non-negative integer");
+    }
+    ids.push_back(static_cast<int32_t>(value));
+  }
+  if (ids.empty()) qhx::fail(flag, "no values given");
+  return ids;
+}
+
+int default_threads() {
+  return qhx::hardware_threads();
+}
+
+std::shared_ptr<qhx::CpuContext> cpu_context(int threads) {
+  return std::make_shared<qhx::CpuContext>(threads, qhx::CpuKernels::from_environment());
+}
+
+std::string describe_bundle(const qhx::BundleManifest& m) {
+  std::string line = "bundle: " + m.family + ", weights " +
+                     m.precision_policy.value("matrices", std::string("?")) + ", target " +
+                     m.target + ", " + std::to_string(m.shards.size()) + " decoder shard(s); ";
+  if (m.gate.is_null()) return line + "not gated";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "gate %s: top-1 %.4f, Pearson r %.6f, KL %.3g, greedy %lld/%lld",
+                m.gate.value("passed", false) ? "passed" : "FAILED", m.gate.value("top1", 0.0),
+                m.gate.value("pearson_min", 0.0), m.gate.value("kl_mean", 0.0),
+                m.gate.value("greedy_matched", 0LL), m.gate.value("prompts", 0LL));
+  return line + buf;
+}
+
+}  // namespace qhx::cli

@@ -1,0 +1,32 @@
+// Helpers more than one qhx command uses: option parsing, the thread default, the compute context,
+// a bundle's provenance line. Those of one command stay in its file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace qhx {
+class CpuContext;
+struct BundleManifest;
+}  // namespace qhx
+
+namespace qhx::cli {
+
+// The process's peak resident memory so far, in MB.
+double peak_rss_mb();
+
+// Comma-separated non-negative 32-bit integers; errors name `flag`.
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);
+
+// -t / --threads for the commands that run a model: default, every hardware thread.
+int default_threads();
+
+// The context a command's model computes on: -t threads, the kernels QHX_KERNELS allows.
+std::shared_ptr<qhx::CpuContext> cpu_context(int threads);
+
+// One line for stderr about a bundle's provenance: its plan and its gate certificate.
+std::string describe_bundle(const qhx::BundleManifest& m);
+
+}  // namespace qhx::cli

@@ -1,0 +1,151 @@
+// The bundle commands: qhx forge convert, gate and synth, qhx verify, qhx pack. Thin over
+// src/forge and src/io; what they add is the gate's report on stderr and its exit status.
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "commands.h"
+#include "forge/convert.h"
+#include "forge/gate.h"
+#include "forge/synth.h"
+#include "io/bundle.h"
+#include "io/pack.h"
+#include "util/error.h"
+
+namespace qhx::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void print_gate(const qhx::GateReport& r) {
+  std::fprintf(stderr, "%s\n", r.summary().c_str());
+  for (const auto& p : r.prompts) {
+    std::fprintf(stderr, "  %-10s %4lld positions  top-1 %.4f  top-5 %.4f  r %.6f  KL %.3g  %s\n",
+                 p.name.c_str(), static_cast<long long>(p.positions), p.top1, p.top5, p.pearson_min,
+                 p.kl_mean,
+                 p.greedy_match
+                     ? "greedy identical"
+                     : ("greedy differs at " + std::to_string(p.first_divergence)).c_str());
+  }
+  for (const auto& f : r.failures) std::fprintf(stderr, "  below threshold: %s\n", f.c_str());
+}
+
+constexpr int kGateFailed = 3;
+
+// --activations auto|int8|f32 → ConvertOptions::int8_activations.
+std::optional<bool> int8_activations_choice(const std::string& value) {
+  if (value == "auto") return std::nullopt;
+  if (value == "int8" || value == "f32") return value == "int8";
+  qhx::fail("--activations", "'" + value + "' is not one of auto, int8, f32");
+}
+
+}  // namespace
+
+int run_convert(const ForgeArgs& a) {
+  qhx::ConvertOptions o;
+  o.weights = a.dtype("--weights", a.weights);
+  if (!a.lm_head.empty()) o.lm_head = a.dtype("--lm-head", a.lm_head);
+  if (!a.embed.empty()) o.embed = a.dtype("--embed", a.embed);
+  o.group_size = a.group_size;
+  o.shards = a.shards;
+  o.max_shard_bytes = a.max_shard_bytes;
+  o.target = a.target;
+  o.max_context = a.max_context;
+  o.gate = !a.no_gate;
+  o.thresholds = a.thresholds(o.weights);
+  o.gate_suite = a.suite;
+  o.overwrite = a.force;
+  o.int8_activations = int8_activations_choice(a.activations);
+  const qhx::ConvertResult r = qhx::forge_convert(a.source, a.out, o);
+  if (r.int8_activation_gate) {
+    std::fprintf(stderr, "with int8 activations:\n");
+    print_gate(*r.int8_activation_gate);
+    std::fprintf(stderr, "int8 activations failed the gate; trying f32 activations:\n");
+  }
+  if (r.gate) print_gate(*r.gate);
+  if (!r.published) {
+    std::fprintf(stderr, "qhx: the gate failed; nothing was written to %s\n", a.out.c_str());
+    return kGateFailed;
+  }
+  std::fprintf(stderr, "wrote %s (%s activations)\n", a.out.c_str(),
+               r.int8_activations ? "int8" : "f32");
+  return 0;
+}
+
+// A random-weight checkpoint with a real model's shapes; with --weights, a bundle converted from
+// it (ungated: there is no reference worth comparing random weights with).
+int run_synth(const SynthArgs& a) {
+  if (a.weights.empty()) {
+    qhx::write_synthetic_checkpoint(qhx::synth_preset(a.preset), a.out, a.seed);
+    std::fprintf(stderr, "wrote checkpoint %s\n", a.out.c_str());
+    return 0;
+  }
+  qhx::ConvertOptions o;
+  const auto weights = qhx::parse_weight_dtype(a.weights);
+  if (!weights) qhx::fail("--weights", "'" + a.weights + "' is not one of f32, bf16, f16, w8, w4");
+  o.weights = *weights;
+  for (auto [flag, value, table] : {std::tuple{"--embed", &a.embed, &o.embed},
+                                    std::tuple{"--lm-head", &a.lm_head, &o.lm_head}}) {
+    if (value->empty()) continue;
+    const auto d = qhx::parse_weight_dtype(*value);
+    if (!d) qhx::fail(flag, "'" + *value + "' is not one of f32, bf16, f16, w8, w4");
+    *table = *d;
+  }
+  o.int8_activations = int8_activations_choice(a.activations);
+  o.gate = false;
+  o.target = qhx::host_target();
+  const qhx::SynthShape& shape = qhx::synth_preset(a.preset);
+  const fs::path out(a.out);
+  if (fs::exists(out)) qhx::fail(a.out, "already exists");
+  // native(), not string(): on a temporary, g++ 12 -O3 warns of an overlap (-Wrestrict) that is
+  // not there.
+  const fs::path source = out.parent_path() / ("." + out.filename().native() + ".synth-source");
+  fs::remove_all(source);
+  qhx::write_synthetic_checkpoint(shape, source, a.seed);
+  try {
+    qhx::forge_convert(source, out, o);
+  } catch (...) {
+    fs::remove_all(source);
+    throw;
+  }
+  fs::remove_all(source);
+  std::fprintf(stderr, "wrote bundle %s (%s, weights %s)\n", a.out.c_str(), a.preset.c_str(),
+               a.weights.c_str());
+  return 0;
+}
+
+int run_gate(const ForgeArgs& a) {
+  const auto manifest = qhx::open_bundle_manifest(a.source, {.check_target = false});
+  const auto weights = qhx::parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
+  const qhx::GateReport r = qhx::forge_gate(
+      a.source, a.reference, a.thresholds(weights.value_or(qhx::DType::kF32)), a.suite);
+  print_gate(r);
+  if (a.json) std::cout << r.to_json().dump() << "\n";
+  return r.passed ? 0 : kGateFailed;
+}
+
+int run_verify(const std::string& bundle) {
+  const auto manifest =
+      qhx::open_bundle_manifest(bundle, {.verify_sha256 = true, .check_target = false});
+  qhx::open_bundle_tensors(bundle, manifest);  // every tensor table parses and fits its file
+  std::printf("%s: %zu files verified (sizes, sha256, tensor tables)\n", bundle.c_str(),
+              manifest.files.size());
+  if (!qhx::target_runs_here(manifest.target)) {
+    std::printf("note: built for target '%s', this machine is '%s'\n", manifest.target.c_str(),
+                qhx::host_target().c_str());
+  }
+  return 0;
+}
+
+int run_pack(const std::string& out, const std::vector<std::string>& bundles, bool force) {
+  qhx::write_pack(out, std::vector<fs::path>(bundles.begin(), bundles.end()), force);
+  std::fprintf(stderr, "wrote %s (%zu bundles)\n", out.c_str(), bundles.size());
+  return 0;
+}
+
+}  // namespace qhx::cli

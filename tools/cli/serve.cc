@@ -1,0 +1,64 @@
+// qhx serve: opens the model, runs src/server on it, and stops it cleanly on SIGINT or SIGTERM.
+#include <signal.h>
+
+#include <cstdio>
+#include <exception>
+#include <thread>
+
+#include "commands.h"
+#include "qhx/qhx.h"
+#include "server/server.h"
+
+namespace qhx::cli {
+
+// The OpenAI-compatible server (src/server), on the C API like any other embedder of qhx.
+int run_serve(const ServeArgs& args) {
+  qhx_model_options options;
+  qhx_model_options_default(&options);
+  options.n_threads = args.threads;
+  options.context_length = args.ctx_size;
+  options.max_sessions = args.server.parallel;
+  options.prefix_cache_bytes = args.cache_mb << 20;
+  options.verify_sha256 = args.verify;
+  qhx_model* model = nullptr;
+  if (qhx_model_open(args.model.c_str(), &options, &model) != QHX_OK) {
+    std::fprintf(stderr, "qhx: error: %s\n", qhx_last_error());
+    return 1;
+  }
+  qhx_model_info info{};
+  qhx_model_get_info(model, &info);
+  std::fprintf(stderr,
+               "model %s (%s): context %lld tokens x %d sessions, memory estimate %.1f MB%s%s\n",
+               info.name, info.family, static_cast<long long>(info.context_length),
+               args.server.parallel, static_cast<double>(info.memory_estimate) / (1 << 20),
+               *info.admission_note != '\0' ? " | " : "", info.admission_note);
+  // SIGINT and SIGTERM stop the server cleanly: they are blocked here (and so in every thread
+  // started from now on) and waited for by one thread.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  int status = 0;
+  try {
+    qhx::server::Server server(model, args.server);
+    const int port = server.start();
+    std::fprintf(stderr, "listening on http://%s:%d (%d slots, queue %d)\n",
+                 args.server.host.c_str(), port, args.server.parallel, args.server.queue);
+    std::thread stopper([&] {
+      int signal_number = 0;
+      sigwait(&stop_signals, &signal_number);
+      std::fprintf(stderr, "stopping (signal %d)\n", signal_number);
+      server.stop();
+    });
+    server.wait();
+    stopper.join();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qhx: error: %s\n", e.what());
+    status = 1;
+  }
+  qhx_model_close(model);
+  return status;
+}
+
+}  // namespace qhx::cli
