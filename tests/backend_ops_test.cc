@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,12 +21,22 @@
 #include "support/fixtures.h"
 #include "support/subset_backend.h"
 #include "support/test_matrix.h"
+#include "util/error.h"
 
 namespace qhx {
 namespace {
 
 namespace fs = std::filesystem;
 using test::random_vector;
+
+// The memory the cases' states start in (the CPU backend's kind).
+const HostBufferType kHostMemory;
+
+StateBuffer host_state(const std::vector<float>& values) {
+  StateBuffer state(kHostMemory);
+  state.assign(values);
+  return state;
+}
 
 // One plan to run on each backend from the same inputs and state.
 struct OpCase {
@@ -75,7 +87,7 @@ Outcome run_on(const OpCase& c, Backend& backend) {
     floats += value.floats();
   }
   s.arena_floats[0] = floats;
-  float* base = backend.arena(floats);
+  float* base = reinterpret_cast<float*>(backend.arena(floats * sizeof(float)).host());
   for (size_t v = 0; v < s.plan.values.size(); ++v) {
     const Value& value = s.plan.values[v];
     const std::vector<float> init = random_vector(value.floats(), 1000 + v, 0.5f);
@@ -108,10 +120,11 @@ void expect_close(const Outcome& got, const Outcome& want, const std::string& wh
   }
   for (size_t l = 0; l < got.layers.size(); ++l) {
     const std::string layer = what + ", layer " + std::to_string(l);
-    expect_close(got.layers[l].keys, want.layers[l].keys, layer + " keys");
-    expect_close(got.layers[l].values, want.layers[l].values, layer + " values");
-    expect_close(got.layers[l].conv, want.layers[l].conv, layer + " conv");
-    expect_close(got.layers[l].recurrent, want.layers[l].recurrent, layer + " recurrent");
+    const LayerState &g = got.layers[l], &w = want.layers[l];
+    expect_close(g.keys.to_vector(), w.keys.to_vector(), layer + " keys");
+    expect_close(g.values.to_vector(), w.values.to_vector(), layer + " values");
+    expect_close(g.conv.to_vector(), w.conv.to_vector(), layer + " conv");
+    expect_close(g.recurrent.to_vector(), w.recurrent.to_vector(), layer + " recurrent");
   }
 }
 
@@ -119,8 +132,9 @@ bool same_bits(const Outcome& a, const Outcome& b) {
   if (a.values != b.values || a.layers.size() != b.layers.size()) return false;
   for (size_t l = 0; l < a.layers.size(); ++l) {
     const LayerState &x = a.layers[l], &y = b.layers[l];
-    if (x.keys != y.keys || x.values != y.values || x.conv != y.conv ||
-        x.recurrent != y.recurrent) {
+    if (x.keys.to_vector() != y.keys.to_vector() || x.values.to_vector() != y.values.to_vector() ||
+        x.conv.to_vector() != y.conv.to_vector() ||
+        x.recurrent.to_vector() != y.recurrent.to_vector()) {
       return false;
     }
   }
@@ -263,8 +277,8 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
       k.first_pos = 6;
       LayerState& cache = k.layers.emplace_back();
       cache.kv_width = kv_width;
-      cache.keys = random_vector(k.first_pos * kv_width, 9);
-      cache.values = random_vector(k.first_pos * kv_width, 10);
+      cache.keys = host_state(random_vector(k.first_pos * kv_width, 9));
+      cache.values = host_state(random_vector(k.first_pos * kv_width, 10));
       Node& a = k.node(Op::kAttention, n);
       a.in[0] = {k.plan.add_value(n, q_width)};
       a.in[1] = {k.plan.add_value(n, kv_width)};
@@ -287,7 +301,7 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
     });
     add("conv_silu", rows, [&](OpCase& k, int64_t n) {
       LayerState& state = k.layers.emplace_back();
-      state.conv = random_vector((kernel - 1) * channels, 11);
+      state.conv = host_state(random_vector((kernel - 1) * channels, 11));
       Node& cv = k.node(Op::kConvSilu, n);
       cv.in[0] = {k.plan.add_value(n, channels)};
       cv.out = {k.plan.add_value(n, channels)};
@@ -305,7 +319,8 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
       add("delta_gates + delta_rule, chunk " + std::to_string(chunk), rows + 4 * (rows > 1),
           [&](OpCase& k, int64_t n) {
             LayerState& state = k.layers.emplace_back();
-            state.recurrent = random_vector(heads.n_v_heads * heads.k_dim * heads.v_dim, 13, 0.1f);
+            state.recurrent =
+                host_state(random_vector(heads.n_v_heads * heads.k_dim * heads.v_dim, 13, 0.1f));
             const ValueId b = k.plan.add_value(n, heads.n_v_heads);
             const ValueId a = k.plan.add_value(n, heads.n_v_heads);
             Node& g = k.node(Op::kDeltaGates, n);
@@ -471,12 +486,16 @@ TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
   EXPECT_GT(s.arena_floats[1], 0);
 
   std::vector<float> got(n * V), want(n * V);
-  float* const out_got[] = {got.data()};
+  BorrowedBuffer got_memory(BufferKind::kHost, got.data(), got.size() * sizeof(float),
+                            BorrowedBuffer::kWritable);
+  Buffer* const out_got[] = {&got_memory};
   execute(s, backends, {.ids = c.ids, .external = out_got});
   Backend* const cpu_only[] = {&cpu};
   Schedule alone = schedule(c.plan, cpu_only);
   EXPECT_EQ(alone.copies, 0);
-  float* const out_want[] = {want.data()};
+  BorrowedBuffer want_memory(BufferKind::kHost, want.data(), want.size() * sizeof(float),
+                             BorrowedBuffer::kWritable);
+  Buffer* const out_want[] = {&want_memory};
   execute(alone, cpu_only, {.ids = c.ids, .external = out_want});
   expect_close(got, want, "logits");
 }
@@ -511,6 +530,200 @@ TEST(Scheduler, ArenaReusesMemoryAcrossLayers) {
   const Schedule s = schedule(plan, backends);
   EXPECT_LE(s.arena_floats[0], 3 * 4 * H);
   EXPECT_LT(s.arena_floats[0], total / 4);
+}
+
+// Weights a backend's buffer type allocated are at home there: a node that reads them runs on that
+// backend although it does not claim the node (one row), and its input is copied over.
+TEST(Scheduler, RunsANodeWhereItsWeightsLive) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  test::SubsetBackend device({Op::kMatmul}, /*claim_rows=*/1000);
+  Backend* const backends[] = {&cpu, &device};
+  OpCase c;
+  const int64_t H = 8;
+  c.plan.n_tokens = 1;
+  const ValueId x = c.plan.add_value(1, H), y = c.plan.add_value(1, H, /*binding=*/0);
+  Node& e = c.node(Op::kEmbed, 1);
+  e.matrix = c.matrix(DType::kF32, 4, H, 1);
+  e.out = {x};
+  c.ids = {2};
+  // The weights, in the device's memory.
+  const MatrixRef* host_weights = c.matrix(DType::kF32, H, H, 2);
+  const std::unique_ptr<Buffer> on_device = device.buffer_type().allocate(H * H * sizeof(float));
+  on_device->write(0, host_weights->data, H * H * sizeof(float));
+  MatrixRef at_home = *host_weights;
+  at_home.data = on_device->host();
+  at_home.buffer = on_device.get();
+  Node& m = c.node(Op::kMatmul, 1);
+  m.in[0] = {x};
+  m.out = {y};
+  m.matrix = &at_home;
+
+  Schedule s = schedule(c.plan, backends);
+  std::vector<std::string> placed;
+  for (const Node& node : s.plan.nodes) {
+    placed.push_back(std::string(op_name(node.op)) + "@" + std::to_string(node.backend));
+  }
+  EXPECT_EQ(placed, (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "copy@0"}));
+
+  std::vector<float> got(H), want(H);
+  BorrowedBuffer got_memory(BufferKind::kHost, got.data(), H * sizeof(float),
+                            BorrowedBuffer::kWritable);
+  Buffer* const out_got[] = {&got_memory};
+  execute(s, backends, {.ids = c.ids, .external = out_got});
+  EXPECT_EQ(device.nodes_run, 2);  // the copy in and the matmul
+  m.matrix = host_weights;
+  Backend* const cpu_only[] = {&cpu};
+  Schedule alone = schedule(c.plan, cpu_only);
+  BorrowedBuffer want_memory(BufferKind::kHost, want.data(), H * sizeof(float),
+                             BorrowedBuffer::kWritable);
+  Buffer* const out_want[] = {&want_memory};
+  execute(alone, cpu_only, {.ids = c.ids, .external = out_want});
+  expect_close(got, want, "matmul on the weights' home");
+}
+
+// An output bound to too little memory is an error, not a write past its end.
+TEST(Scheduler, RefusesAnOutputBufferThatIsTooSmall) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  Backend* const backends[] = {&cpu};
+  OpCase c;
+  c.plan.n_tokens = 1;
+  Node& e = c.node(Op::kEmbed, 1);
+  e.matrix = c.matrix(DType::kF32, 4, 8, 1);
+  e.out = {c.plan.add_value(1, 8, /*binding=*/0)};
+  c.ids = {1};
+  Schedule s = schedule(c.plan, backends);
+  std::vector<float> small(4);
+  BorrowedBuffer memory(BufferKind::kHost, small.data(), small.size() * sizeof(float),
+                        BorrowedBuffer::kWritable);
+  Buffer* const out[] = {&memory};
+  try {
+    execute(s, backends, {.ids = c.ids, .external = out});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 16 bytes, not 32"), std::string::npos) << e.what();
+  }
+}
+
+// Memory the host cannot address, as a GPU's is: bytes move only through read and write.
+class DeviceLikeBuffer final : public Buffer {
+ public:
+  DeviceLikeBuffer(const BufferType* type, size_t bytes)
+      : Buffer(BufferKind::kDevice, type, nullptr, bytes, true), memory_(bytes) {}
+  void write(size_t offset, const void* from, size_t n) override {
+    check_range(offset, n, "write");
+    std::memcpy(memory_.data() + offset, from, n);
+  }
+  void read(size_t offset, void* to, size_t n) const override {
+    check_range(offset, n, "read");
+    std::memcpy(to, memory_.data() + offset, n);
+  }
+
+ private:
+  std::vector<std::byte> memory_;
+};
+
+class DeviceLikeType final : public BufferType {
+ public:
+  std::string name() const override { return "device-like"; }
+  BufferKind kind() const override { return BufferKind::kDevice; }
+  std::unique_ptr<Buffer> allocate(size_t bytes) const override {
+    return std::make_unique<DeviceLikeBuffer>(this, bytes);
+  }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Buffer, HostMemoryIsZeroedAlignedAndChecked) {
+  const HostBufferType host;
+  const std::unique_ptr<Buffer> b = host.allocate(100);
+  EXPECT_EQ(b->kind(), BufferKind::kHost);
+  EXPECT_EQ(b->type(), &host);
+  EXPECT_EQ(b->bytes(), 100u);
+  ASSERT_NE(b->host(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->host()) % 64, 0u);
+  for (size_t i = 0; i < 100; ++i) ASSERT_EQ(b->host()[i], std::byte{0});
+  const float x[2] = {1.5f, -2.0f};
+  b->write(92, x, sizeof x);
+  float back[2];
+  b->read(92, back, sizeof back);
+  EXPECT_EQ(back[1], -2.0f);
+  EXPECT_NE(error_of([&] { b->write(96, x, sizeof x); }).find("outside its 100 bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { b->read(101, back, 0); }).find("outside"), std::string::npos);
+}
+
+TEST(Buffer, MappedFileBytesAreReadOnly) {
+  const std::vector<float> file = {1, 2, 3};
+  BorrowedBuffer mapped(BufferKind::kMappedFile, file.data(), 12, BorrowedBuffer::kReadOnly);
+  EXPECT_EQ(mapped.type(), nullptr);
+  float x = 0;
+  mapped.read(4, &x, 4);
+  EXPECT_EQ(x, 2.0f);
+  EXPECT_EQ(error_of([&] { mapped.write(0, &x, 4); }), "mapped file buffer: is read-only");
+}
+
+TEST(Buffer, CopiesReachMemoryTheHostCannotAddress) {
+  const HostBufferType host;
+  const DeviceLikeType device_type, other_device_type;
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6};
+  const size_t bytes = values.size() * sizeof(float);
+  const std::unique_ptr<Buffer> h = host.allocate(bytes), d = device_type.allocate(bytes);
+  const std::unique_ptr<Buffer> d2 = other_device_type.allocate(bytes), back = host.allocate(bytes);
+  EXPECT_EQ(d->host(), nullptr);
+  h->write(0, values.data(), bytes);
+  copy_bytes(*h, 0, *d, 0, bytes);                  // upload
+  copy_bytes(*d, 0, *d2, 0, bytes);                 // device to device, through the host
+  copy_bytes(*d2, 2 * sizeof(float), *back, 0, 8);  // download of a range
+  const float* got = reinterpret_cast<const float*>(back->host());
+  EXPECT_EQ(got[0], 3.0f);
+  EXPECT_EQ(got[1], 4.0f);
+  EXPECT_EQ(got[2], 0.0f);
+}
+
+// A sequence's state grows in its backend's memory as a std::vector would, on any kind of memory.
+TEST(StateBuffer, GrowsKeepingItsContentsInItsBackendsMemory) {
+  const HostBufferType host;
+  const DeviceLikeType device;
+  for (const BufferType* type : std::initializer_list<const BufferType*>{&host, &device}) {
+    SCOPED_TRACE(type->name());
+    StateBuffer s(*type, 3);
+    EXPECT_EQ(s.to_vector(), (std::vector<float>{0, 0, 0}));
+    s.assign(std::vector<float>{1, 2, 3});
+    s.resize(5);  // beyond capacity: at least doubles, keeps the contents, zeroes the rest
+    EXPECT_EQ(s.capacity(), 6);
+    EXPECT_EQ(s.to_vector(), (std::vector<float>{1, 2, 3, 0, 0}));
+    EXPECT_EQ(s.buffer()->type(), type);
+    s.resize(2);
+    s.resize(4);  // within capacity: the regrown elements are zero again
+    EXPECT_EQ(s.to_vector(), (std::vector<float>{1, 2, 0, 0}));
+    s.reserve(40);
+    EXPECT_EQ(s.capacity(), 40);
+    EXPECT_EQ(s.to_vector(), (std::vector<float>{1, 2, 0, 0}));
+
+    const StateBuffer snapshot = s;  // deep, and only the elements in use
+    EXPECT_EQ(snapshot.capacity(), 4);
+    s.fill_zero();
+    EXPECT_EQ(snapshot.to_vector(), (std::vector<float>{1, 2, 0, 0}));
+    s = snapshot;  // keeps its larger capacity
+    EXPECT_EQ(s.capacity(), 40);
+    EXPECT_EQ(s.to_vector(), snapshot.to_vector());
+    s.clear();
+    EXPECT_TRUE(s.empty());
+  }
+  StateBuffer on_device(device, 2);
+  EXPECT_NE(error_of([&] { (void)on_device.data(); }).find("not addressable by the host"),
+            std::string::npos);
+  StateBuffer untyped;
+  EXPECT_NE(error_of([&] { untyped.resize(1); }).find("without a buffer type"), std::string::npos);
 }
 
 }  // namespace

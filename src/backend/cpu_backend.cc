@@ -9,7 +9,9 @@
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
+#include "kernels/thread_pool.h"
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace qhx {
 namespace {
@@ -104,16 +106,42 @@ void CpuBackend::fuse(const Plan& plan, std::span<Node> nodes) const {
   }
 }
 
-float* CpuBackend::arena(int64_t floats) {
-  if (static_cast<int64_t>(arena_.size()) < floats) arena_.resize(floats);
-  return arena_.data();
+void CpuBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
+  std::vector<MatrixRef*> packable;
+  for (MatrixRef* m : matrices) {
+    if (m->data != nullptr && packs_for_int8_kernels(context_.kernels(), *m)) packable.push_back(m);
+  }
+  // Each matrix is read once, in full, packed, and its mapped pages released at once, so that
+  // the load's peak holds one copy of the weights. On as many threads of their own as the
+  // context has: a model may load while another model's forward pass runs on the same context.
+  std::vector<PackedMatrix> packed(packable.size());
+  run_on_own_threads(static_cast<int64_t>(packable.size()), context_.threads(), [&](int64_t i) {
+    const MatrixRef& m = *packable[i];
+    const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
+    MappedFile::populate_pages(m.data, bytes);
+    packed[i] = pack_for_int8_kernels(context_.kernels(), m);
+    MappedFile::release_pages(m.data, bytes);
+    if (m.dtype == DType::kW4) {  // the panels carry the group scales too
+      MappedFile::release_pages(m.scales,
+                                matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size));
+    }
+  });
+  for (size_t i = 0; i < packable.size(); ++i) {
+    packable[i]->packed = packed[i].data();
+    prepared_.push_back(std::move(packed[i]));
+  }
+}
+
+Buffer& CpuBackend::arena(size_t bytes) {
+  if (arena_ == nullptr || arena_->bytes() < bytes) arena_ = host_.allocate(bytes);
+  return *arena_;
 }
 
 void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
   CpuContext& cx = context_;
   const Node& head = nodes[0];
   if (nodes.size() == 1) return run_one(plan, head, args);
-  const auto at = [&](const Operand& o) { return args.at(o, plan); };
+  const auto at = [&](const Operand& o) { return args.at(o); };
 
   if (head.op == Op::kMatmul) {
     const float* x = at(head.in[0]);
@@ -165,10 +193,10 @@ void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeAr
 
 void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& args) {
   CpuContext& cx = context_;
-  const auto at = [&](const Operand& o) { return args.at(o, plan); };
+  const auto at = [&](const Operand& o) { return args.at(o); };
   const auto cols = [&](const Operand& o) { return plan.values[o.value].cols; };
   const RunInputs& inputs = *args.inputs;
-  float* out = node.out.value != kNoValue ? at(node.out) : nullptr;
+  float* out = node.out.value != kNoValue && node.op != Op::kCopy ? at(node.out) : nullptr;
   switch (node.op) {
     case Op::kEmbed:
       for (int64_t t = 0; t < node.rows; ++t) {
@@ -267,9 +295,13 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
       return gated_delta_rule_chunked(cx, q, k, v, beta, g, node.rows, node.heads, node.chunk,
                                       state, out);
     }
-    case Op::kCopy:
-      std::memcpy(out, at(node.in[0]), node.rows * cols(node.out) * sizeof(float));
-      return;
+    case Op::kCopy: {
+      // The source may be another backend's memory the host cannot address.
+      const TensorRef &from = args.values[node.in[0].value], &to = args.values[node.out.value];
+      const size_t row_bytes = cols(node.out) * sizeof(float);
+      return copy_bytes(*from.buffer, from.offset + node.in[0].row * row_bytes, *to.buffer,
+                        to.offset + node.out.row * row_bytes, node.rows * row_bytes);
+    }
   }
   fail("cpu backend", std::string("no implementation of ") + op_name(node.op));
 }

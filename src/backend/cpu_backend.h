@@ -2,6 +2,10 @@
 // (kernels/cpu_context.h). With a context of reference kernels (CpuKernels{}), every node runs
 // through its ref:: definition: that is the oracle other backends are tested against.
 //
+// Its memory is host memory (HostBufferType). Its weight preparation lays W8/W4 matrices out
+// for the int8 kernels the context chose (the AVX-512 and NEON dot-product panels), and releases
+// the mapped pages they were copied from.
+//
 // It fuses, where the plan has them side by side: matmuls of one input (quantized once, all
 // rows one job for the threads), a residual add and the norm of its sum (one pass), and a
 // layer's [query/gate split,] q/k head norms and RoPE (one pass per token). Fused or not, every
@@ -13,6 +17,7 @@
 
 #include "graph/backend.h"
 #include "kernels/cpu_context.h"
+#include "kernels/matmul_int8.h"
 
 namespace qhx {
 
@@ -22,9 +27,11 @@ class CpuBackend final : public Backend {
       : context_(context), fusion_(fusion) {}
 
   std::string name() const override;
+  const BufferType& buffer_type() const override { return host_; }
+  void prepare_weights(std::span<MatrixRef* const> matrices) override;
   bool supports(const Node&) const override { return true; }
   void fuse(const Plan& plan, std::span<Node> nodes) const override;
-  float* arena(int64_t floats) override;
+  Buffer& arena(size_t bytes) override;
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
 
  private:
@@ -32,7 +39,9 @@ class CpuBackend final : public Backend {
 
   CpuContext& context_;
   bool fusion_;
-  std::vector<float> arena_;
+  HostBufferType host_;
+  std::unique_ptr<Buffer> arena_;
+  std::vector<PackedMatrix> prepared_;  // the layouts MatrixRef::packed points into
 };
 
 }  // namespace qhx

@@ -1,9 +1,11 @@
 // The shapes compute works on, shared by the file formats, the kernels, the plan and every
-// backend: weight matrices as they lie in memory, and the head layouts of the two attentions.
+// backend: tensors in their buffers, weight matrices as they lie in memory, and the head layouts
+// of the two attentions.
 #pragma once
 
 #include <cstdint>
 
+#include "core/buffer.h"
 #include "core/dtype.h"
 
 namespace qhx {
@@ -16,6 +18,32 @@ enum class Activations : uint8_t { kF32, kInt8 };
 // Dynamic int8 activations: each token's row is cut into blocks of kActivationBlock columns, each
 // with its own scale, so one outlier costs precision only in its block.
 inline constexpr int64_t kActivationBlock = 32;
+
+// A tensor where it lives: dtype, shape and strides (in elements) in a buffer at a byte offset.
+// Backends receive their operands this way; one whose kernels address the host reads
+// host<T>(), any other its own handle of `buffer`.
+struct TensorRef {
+  static constexpr int kMaxDims = 4;
+  Buffer* buffer = nullptr;
+  size_t offset = 0;  // bytes
+  DType dtype = DType::kF32;
+  int rank = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+
+  // A row-major [rows, cols] f32 matrix (row stride cols).
+  static TensorRef rows_of_floats(Buffer* buffer, size_t offset, int64_t rows, int64_t cols) {
+    TensorRef t{buffer, offset, DType::kF32, 2, {rows, cols}, {cols, 1}};
+    return t;
+  }
+  // Null when the host cannot address the buffer.
+  template <typename T>
+  T* host() const {
+    return buffer == nullptr || buffer->host() == nullptr
+               ? nullptr
+               : reinterpret_cast<T*>(buffer->host() + offset);
+  }
+};
 
 // A row-major [rows, cols] matrix used where it lies (usually in a mapped weight file).
 // Quantized weights are symmetric, w ≈ scale · q, with `data` holding q and `scales` the scales:
@@ -35,6 +63,9 @@ struct MatrixRef {
   // The same matrix laid out for this CPU's int8 kernels (pack_for_int8_kernels,
   // kernels/matmul_int8.h), or null: the kernels then read `data` as it lies.
   const void* packed = nullptr;
+  // Where `data` lies (a mapped weight file, a backend's memory): the scheduler runs a node on
+  // its weights' home. Null: host memory its owner keeps alive.
+  const Buffer* buffer = nullptr;
 };
 
 // One matrix of several that multiply the same activations, and where its product goes.

@@ -1,7 +1,10 @@
-// What a compute backend offers the scheduler (graph/schedule.h): which nodes it runs, which it
-// asks for although their weights live elsewhere, how it fuses adjacent nodes, an arena for its
-// activations, and running nodes. The CPU backend (graph/cpu_backend.h) runs every node; a GPU or
-// NPU backend runs what it supports and the CPU the rest. Backends know ops, never models.
+// What a compute backend offers: the memory it computes in (a buffer type, from which its
+// arenas and the states of the sequences that run on it are allocated), weight preparation
+// (laying matrices out for its kernels, or uploading them), and to the scheduler
+// (graph/schedule.h) which nodes it runs, which it asks for although their weights live
+// elsewhere, how it fuses adjacent nodes, and running nodes. The CPU backend
+// (backend/cpu_backend.h) runs every node; a GPU or NPU backend runs what it supports and the
+// CPU the rest. Backends know ops, never models.
 #pragma once
 
 #include <cstdint>
@@ -12,13 +15,15 @@
 
 namespace qhx {
 
-// A node's operands resolved for its backend: pointers to each value's first row (in that
-// backend's memory), plus the run's inputs.
+// A node's operands resolved for its backend: where each value lives (a buffer of that backend,
+// or the caller's memory for external values), plus the run's inputs.
 struct NodeArgs {
-  std::span<float* const> values;  // indexed by ValueId
+  std::span<const TensorRef> values;  // indexed by ValueId: [rows, cols] f32
   const RunInputs* inputs = nullptr;
-  float* at(const Operand& o, const Plan& plan) const {
-    return values[o.value] + o.row * plan.values[o.value].cols;
+  // The operand's first row, for backends whose kernels address the host.
+  float* at(const Operand& o) const {
+    const TensorRef& t = values[o.value];
+    return t.host<float>() + o.row * t.strides[0];
   }
 };
 
@@ -26,6 +31,13 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The memory it computes in: its arenas, and the KV caches and recurrent states of the
+  // sequences that run on it.
+  virtual const BufferType& buffer_type() const = 0;
+  // Lays the matrices it will multiply out for its kernels (or copies them to its memory) and
+  // points them there. Called once, before any plan that reads them is scheduled. The default
+  // uses them as they lie.
+  virtual void prepare_weights(std::span<MatrixRef* const> /*matrices*/) {}
   virtual bool supports(const Node& node) const = 0;
   // True when it asks for a node it supports although the node's weights live elsewhere (a device
   // takes prompt-sized matmuls).
@@ -33,9 +45,9 @@ class Backend {
   // Sets Node::fused on runs of adjacent nodes (all placed on this backend) it runs as one. The
   // default fuses nothing.
   virtual void fuse(const Plan&, std::span<Node>) const {}
-  // Memory for at least `floats` activations, valid until the next call (the scheduler asks once
-  // per plan, for that plan's arena; the backend keeps the largest).
-  virtual float* arena(int64_t floats) = 0;
+  // At least `bytes` bytes of its memory for activations, valid until the next call (execute asks
+  // for each run's arena; the backend keeps the largest it was asked for).
+  virtual Buffer& arena(size_t bytes) = 0;
   // Runs nodes[0] and the nodes fused with it.
   virtual void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) = 0;
 };

@@ -14,17 +14,18 @@
 #include <string>
 #include <vector>
 
+#include "graph/state_buffer.h"
 #include "kernels/kernels.h"
 
 namespace qhx {
 
 // One layer's part of a sequence's state: softmax attention (a KV cache) or Gated DeltaNet (conv
-// state + f32 recurrent state).
+// state + f32 recurrent state), in memory of the backend the sequence runs on.
 struct LayerState {
-  std::vector<float> keys, values;  // attention: [n_past, kv_width] each
-  int64_t kv_width = 0;             // attention: n_kv_heads·head_dim
-  std::vector<float> conv;       // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
-  std::vector<float> recurrent;  // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
+  StateBuffer keys, values;  // attention: [n_past, kv_width] each
+  int64_t kv_width = 0;      // attention: n_kv_heads·head_dim
+  StateBuffer conv;          // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
+  StateBuffer recurrent;     // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
 };
 
 enum class Op : uint8_t {
@@ -106,12 +107,12 @@ struct Plan {
 };
 
 // What a plan runs on: the new tokens, where they start, the sequence's layers, and the external
-// values' memory (by Value::binding).
+// values' memory (by Value::binding; host memory, each buffer holding its value from byte 0).
 struct RunInputs {
   std::span<const int32_t> ids = {};
   int64_t first_pos = 0;
   std::span<LayerState> layers = {};
-  std::span<float* const> external = {};
+  std::span<Buffer* const> external = {};
 };
 
 }  // namespace qhx

@@ -34,8 +34,15 @@ void for_each_operand(Node& node, F f) {
   if (node.out2.value != kNoValue) f(node.out2, node.op == Op::kDeltaGates, true);
 }
 
-bool has_host_weights(const Node& node) {
-  return node.matrix != nullptr;  // every weight is on the host today
+// The backend whose memory holds the node's weights (the one whose buffer type allocated
+// them), or -1: weights in host memory or a mapped file, or none.
+int weights_home(const Node& node, std::span<Backend* const> backends) {
+  if (node.matrix == nullptr || node.matrix->buffer == nullptr) return -1;
+  const BufferType* type = node.matrix->buffer->type();
+  for (size_t b = 0; b < backends.size(); ++b) {
+    if (type != nullptr && type == &backends[b]->buffer_type()) return static_cast<int>(b);
+  }
+  return -1;
 }
 
 // Where each logical value has a physical copy, and which copy holds its latest contents.
@@ -101,7 +108,9 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
   std::vector<int> producer_backend(plan.values.size(), 0);
   for (Node& node : plan.nodes) {
     int where = 0;
-    if (has_host_weights(node)) {
+    if (const int home = weights_home(node, backends); home >= 0) {
+      if (backends[home]->supports(node)) where = home;
+    } else if (node.matrix != nullptr) {
       for (size_t b = 1; b < backends.size(); ++b) {
         if (backends[b]->supports(node) && backends[b]->claims(node)) {
           where = static_cast<int>(b);
@@ -210,22 +219,32 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
 
 void execute(Schedule& s, std::span<Backend* const> backends, const RunInputs& inputs) {
   const Plan& plan = s.plan;
-  float* bases[kMaxBackends];
-  for (size_t b = 0; b < backends.size(); ++b) bases[b] = backends[b]->arena(s.arena_floats[b]);
-  std::vector<float*>& pointers = s.pointers;
-  pointers.resize(plan.values.size());
+  Buffer* arenas[kMaxBackends];
+  for (size_t b = 0; b < backends.size(); ++b) {
+    arenas[b] = &backends[b]->arena(s.arena_floats[b] * sizeof(float));
+  }
+  std::vector<TensorRef>& tensors = s.tensors;
+  tensors.resize(plan.values.size());
   for (size_t v = 0; v < plan.values.size(); ++v) {
     const Value& value = plan.values[v];
     if (value.external()) {
-      if (value.binding >= static_cast<int>(inputs.external.size())) {
+      if (value.binding >= static_cast<int>(inputs.external.size()) ||
+          inputs.external[value.binding] == nullptr) {
         fail("plan", "output " + std::to_string(value.binding) + " is not bound");
       }
-      pointers[v] = inputs.external[value.binding];
+      Buffer* bound = inputs.external[value.binding];
+      if (bound->bytes() < value.floats() * sizeof(float)) {
+        fail("plan", "output " + std::to_string(value.binding) + " has " +
+                         std::to_string(bound->bytes()) + " bytes, not " +
+                         std::to_string(value.floats() * sizeof(float)));
+      }
+      tensors[v] = TensorRef::rows_of_floats(bound, 0, value.rows, value.cols);
     } else {
-      pointers[v] = bases[value.backend] + value.offset;
+      tensors[v] = TensorRef::rows_of_floats(arenas[value.backend], value.offset * sizeof(float),
+                                             value.rows, value.cols);
     }
   }
-  const NodeArgs args{pointers, &inputs};
+  const NodeArgs args{tensors, &inputs};
   const std::span<const Node> nodes(plan.nodes);
   for (size_t i = 0; i < nodes.size(); i += nodes[i].fused + 1) {
     backends[nodes[i].backend]->run(plan, nodes.subspan(i, nodes[i].fused + 1), args);

@@ -3,9 +3,11 @@
 // laid out (values whose lifetimes do not overlap share memory). The same schedule then runs any
 // number of times with no allocation.
 //
-// Placement, in order: a node whose weights are on the host runs on a backend that claims it
-// (Backend::claims: a device takes prompt-sized work) and else on the CPU; a node without
-// weights runs where its first input is, if that backend supports it, and else on the CPU.
+// Placement, in order: a node whose weights a backend's buffer type allocated runs on that
+// backend if it supports the node; a node whose weights are on the host (a mapped file) runs on
+// a backend that claims it (Backend::claims: a device takes prompt-sized work) and else on the
+// CPU; a node without weights runs where its first input is, if that backend supports it, and
+// else on the CPU.
 // backends[0] is the CPU backend, which supports every node.
 #pragma once
 
@@ -25,7 +27,7 @@ struct Schedule {
   std::vector<int64_t> arena_floats;  // per backend: its arena for this plan
   int64_t copies = 0;                 // copy nodes inserted
   int64_t arena_bytes() const;        // all backends
-  std::vector<float*> pointers;       // execute's table of value pointers
+  std::vector<TensorRef> tensors;     // execute's table of where each value lives
 };
 
 Schedule schedule(Plan plan, std::span<Backend* const> backends);

@@ -141,6 +141,7 @@ QhxtFile QhxtFile::open(const std::filesystem::path& path) {
     const Range data = checked_range(entry, "offset", view.nbytes, bytes.size(), tw);
     if (data.begin < data_start) fail(tw + ": offset", "points into the tensor table");
     view.data = bytes.data() + data.begin;
+    view.buffer = f.mapped_.get();
     used.push_back(data);
     if (const uint64_t sb = sizes.scales) {
       const Range scales = checked_range(entry, "scales_offset", sb, bytes.size(), tw);

@@ -136,11 +136,13 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     ranges.push_back({begin, end, name});
     view.nbytes = expected;
     view.data = data_start + begin;
+    view.buffer = st.mapped_.get();
     const size_t align = dtype_size(view.dtype);
     if (reinterpret_cast<uintptr_t>(view.data) % align != 0) {
       auto copy = std::make_unique<std::byte[]>(view.nbytes);
       std::memcpy(copy.get(), view.data, view.nbytes);
       view.data = copy.get();
+      view.buffer = nullptr;
       st.realigned_.push_back(std::move(copy));
     }
     st.tensors_.emplace(name, std::move(view));

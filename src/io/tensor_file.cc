@@ -18,7 +18,10 @@ std::string TensorView::shape_string() const {
 }
 
 TensorFile::TensorFile(const std::filesystem::path& path, MappedFile file)
-    : path_(std::make_unique<std::filesystem::path>(path)), file_(std::move(file)) {}
+    : path_(std::make_unique<std::filesystem::path>(path)),
+      file_(std::move(file)),
+      mapped_(std::make_unique<BorrowedBuffer>(BufferKind::kMappedFile, file_.bytes().data(),
+                                               file_.bytes().size(), BorrowedBuffer::kReadOnly)) {}
 
 const TensorView* TensorFile::find(const std::string& name) const {
   auto it = tensors_.find(name);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/dtype.h"
 #include "util/mapped_file.h"
 
@@ -21,6 +22,8 @@ struct TensorView {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const std::byte* data = nullptr;  // aligned to the element size
+  // The mapped file's buffer when `data` lies in it; null for a copy made to align it.
+  const Buffer* buffer = nullptr;
   size_t nbytes = 0;
   const std::filesystem::path* file = nullptr;  // the file it came from, for messages
   // Quantized weights (W8, W4): per-row or per-group scales, and the group width.
@@ -51,6 +54,7 @@ class TensorFile {
 
   std::unique_ptr<std::filesystem::path> path_;  // stable address for TensorView::file
   MappedFile file_;
+  std::unique_ptr<BorrowedBuffer> mapped_;  // file_'s bytes as a buffer (kMappedFile)
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -6,12 +6,9 @@
 #include "core/dtype.h"
 #include "graph/schedule.h"
 #include "kernels/cpu_context.h"
-#include "kernels/matmul_int8.h"
-#include "kernels/thread_pool.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
 #include "util/error.h"
-#include "util/mapped_file.h"
 
 namespace qhx {
 namespace {
@@ -32,7 +29,7 @@ class Decoder final : public Model {
         fingerprint_(checkpoint_.fingerprint()) {
     backends_.push_back(cpu_.get());
     for (const auto& d : devices_) backends_.push_back(d.get());
-    pack_matrices();
+    prepare_weights();
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -65,14 +62,19 @@ class Decoder final : public Model {
   }
 
   std::unique_ptr<ModelState> new_state() const override {
+    // In the memory of the backend the sequence runs on: the CPU's.
+    const BufferType& memory = cpu_->buffer_type();
     std::vector<LayerState> layers(weights_.layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
+      LayerState& l = layers[i];
       if (weights_.layers[i].kind == LayerKind::kLinearAttention) {
         const auto& h = deltanet_.heads;
-        layers[i].conv.assign((deltanet_.conv_kernel - 1) * deltanet_.conv_channels(), 0.0f);
-        layers[i].recurrent.assign(h.n_v_heads * h.k_dim * h.v_dim, 0.0f);
+        l.conv = StateBuffer(memory, (deltanet_.conv_kernel - 1) * deltanet_.conv_channels());
+        l.recurrent = StateBuffer(memory, h.n_v_heads * h.k_dim * h.v_dim);
       } else {
-        layers[i].kv_width = attention_.shape.n_kv_heads * attention_.shape.head_dim;
+        l.kv_width = attention_.shape.n_kv_heads * attention_.shape.head_dim;
+        l.keys = StateBuffer(memory);
+        l.values = StateBuffer(memory);
       }
     }
     return std::make_unique<DecoderState>(std::move(layers));
@@ -88,39 +90,14 @@ class Decoder final : public Model {
   // That plan placed, fused and laid out for this model's backends, cached. Call on the turn.
   Schedule& schedule_for(int64_t n_tokens, LogitsFor which) const;
 
-  // Lays every quantized matrix out for this CPU's int8 kernels where they have a layout of
-  // their own, and releases the mapped pages it was copied from, so the weights stay resident
-  // once. A tied embedding table is then read from the lm_head's layout (read_row). The matrices
-  // are shared out to as many threads of their own as the context has: a model may load while
-  // another model's forward pass runs on the same context.
-  void pack_matrices() {
-    std::vector<MatrixRef*> matrices;
-    for (MatrixRef* m : matrix_list(weights_)) {
-      // Null: a mixer this layer does not have.
-      if (m->data != nullptr && packs_for_int8_kernels(context_->kernels(), *m)) {
-        matrices.push_back(m);
-      }
-    }
-    std::vector<PackedMatrix> packed(matrices.size());
-    const int64_t n_matrices = static_cast<int64_t>(matrices.size());
-    run_on_own_threads(n_matrices, context_->threads(), [&](int64_t i) {
-      const MatrixRef& m = *matrices[i];
-      const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
-      MappedFile::populate_pages(m.data, bytes);  // read once, in full
-      packed[i] = pack_for_int8_kernels(context_->kernels(), m);
-      // Released at once, so that the load's peak holds one copy of the weights.
-      MappedFile::release_pages(m.data, bytes);
-      if (m.dtype == DType::kW4) {  // the panels carry the group scales too
-        MappedFile::release_pages(m.scales,
-                                  matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size));
-      }
-    });
-    for (size_t i = 0; i < matrices.size(); ++i) {
-      MatrixRef* m = matrices[i];
-      m->packed = packed[i].data();
-      if (m->data == weights_.embed_tokens.data) weights_.embed_tokens.packed = packed[i].data();
-      packed_.push_back(std::move(packed[i]));
-    }
+  // Weight preparation is each backend's: the devices first (they copy from the mapped pages),
+  // then the CPU (which releases the pages of what it packs). A tied embedding table is then
+  // read from the lm_head's layout (read_row).
+  void prepare_weights() {
+    const std::vector<MatrixRef*> matrices = matrix_list(weights_);
+    for (size_t b = backends_.size(); b-- > 0;) backends_[b]->prepare_weights(matrices);
+    MatrixRef& embed = weights_.embed_tokens;
+    if (embed.data == weights_.lm_head.data) embed.packed = weights_.lm_head.packed;
   }
 
   // Every matrix of the model but the embedding table, the lm_head first (the largest: it starts
@@ -153,7 +130,6 @@ class Decoder final : public Model {
   ModelConfig config_;
   Checkpoint checkpoint_;  // owns the mappings every MatrixRef points into
   DecoderWeights weights_;
-  std::vector<PackedMatrix> packed_;  // the layouts MatrixRef::packed points into
   AttentionParams attention_;
   GatedDeltaNetParams deltanet_;
   std::string fingerprint_;
@@ -272,7 +248,9 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   // for the pass.
   const CpuContext::Turn turn(*context_);
   Schedule& s = schedule_for(n_tokens, which);
-  float* const outputs[] = {logits.data()};
+  BorrowedBuffer logits_memory(BufferKind::kHost, logits.data(), logits.size() * sizeof(float),
+                               BorrowedBuffer::kWritable);
+  Buffer* const outputs[] = {&logits_memory};
   execute(s, backends_,
           {.ids = ids, .first_pos = first_pos, .layers = state.layers, .external = outputs});
   state.advance(n_tokens);

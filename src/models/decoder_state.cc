@@ -16,8 +16,8 @@ void DecoderState::reset() {
   for (LayerState& l : layers) {
     l.keys.clear();
     l.values.clear();
-    std::fill(l.conv.begin(), l.conv.end(), 0.0f);
-    std::fill(l.recurrent.begin(), l.recurrent.end(), 0.0f);
+    l.conv.fill_zero();
+    l.recurrent.fill_zero();
   }
   n_past_ = 0;
 }
@@ -36,13 +36,13 @@ std::vector<StateTensor> DecoderState::tensors() const {
     const std::string p = "layer" + std::to_string(i) + ".";
     const LayerState& l = layers[i];
     if (!l.conv.empty()) {
-      out.push_back({p + "conv", l.conv});
-      out.push_back({p + "recurrent", l.recurrent});
+      out.push_back({p + "conv", l.conv.host_span()});
+      out.push_back({p + "recurrent", l.recurrent.host_span()});
     } else {
       // The sequence's rows only: a forward pass grows the caches before it counts its tokens.
-      const size_t rows = std::min(l.keys.size(), static_cast<size_t>(n_past_ * l.kv_width));
-      out.push_back({p + "keys", std::span<const float>(l.keys).first(rows)});
-      out.push_back({p + "values", std::span<const float>(l.values).first(rows)});
+      const size_t rows = static_cast<size_t>(std::min(l.keys.size(), n_past_ * l.kv_width));
+      out.push_back({p + "keys", l.keys.host_span().first(rows)});
+      out.push_back({p + "values", l.values.host_span().first(rows)});
     }
   }
   return out;
@@ -56,23 +56,23 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
                     std::to_string(expected.size()));
   }
   if (n_past < 0) fail(where, "negative token count");
-  std::vector<float>* targets[2];
+  StateBuffer* targets[2];
   size_t t = 0;
   for (LayerState& l : layers) {
     const bool recurrent = !l.conv.empty();
     targets[0] = recurrent ? &l.conv : &l.keys;
     targets[1] = recurrent ? &l.recurrent : &l.values;
-    for (std::vector<float>* target : targets) {
+    for (StateBuffer* target : targets) {
       const StateTensor& in = tensors[t];
       const std::string& name = expected[t++].name;
       if (in.name != name)
         fail(where, "state tensor '" + in.name + "' where '" + name + "' belongs");
-      const size_t size = recurrent ? target->size() : static_cast<size_t>(n_past * l.kv_width);
+      const size_t size = static_cast<size_t>(recurrent ? target->size() : n_past * l.kv_width);
       if (in.data.size() != size) {
         fail(where + ": " + name,
              std::to_string(in.data.size()) + " values, expected " + std::to_string(size));
       }
-      target->assign(in.data.begin(), in.data.end());
+      target->assign(in.data);
     }
   }
   n_past_ = n_past;
@@ -88,8 +88,8 @@ StateCheckpoint DecoderState::checkpoint() const {
   c.n_past = n_past_;
   for (const LayerState& l : layers) {
     if (l.conv.empty()) continue;
-    c.recurrent.push_back(l.conv);
-    c.recurrent.push_back(l.recurrent);
+    c.recurrent.push_back(l.conv.to_vector());
+    c.recurrent.push_back(l.recurrent.to_vector());
   }
   return c;
 }
@@ -113,11 +113,11 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
       l.keys.resize(n * l.kv_width);
       l.values.resize(n * l.kv_width);
     } else {
-      for (std::vector<float>* target : {&l.conv, &l.recurrent}) {
+      for (StateBuffer* target : {&l.conv, &l.recurrent}) {
         const std::vector<float>& saved = at->recurrent[part++];
-        if (saved.size() != target->size())
+        if (static_cast<int64_t>(saved.size()) != target->size())
           fail("state", "checkpoint belongs to a different model");
-        *target = saved;
+        target->assign(saved);
       }
     }
   }

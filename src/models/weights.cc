@@ -24,6 +24,7 @@ MatrixRef WeightReader::matrix(const std::string& name, int64_t rows, int64_t co
   MatrixRef m{t.dtype, t.data, rows, cols};
   m.scales = t.scales;
   m.group_size = t.group_size;
+  m.buffer = t.buffer;
   if (int8_activations_) m.activations = Activations::kInt8;  // float matrices ignore it
   return m;
 }

@@ -23,7 +23,9 @@ class SubsetBackend final : public Backend {
   std::string name() const override { return "test subset backend"; }
   bool supports(const Node& node) const override { return ops_.test(static_cast<size_t>(node.op)); }
   bool claims(const Node& node) const override { return node.rows >= claim_rows_; }
-  float* arena(int64_t floats) override { return inner_.arena(floats); }
+  // Host memory, but a buffer type of its own: weights allocated from it are at home here.
+  const BufferType& buffer_type() const override { return inner_.buffer_type(); }
+  Buffer& arena(size_t bytes) override { return inner_.arena(bytes); }
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override {
     ++nodes_run;
     inner_.run(plan, nodes, args);

@@ -1,0 +1,54 @@
+// A float array of a sequence's state (a KV cache, a conv or recurrent state), in memory of the
+// backend the sequence runs on (allocated through that backend's buffer type). It behaves as a
+// std::vector<float> does: resize keeps the contents, grows the capacity at least twofold and
+// zeroes new elements; reserve is exact; a copy is a deep snapshot of the elements in use, in a
+// buffer of the same type.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/buffer.h"
+
+namespace qhx {
+
+class StateBuffer {
+ public:
+  StateBuffer() = default;  // no memory: only assignment gives it some
+  explicit StateBuffer(const BufferType& type, int64_t size = 0);
+  StateBuffer(const StateBuffer& other);
+  StateBuffer& operator=(const StateBuffer& other);
+  StateBuffer(StateBuffer&&) noexcept = default;
+  StateBuffer& operator=(StateBuffer&&) noexcept = default;
+
+  int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  int64_t capacity() const;
+  const BufferType* type() const { return type_; }
+  Buffer* buffer() const { return buffer_.get(); }
+
+  // The elements where the host addresses them (null when empty and never allocated). Error when
+  // the backend's memory is not host-addressable.
+  float* data() const;
+  std::span<const float> host_span() const { return {data(), static_cast<size_t>(size_)}; }
+
+  void resize(int64_t size);
+  void reserve(int64_t capacity);
+  void clear() { size_ = 0; }
+  void fill_zero();
+  // size() becomes values.size(), with these elements.
+  void assign(std::span<const float> values);
+  std::vector<float> to_vector() const;
+
+ private:
+  void reallocate(int64_t capacity);  // keeps the first size_ elements
+  void zero(int64_t begin, int64_t end);
+
+  const BufferType* type_ = nullptr;
+  std::unique_ptr<Buffer> buffer_;
+  int64_t size_ = 0;
+};
+
+}  // namespace qhx
