@@ -202,7 +202,9 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
                                                     {DType::kW8, Activations::kF32},
                                                     {DType::kW8, Activations::kInt8},
                                                     {DType::kW4, Activations::kInt8}};
-    for (const auto& [dtype, activations] : dtypes) {
+    for (const auto& pair : dtypes) {
+      const DType dtype = pair.first;  // named: lambdas may not capture structured bindings
+      const Activations activations = pair.second;
       std::string name = "matmul ";
       name += dtype_name(dtype);
       if (activations == Activations::kInt8) name += " int8";

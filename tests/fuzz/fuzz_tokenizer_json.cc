@@ -11,13 +11,24 @@
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
+namespace {
+
+// A folder of this process's own for the input file, removed when the process exits.
+struct ScratchDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("qhx-fuzz-tok-" + std::to_string(::getpid()));
+  ScratchDir() { std::filesystem::create_directories(path); }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::filesystem::path dir = [] {
-    auto d =
-        std::filesystem::temp_directory_path() / ("qhx-fuzz-tok-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+  static const ScratchDir scratch;
+  const std::filesystem::path& dir = scratch.path;
   std::ofstream(dir / "tokenizer.json", std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   try {
