@@ -38,6 +38,25 @@ StateBuffer host_state(const std::vector<float>& values) {
   return state;
 }
 
+// Runs the schedule with its one output (binding 0) bound to `out`.
+void execute_into(Schedule& s, std::span<Backend* const> backends, std::span<const int32_t> ids,
+                  std::vector<float>& out) {
+  BorrowedBuffer memory(BufferKind::kHost, out.data(), out.size() * sizeof(float),
+                        BorrowedBuffer::kWritable);
+  Buffer* const bound[] = {&memory};
+  execute(s, backends, {.ids = ids, .external = bound});
+}
+
+// The message of the Error f throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // One plan to run on each backend from the same inputs and state.
 struct OpCase {
   std::string name;
@@ -488,17 +507,11 @@ TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
   EXPECT_GT(s.arena_floats[1], 0);
 
   std::vector<float> got(n * V), want(n * V);
-  BorrowedBuffer got_memory(BufferKind::kHost, got.data(), got.size() * sizeof(float),
-                            BorrowedBuffer::kWritable);
-  Buffer* const out_got[] = {&got_memory};
-  execute(s, backends, {.ids = c.ids, .external = out_got});
+  execute_into(s, backends, c.ids, got);
   Backend* const cpu_only[] = {&cpu};
   Schedule alone = schedule(c.plan, cpu_only);
   EXPECT_EQ(alone.copies, 0);
-  BorrowedBuffer want_memory(BufferKind::kHost, want.data(), want.size() * sizeof(float),
-                             BorrowedBuffer::kWritable);
-  Buffer* const out_want[] = {&want_memory};
-  execute(alone, cpu_only, {.ids = c.ids, .external = out_want});
+  execute_into(alone, cpu_only, c.ids, want);
   expect_close(got, want, "logits");
 }
 
@@ -569,18 +582,12 @@ TEST(Scheduler, RunsANodeWhereItsWeightsLive) {
   EXPECT_EQ(placed, (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "copy@0"}));
 
   std::vector<float> got(H), want(H);
-  BorrowedBuffer got_memory(BufferKind::kHost, got.data(), H * sizeof(float),
-                            BorrowedBuffer::kWritable);
-  Buffer* const out_got[] = {&got_memory};
-  execute(s, backends, {.ids = c.ids, .external = out_got});
+  execute_into(s, backends, c.ids, got);
   EXPECT_EQ(device.nodes_run, 2);  // the copy in and the matmul
   m.matrix = host_weights;
   Backend* const cpu_only[] = {&cpu};
   Schedule alone = schedule(c.plan, cpu_only);
-  BorrowedBuffer want_memory(BufferKind::kHost, want.data(), H * sizeof(float),
-                             BorrowedBuffer::kWritable);
-  Buffer* const out_want[] = {&want_memory};
-  execute(alone, cpu_only, {.ids = c.ids, .external = out_want});
+  execute_into(alone, cpu_only, c.ids, want);
   expect_close(got, want, "matmul on the weights' home");
 }
 
@@ -597,15 +604,8 @@ TEST(Scheduler, RefusesAnOutputBufferThatIsTooSmall) {
   c.ids = {1};
   Schedule s = schedule(c.plan, backends);
   std::vector<float> small(4);
-  BorrowedBuffer memory(BufferKind::kHost, small.data(), small.size() * sizeof(float),
-                        BorrowedBuffer::kWritable);
-  Buffer* const out[] = {&memory};
-  try {
-    execute(s, backends, {.ids = c.ids, .external = out});
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("has 16 bytes, not 32"), std::string::npos) << e.what();
-  }
+  EXPECT_NE(error_of([&] { execute_into(s, backends, c.ids, small); }).find("has 16 bytes, not 32"),
+            std::string::npos);
 }
 
 // Memory the host cannot address, as a GPU's is: bytes move only through read and write.
@@ -634,15 +634,6 @@ class DeviceLikeType final : public BufferType {
     return std::make_unique<DeviceLikeBuffer>(this, bytes);
   }
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Buffer, HostMemoryIsZeroedAlignedAndChecked) {
   const HostBufferType host;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "graph/plan.h"
+#include "util/error.h"
 
 namespace qhx {
 
@@ -23,7 +24,9 @@ struct NodeArgs {
   // The operand's first row, for backends whose kernels address the host.
   float* at(const Operand& o) const {
     const TensorRef& t = values[o.value];
-    return t.host<float>() + o.row * t.strides[0];
+    float* const first = t.host<float>();
+    if (first == nullptr) fail("backend", "an operand lives in memory the host cannot address");
+    return first + o.row * t.strides[0];
   }
 };
 
