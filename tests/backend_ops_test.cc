@@ -15,6 +15,9 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#if QHX_HAVE_VULKAN
+#include "backend/vulkan/vulkan_backend.h"
+#endif
 #include "graph/schedule.h"
 #include "io/hf_config.h"
 #include "models/model.h"
@@ -95,6 +98,20 @@ struct Outcome {
   std::vector<LayerState> layers;
 };
 
+// The case's states in the memory of the backend's sequences.
+std::vector<LayerState> states_for(const std::vector<LayerState>& layers, const Backend& backend) {
+  std::vector<LayerState> out = layers;
+  const BufferType& memory = backend.state_buffer_type();
+  for (LayerState& l : out) {
+    for (StateBuffer* s : {&l.keys, &l.values, &l.conv, &l.recurrent}) {
+      StateBuffer moved(memory);
+      moved.assign(s->to_vector());
+      *s = std::move(moved);
+    }
+  }
+  return out;
+}
+
 Outcome run_on(const OpCase& c, Backend& backend) {
   Backend* const backends[] = {&backend};
   Schedule s = schedule(c.plan, backends);
@@ -106,17 +123,18 @@ Outcome run_on(const OpCase& c, Backend& backend) {
     floats += value.floats();
   }
   s.arena_floats[0] = floats;
-  float* base = reinterpret_cast<float*>(backend.arena(floats * sizeof(float)).host());
+  Buffer& arena = backend.arena(floats * sizeof(float));
   for (size_t v = 0; v < s.plan.values.size(); ++v) {
     const Value& value = s.plan.values[v];
     const std::vector<float> init = random_vector(value.floats(), 1000 + v, 0.5f);
-    std::copy(init.begin(), init.end(), base + value.offset);
+    arena.write(value.offset * sizeof(float), init.data(), init.size() * sizeof(float));
   }
   Outcome out;
-  out.layers = c.layers;
+  out.layers = states_for(c.layers, backend);
   execute(s, backends, {.ids = c.ids, .first_pos = c.first_pos, .layers = out.layers});
   for (const Value& value : s.plan.values) {
-    out.values.emplace_back(base + value.offset, base + value.offset + value.floats());
+    std::vector<float>& got = out.values.emplace_back(value.floats());
+    arena.read(value.offset * sizeof(float), got.data(), got.size() * sizeof(float));
   }
   return out;
 }
@@ -411,6 +429,35 @@ TEST(BackendOps, EveryOpOnEveryBackendMatchesTheReferenceOnEveryFixturesShapes) 
   EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << "an op kind has no case";
   std::printf("fast kernels: %s\n", one.kernels().describe().c_str());
 }
+
+#if QHX_HAVE_VULKAN
+// The Vulkan backend on the first device the loader finds (lavapipe in CI, where
+// QHX_REQUIRE_VULKAN=1 makes a missing device a failure rather than a skip).
+TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
+  std::string why;
+  if (vulkan_devices(&why).empty()) {
+    if (std::getenv("QHX_REQUIRE_VULKAN") != nullptr) FAIL() << "no Vulkan device: " << why;
+    GTEST_SKIP() << "no Vulkan device: " << why;
+  }
+  const auto device = VulkanDevice::open(0);
+  std::printf("vulkan: %s\n", device->info().describe().c_str());
+  CpuContext reference_context(1, CpuKernels{});
+  CpuBackend reference(reference_context, /*fusion=*/false);
+  std::set<Op> covered;
+  for (const fs::path& dir : fixture_configs()) {
+    const ModelConfig config = load_model_config(dir / "config.json");
+    // A backend per configuration: it keeps the weights it uploaded by their host address, and
+    // the cases' weights live as long as `cases`.
+    VulkanBackend vulkan(device);
+    for (const OpCase& c : cases_for(config)) {
+      const std::string what = dir.filename().string() + ": " + c.name;
+      for (const Node& n : c.plan.nodes) covered.insert(n.op);
+      expect_close(run_on(c, vulkan), run_on(c, reference), what + " on vulkan");
+    }
+  }
+  EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << "an op kind has no case";
+}
+#endif
 
 // The fused runs are fused where the plan has them side by side.
 TEST(BackendOps, TheCpuBackendFusesWhatItCan) {

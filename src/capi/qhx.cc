@@ -69,6 +69,7 @@ qhx_status guarded(qhx_status status, Body&& body) {
       case qhx::ErrorKind::kOutOfMemory:
         return failed(QHX_ERROR_OUT_OF_MEMORY, e.what());
       case qhx::ErrorKind::kInvalidInput:
+      case qhx::ErrorKind::kDeviceFailed:
         return failed(status, e.what());
     }
     return failed(status, e.what());

@@ -45,6 +45,12 @@ class Buffer {
   Buffer(BufferKind kind, const BufferType* type, std::byte* host, size_t bytes, bool writable)
       : kind_(kind), type_(type), host_(host), bytes_(bytes), writable_(writable) {}
   void check_range(size_t offset, size_t n, const char* what) const;
+  // For memory whose host mapping is known only once it is allocated: device memory the host
+  // maps becomes host-visible.
+  void map_host(std::byte* host) {
+    host_ = host;
+    if (host != nullptr && kind_ == BufferKind::kDevice) kind_ = BufferKind::kHostVisibleDevice;
+  }
 
  private:
   BufferKind kind_;

@@ -37,6 +37,9 @@ class Backend {
   // The memory it computes in: its arenas, and the KV caches and recurrent states of the
   // sequences that run on it.
   virtual const BufferType& buffer_type() const = 0;
+  // The memory of a sequence's state when this backend shares the sequence with the CPU (a
+  // prompt here, the reply there): both address it. The default is buffer_type().
+  virtual const BufferType& state_buffer_type() const { return buffer_type(); }
   // Lays the matrices it will multiply out for its kernels (or copies them to its memory) and
   // points them there. Called once, before any plan that reads them is scheduled. The default
   // uses them as they lie.
@@ -51,8 +54,12 @@ class Backend {
   // At least `bytes` bytes of its memory for activations, valid until the next call (execute asks
   // for each run's arena; the backend keeps the largest it was asked for).
   virtual Buffer& arena(size_t bytes) = 0;
-  // Runs nodes[0] and the nodes fused with it.
+  // Runs nodes[0] and the nodes fused with it. A device may only record them: their results are
+  // in its memory once synchronize returns.
   virtual void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) = 0;
+  // Waits for what run recorded (execute calls it before another backend reads the results,
+  // and at the end of every plan). Throws Error (kDeviceFailed) when the device failed.
+  virtual void synchronize() {}
 };
 
 }  // namespace qhx

@@ -246,8 +246,12 @@ void execute(Schedule& s, std::span<Backend* const> backends, const RunInputs& i
   }
   const NodeArgs args{tensors, &inputs};
   const std::span<const Node> nodes(plan.nodes);
-  for (size_t i = 0; i < nodes.size(); i += nodes[i].fused + 1) {
-    backends[nodes[i].backend]->run(plan, nodes.subspan(i, nodes[i].fused + 1), args);
+  for (size_t i = 0, next = 0; i < nodes.size(); i = next) {
+    next = i + nodes[i].fused + 1;
+    Backend& backend = *backends[nodes[i].backend];
+    backend.run(plan, nodes.subspan(i, next - i), args);
+    // The next backend may read what this one wrote.
+    if (next == nodes.size() || nodes[next].backend != nodes[i].backend) backend.synchronize();
   }
 }
 

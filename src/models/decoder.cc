@@ -62,8 +62,10 @@ class Decoder final : public Model {
   }
 
   std::unique_ptr<ModelState> new_state() const override {
-    // In the memory of the backend the sequence runs on: the CPU's.
-    const BufferType& memory = cpu_->buffer_type();
+    // In memory the CPU and the device the sequence shares with it both address (the CPU's
+    // when it runs alone).
+    const BufferType& memory =
+        devices_.empty() ? cpu_->buffer_type() : devices_[0]->state_buffer_type();
     std::vector<LayerState> layers(weights_.layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
       LayerState& l = layers[i];

@@ -7,9 +7,10 @@
 
 namespace qhx {
 
-// What the caller can do about an error: most mean "fix the input"; these two mean "ask for
-// less" (a server answers them differently).
-enum class ErrorKind { kInvalidInput, kContextFull, kOutOfMemory };
+// What the caller can do about an error: most mean "fix the input"; kContextFull and
+// kOutOfMemory mean "ask for less" (a server answers them differently); kDeviceFailed means an
+// accelerator failed (lost, out of its memory, timed out) and the CPU can redo the work.
+enum class ErrorKind { kInvalidInput, kContextFull, kOutOfMemory, kDeviceFailed };
 
 class Error : public std::runtime_error {
  public:

@@ -1,0 +1,117 @@
+#include "backend/devices.h"
+
+#include <charconv>
+
+#include "util/error.h"
+
+#if QHX_HAVE_VULKAN
+#include "backend/vulkan/vulkan_backend.h"
+#endif
+
+namespace qhx {
+
+std::string DeviceName::text() const {
+  return kind == Kind::kCpu ? "cpu" : "vulkan:" + std::to_string(index);
+}
+
+DeviceName parse_device_name(std::string_view text, std::string_view option) {
+  if (text == "cpu") return {};
+  if (text == "vulkan") return {DeviceName::Kind::kVulkan, 0};
+  if (text.starts_with("vulkan:")) {
+    const std::string_view digits = text.substr(7);
+    int index = -1;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec == std::errc{} && end == digits.data() + digits.size() && !digits.empty() &&
+        index >= 0) {
+      return {DeviceName::Kind::kVulkan, index};
+    }
+  }
+  std::string message(text);  // (built up: g++ 12 warns falsely on "'" + std::string)
+  message += " names no device (cpu, vulkan or vulkan:N)";
+  fail(option, message);
+}
+
+#if QHX_HAVE_VULKAN
+
+bool vulkan_built() {
+  return true;
+}
+
+std::vector<std::string> describe_devices(std::string* why) {
+  std::vector<std::string> lines;
+  for (const VulkanDeviceInfo& d : vulkan_devices(why)) {
+    lines.push_back("vulkan:" + std::to_string(d.index) + "  " + d.describe());
+  }
+  return lines;
+}
+
+namespace {
+
+// A batch of one token reads every weight once: decode is bound by memory bandwidth. A discrete
+// GPU's memory is several times the CPU's, so it decodes there; an integrated GPU (a phone's, a
+// laptop's) shares the CPU's memory and decodes no faster, while the CPU does it without
+// submissions; so does a CPU-type device (lavapipe).
+bool decode_on_device(const VulkanDeviceInfo& d) {
+  return d.discrete;
+}
+
+}  // namespace
+
+OpenedDevices open_devices(const DeviceChoice& choice) {
+  OpenedDevices out;
+  const DeviceName cpu;
+  if (choice.prefill == cpu) {
+    if (choice.decode && *choice.decode != cpu) {
+      fail("--decode-device", "decoding on " + choice.decode->text() +
+                                  " needs the prompt there too (--device " +
+                                  choice.decode->text() + ")");
+    }
+    return out;
+  }
+  if (choice.decode && *choice.decode != cpu && *choice.decode != choice.prefill) {
+    fail("--decode-device", "decoding on " + choice.decode->text() + " while prompts run on " +
+                                choice.prefill.text() + ": one device per model");
+  }
+  std::shared_ptr<VulkanDevice> device;
+  try {
+    device = VulkanDevice::open(choice.prefill.index);
+  } catch (const Error& e) {
+    out.note = std::string(e.what()) + "; running on the CPU";
+    return out;
+  }
+  const bool decode = choice.decode ? *choice.decode != cpu : decode_on_device(device->info());
+  out.backends.push_back(
+      std::make_shared<VulkanBackend>(device, VulkanBackendOptions{.decode = decode}));
+  out.prefill = choice.prefill;
+  out.decode = decode ? choice.prefill : cpu;
+  if (!choice.decode) {
+    out.note = choice.prefill.text() + " (" + device->info().name + ") reads prompts; " +
+               (decode ? "it decodes too (a discrete GPU)"
+                       : "the CPU decodes (the device shares its memory: no faster at one token)");
+  }
+  return out;
+}
+
+#else
+
+bool vulkan_built() {
+  return false;
+}
+
+std::vector<std::string> describe_devices(std::string* why) {
+  if (why != nullptr) *why = "qhx was built without Vulkan (libvulkan-dev and glslc were not found)";
+  return {};
+}
+
+OpenedDevices open_devices(const DeviceChoice& choice) {
+  OpenedDevices out;
+  if (choice.prefill.kind != DeviceName::Kind::kCpu ||
+      (choice.decode && choice.decode->kind != DeviceName::Kind::kCpu)) {
+    out.note = "qhx was built without Vulkan; running on the CPU";
+  }
+  return out;
+}
+
+#endif
+
+}  // namespace qhx

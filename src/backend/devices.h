@@ -1,0 +1,53 @@
+// Where a model computes, by the names the command line, the server and the C API use: "cpu",
+// "vulkan" (device 0) or "vulkan:N". A prompt and its reply may run on different devices: by
+// default, when a GPU is named, prompt chunks run on it and decoding runs where it is faster for
+// a batch of one token (decode_on_device says how that is decided). Builds without Vulkan
+// accept the names and explain why they run on the CPU.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/backend.h"
+
+namespace qhx {
+
+struct DeviceName {
+  enum class Kind { kCpu, kVulkan };
+  Kind kind = Kind::kCpu;
+  int index = 0;
+  std::string text() const;  // "cpu", "vulkan:0"
+  bool operator==(const DeviceName&) const = default;
+};
+
+// Error naming `option` when `text` names no device.
+DeviceName parse_device_name(std::string_view text, std::string_view option);
+
+// Whether this build has the Vulkan backend.
+bool vulkan_built();
+
+// One line per accelerator this build can use ("vulkan:0  llvmpipe ... · CPU · ..."); empty,
+// with `why` saying why, when there is none.
+std::vector<std::string> describe_devices(std::string* why);
+
+struct DeviceChoice {
+  DeviceName prefill;                 // where prompt chunks run
+  std::optional<DeviceName> decode;   // where single-token steps run; unset: the default
+};
+
+struct OpenedDevices {
+  std::vector<std::shared_ptr<Backend>> backends;  // for LoadOptions::devices
+  DeviceName prefill, decode;                      // where each runs now
+  // One line for the user when the choice changed (no device: the CPU) or was made for them
+  // (where decoding runs); empty otherwise.
+  std::string note;
+};
+
+// Opens what `choice` names. A device that cannot be opened is a note and the CPU, never an
+// error; contradictory names (decoding on a device that reads no prompt) are an Error.
+OpenedDevices open_devices(const DeviceChoice& choice);
+
+}  // namespace qhx

@@ -1,0 +1,470 @@
+#include "backend/vulkan/vulkan_backend.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "kernels/kernels.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+constexpr uint32_t kSetsPerSubmission = 1024;  // descriptor sets: one per dispatch
+constexpr uint32_t kWorkgroup = 64;            // every shader's local size
+constexpr uint32_t kMatmulTokens = 8;          // tokens per matmul workgroup (matmul*.comp)
+constexpr int64_t kMaxHeadDim = 256;           // attention.comp
+constexpr int64_t kMaxKDim = 128;              // delta_rule.comp
+constexpr int64_t kMaxConvKernel = 8;          // conv_silu.comp
+
+uint32_t u32(int64_t v) {
+  if (v < 0 || v > UINT32_MAX) fail("vulkan", "a size of " + std::to_string(v) + " exceeds 32 bits");
+  return static_cast<uint32_t>(v);
+}
+uint32_t bits(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
+uint64_t groups_of(int64_t n) {
+  return (static_cast<uint64_t>(n) + kWorkgroup - 1) / kWorkgroup;
+}
+
+// The shader name suffix of a weight type, or null where no shader reads it.
+const char* weight_suffix(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kW8:
+      return "w8";
+    case DType::kW4:
+      return "w4";
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackendOptions options)
+    : device_(std::move(device)),
+      options_(options),
+      device_memory_(device_, VulkanBufferType::kDeviceLocal),
+      shared_memory_(device_, VulkanBufferType::kHostVisible) {
+  VkDevice d = device_->device();
+  auto pool = vk_info<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
+  pool.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pool.queueFamilyIndex = device_->queue_family();
+  vk_check(vkCreateCommandPool(d, &pool, nullptr, &pool_), "creating a command pool");
+  auto alloc = vk_info<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+  alloc.commandPool = pool_;
+  alloc.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  alloc.commandBufferCount = 1;
+  vk_check(vkAllocateCommandBuffers(d, &alloc, &commands_), "allocating a command buffer");
+  auto fence = vk_info<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
+  vk_check(vkCreateFence(d, &fence, nullptr, &fence_), "creating a fence");
+  const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                  kSetsPerSubmission * kMaxBindings};
+  auto descriptors = vk_info<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
+  descriptors.maxSets = kSetsPerSubmission;
+  descriptors.poolSizeCount = 1;
+  descriptors.pPoolSizes = &size;
+  vk_check(vkCreateDescriptorPool(d, &descriptors, nullptr, &descriptors_),
+           "creating a descriptor pool");
+  sets_left_ = kSetsPerSubmission;
+  ring_ = shared_memory_.allocate(size_t{1} << 20);
+}
+
+VulkanBackend::~VulkanBackend() {
+  VkDevice d = device_->device();
+  vkDeviceWaitIdle(d);
+  vkDestroyDescriptorPool(d, descriptors_, nullptr);
+  vkDestroyFence(d, fence_, nullptr);
+  vkDestroyCommandPool(d, pool_, nullptr);
+}
+
+std::string VulkanBackend::name() const {
+  const VulkanDeviceInfo& i = device_->info();
+  return "vulkan:" + std::to_string(i.index) + " (" + i.name + ", " + i.driver + ")";
+}
+
+void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
+  for (const MatrixRef* m : list) {
+    if (m->data != nullptr && supports_matrix(*m)) matrix(*m);
+  }
+}
+
+bool VulkanBackend::supports_matrix(const MatrixRef& m) const {
+  if (weight_suffix(m.dtype) == nullptr) return false;
+  const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
+  return bytes <= device_->info().max_storage_buffer_range && m.rows <= UINT32_MAX &&
+         m.cols <= UINT32_MAX;
+}
+
+bool VulkanBackend::supports(const Node& node) const {
+  switch (node.op) {
+    case Op::kEmbed:
+    case Op::kMatmul:
+      return supports_matrix(*node.matrix);
+    case Op::kAttention:
+      return node.attention.head_dim <= kMaxHeadDim;
+    case Op::kConvSilu:
+      return node.width >= 1 && node.width <= kMaxConvKernel;
+    case Op::kDeltaRule:
+      return node.heads.k_dim <= kMaxKDim;
+    default:
+      return true;
+  }
+}
+
+bool VulkanBackend::claims(const Node& node) const {
+  if (options_.decode) return true;
+  return node.op != Op::kEmbed && node.rows >= options_.min_prompt_rows;
+}
+
+Buffer& VulkanBackend::arena(size_t bytes) {
+  if (arena_ == nullptr || arena_->bytes() < bytes) {
+    synchronize();
+    arena_.reset();
+    arena_ = device_memory_.allocate(bytes);
+  }
+  return *arena_;
+}
+
+const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
+  if (const auto it = matrices_.find(m.data); it != matrices_.end()) return it->second;
+  DeviceMatrix d;
+  const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
+  // Padded to whole words: the shaders read 32-bit words.
+  d.data = device_memory_.allocate((bytes + 3) / 4 * 4);
+  d.data->write(0, m.data, bytes);
+  if (is_quantized(m.dtype)) {
+    const uint64_t scale_bytes = matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size);
+    d.scales = device_memory_.allocate((scale_bytes + 3) / 4 * 4);
+    d.scales->write(0, m.scales, scale_bytes);
+  }
+  return matrices_.emplace(m.data, std::move(d)).first->second;
+}
+
+const VulkanBuffer& VulkanBackend::vector(const float* values, int64_t floats) {
+  DeviceVector& v = vectors_[values];
+  if (v.buffer == nullptr || v.floats != floats) {
+    if (v.buffer != nullptr) synchronize();  // recorded work may read the old one
+    v.buffer = device_memory_.allocate(floats * sizeof(float));
+    v.buffer->write(0, values, floats * sizeof(float));
+    v.floats = floats;
+  }
+  return static_cast<const VulkanBuffer&>(*v.buffer);
+}
+
+VulkanBackend::Location VulkanBackend::at(const NodeArgs& args, const Operand& o) const {
+  const TensorRef& t = args.values[o.value];
+  const VulkanBuffer* buffer = as_vulkan(t.buffer, *device_);
+  if (buffer == nullptr || buffer != arena_.get()) {
+    fail("vulkan", "an operand is not in this device's activation arena");
+  }
+  return {buffer, u32(static_cast<int64_t>(t.offset / sizeof(float)) + o.row * t.strides[0])};
+}
+
+const VulkanBuffer& VulkanBackend::state(const StateBuffer& s, const char* what, int layer) const {
+  const VulkanBuffer* buffer = as_vulkan(s.buffer(), *device_);
+  if (buffer == nullptr) {
+    fail("vulkan", "layer " + std::to_string(layer) + "'s " + what +
+                       " is not in this device's memory (make the state with the model that "
+                       "runs on it)");
+  }
+  return *buffer;
+}
+
+uint32_t VulkanBackend::upload(const void* bytes, size_t n) {
+  const size_t aligned = (n + 15) / 16 * 16;
+  if (ring_used_ + aligned > ring_->bytes()) {
+    synchronize();  // what the ring holds is read by recorded work
+    ring_used_ = 0;
+    if (aligned > ring_->bytes()) {
+      ring_.reset();
+      ring_ = shared_memory_.allocate(std::bit_ceil(aligned));
+    }
+  }
+  const size_t offset = ring_used_;
+  ring_->write(offset, bytes, n);
+  ring_used_ += aligned;
+  return u32(static_cast<int64_t>(offset / sizeof(float)));
+}
+
+const VulkanBuffer& VulkanBackend::scratch(std::unique_ptr<Buffer>& buffer, size_t bytes) {
+  if (buffer == nullptr || buffer->bytes() < bytes) {
+    synchronize();  // recorded work may still read the old one
+    buffer.reset();
+    buffer = device_memory_.allocate(std::bit_ceil(bytes));
+  }
+  return static_cast<const VulkanBuffer&>(*buffer);
+}
+
+void VulkanBackend::begin() {
+  if (recording_) return;
+  auto info = vk_info<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+  info.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  vk_check(vkBeginCommandBuffer(commands_, &info), "recording commands");
+  recording_ = true;
+}
+
+void VulkanBackend::barrier() {
+  // Every command reads what the one before it wrote: one global barrier after each.
+  auto b = vk_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+  b.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  b.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                    VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  const VkPipelineStageFlags stages =
+      VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+  vkCmdPipelineBarrier(commands_, stages, stages, 0, 1, &b, 0, nullptr, 0, nullptr);
+}
+
+void VulkanBackend::dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
+                             std::initializer_list<uint32_t> push, uint64_t groups, uint32_t z) {
+  if (groups == 0 || z == 0) return;
+  if (sets_left_ == 0) synchronize();
+  begin();
+  const VkPipeline pipeline = device_->pipeline(shader);
+  VkDescriptorSetLayout layout = device_->set_layout();
+  auto alloc = vk_info<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
+  alloc.descriptorPool = descriptors_;
+  alloc.descriptorSetCount = 1;
+  alloc.pSetLayouts = &layout;
+  VkDescriptorSet set = VK_NULL_HANDLE;
+  vk_check(vkAllocateDescriptorSets(device_->device(), &alloc, &set), "allocating descriptors");
+  --sets_left_;
+  // Unused bindings get the first buffer: every binding of the shared layout must be valid.
+  VkDescriptorBufferInfo infos[kMaxBindings];
+  VkWriteDescriptorSet writes[kMaxBindings];
+  const VulkanBuffer* const* list = buffers.begin();
+  for (uint32_t b = 0; b < kMaxBindings; ++b) {
+    const VulkanBuffer* buffer = b < buffers.size() ? list[b] : list[0];
+    infos[b] = {buffer->handle(), 0, VK_WHOLE_SIZE};
+    writes[b] = vk_info<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
+    writes[b].dstSet = set;
+    writes[b].dstBinding = b;
+    writes[b].descriptorCount = 1;
+    writes[b].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    writes[b].pBufferInfo = &infos[b];
+  }
+  vkUpdateDescriptorSets(device_->device(), kMaxBindings, writes, 0, nullptr);
+  uint32_t words[kPushConstantBytes / 4] = {};
+  std::copy(push.begin(), push.end(), words);
+  vkCmdBindPipeline(commands_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
+  vkCmdBindDescriptorSets(commands_, VK_PIPELINE_BIND_POINT_COMPUTE, device_->pipeline_layout(), 0,
+                          1, &set, 0, nullptr);
+  vkCmdPushConstants(commands_, device_->pipeline_layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                     sizeof words, words);
+  // Grids wider than the 65535 workgroups every device allows along x wrap into y
+  // (common.glsl flat_group).
+  const uint64_t x = std::min<uint64_t>(groups, 65535);
+  vkCmdDispatch(commands_, static_cast<uint32_t>(x), static_cast<uint32_t>((groups + x - 1) / x),
+                z);
+  barrier();
+}
+
+void VulkanBackend::copy(const VulkanBuffer& from, size_t from_offset, const VulkanBuffer& to,
+                         size_t to_offset, size_t bytes) {
+  if (bytes == 0) return;
+  begin();
+  const VkBufferCopy region{from_offset, to_offset, bytes};
+  vkCmdCopyBuffer(commands_, from.handle(), to.handle(), 1, &region);
+  barrier();
+}
+
+void VulkanBackend::synchronize() {
+  if (!recording_) return;
+  recording_ = false;
+  try {
+    vk_check(vkEndCommandBuffer(commands_), "recording commands");
+    ++submissions_;
+    device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
+                             "running a plan");
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  vkResetCommandBuffer(commands_, 0);
+  vkResetDescriptorPool(device_->device(), descriptors_, 0);
+  sets_left_ = kSetsPerSubmission;
+  ring_used_ = 0;
+}
+
+void VulkanBackend::abandon() {
+  if (recording_) vkEndCommandBuffer(commands_);
+  recording_ = false;
+  vkDeviceWaitIdle(device_->device());
+  vkResetFences(device_->device(), 1, &fence_);
+  vkResetCommandBuffer(commands_, 0);
+  vkResetDescriptorPool(device_->device(), descriptors_, 0);
+  sets_left_ = kSetsPerSubmission;
+  ring_used_ = 0;
+}
+
+void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
+  try {
+    for (const Node& node : nodes) record(plan, node, args);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+}
+
+void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& args) {
+  const auto cols = [&](const Operand& o) { return plan.values[o.value].cols; };
+  const auto offset = [&](const Operand& o) { return at(args, o).element; };
+  const RunInputs& inputs = *args.inputs;
+  const VulkanBuffer& arena = static_cast<const VulkanBuffer&>(*arena_);
+  switch (node.op) {
+    case Op::kEmbed: {
+      const MatrixRef& m = *node.matrix;
+      const DeviceMatrix& w = matrix(m);
+      const uint32_t ids = upload(inputs.ids.data(), node.rows * sizeof(int32_t));
+      const auto* scales = w.scales ? static_cast<const VulkanBuffer*>(w.scales.get()) : &arena;
+      return dispatch((std::string("embed_") + weight_suffix(m.dtype)).c_str(),
+                      {ring(), static_cast<const VulkanBuffer*>(w.data.get()), scales, &arena},
+                      {ids, offset(node.out), u32(m.cols), u32(node.rows), u32(m.group_size)},
+                      groups_of(node.rows * m.cols));
+    }
+    case Op::kRmsNorm: {
+      const int64_t n = node.rows * cols(node.out) / node.width;
+      return dispatch("rms_norm", {&arena, &vector(node.vector, node.width)},
+                      {offset(node.in[0]), offset(node.out), u32(node.width), u32(n),
+                       bits(node.eps), bits(1.0f)},
+                      n);
+    }
+    case Op::kL2Norm: {
+      const int64_t n = node.rows * cols(node.out) / node.width;
+      return dispatch("l2_norm", {&arena},
+                      {offset(node.out), offset(node.out), u32(node.width), u32(n), bits(1e-6f),
+                       bits(node.scale)},
+                      n);
+    }
+    case Op::kAdd:
+    case Op::kSigmoidGate:
+    case Op::kSiluMul: {
+      const int64_t n = node.rows * cols(node.out);
+      const char* shader = node.op == Op::kAdd           ? "add"
+                           : node.op == Op::kSigmoidGate ? "sigmoid_gate"
+                                                         : "silu_mul";
+      const uint32_t second = node.op == Op::kSiluMul ? offset(node.in[1]) : 0;
+      return dispatch(shader, {&arena}, {offset(node.in[0]), second, offset(node.out), u32(n)},
+                      groups_of(n));
+    }
+    case Op::kMatmul: {
+      const MatrixRef& m = *node.matrix;
+      const DeviceMatrix& w = matrix(m);
+      const auto* data = static_cast<const VulkanBuffer*>(w.data.get());
+      const auto* scales = w.scales ? static_cast<const VulkanBuffer*>(w.scales.get()) : &arena;
+      const uint32_t token_groups = u32((node.rows + kMatmulTokens - 1) / kMatmulTokens);
+      if (uses_int8_activations(m)) {
+        const int64_t blocks = node.rows * m.cols / kActivationBlock;
+        const VulkanBuffer& q = scratch(quantized_, blocks * kActivationBlock);
+        const VulkanBuffer& s = scratch(scales_, blocks * sizeof(float));
+        dispatch("quantize_q8", {&arena, &q, &s}, {offset(node.in[0]), u32(m.cols), u32(blocks)},
+                 groups_of(blocks));
+        return dispatch(m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4",
+                        {&q, &s, data, scales, &arena},
+                        {offset(node.out), u32(m.rows), u32(m.cols), u32(node.rows),
+                         u32(m.group_size)},
+                        m.rows, token_groups);
+      }
+      return dispatch((std::string("matmul_") + weight_suffix(m.dtype)).c_str(),
+                      {&arena, data, scales, &arena},
+                      {offset(node.in[0]), offset(node.out), u32(m.rows), u32(m.cols),
+                       u32(node.rows), u32(m.group_size)},
+                      m.rows, token_groups);
+    }
+    case Op::kCopyColumns:
+    case Op::kSplitHeads: {
+      const int64_t n = node.rows * cols(node.out);
+      const bool split = node.op == Op::kSplitHeads;
+      return dispatch(split ? "split_heads" : "copy_columns", {&arena},
+                      {offset(node.in[0]), offset(node.out), split ? offset(node.out2) : 0,
+                       u32(cols(node.in[0])), u32(cols(node.out)), u32(node.width),
+                       u32(node.offset), u32(n)},
+                      groups_of(n));
+    }
+    case Op::kRope: {
+      // cos and sin of each angle as the CPU computes them (f32 position · frequency).
+      const int64_t half = node.rotary_dim / 2;
+      rope_table_.resize(2 * node.rows * half);
+      for (int64_t t = 0; t < node.rows; ++t) {
+        for (int64_t i = 0; i < half; ++i) {
+          const float angle = static_cast<float>(inputs.first_pos + t) * node.vector[i];
+          rope_table_[t * half + i] = std::cos(angle);
+          rope_table_[(node.rows + t) * half + i] = std::sin(angle);
+        }
+      }
+      const uint32_t table = upload(rope_table_.data(), rope_table_.size() * sizeof(float));
+      const int64_t heads = cols(node.out) / node.width;
+      return dispatch("rope", {&arena, ring()},
+                      {offset(node.out), u32(cols(node.out)), u32(node.width), u32(half), table,
+                       u32(node.rows)},
+                      groups_of(node.rows * heads * half));
+    }
+    case Op::kAttention: {
+      LayerState& cache = inputs.layers[node.layer];
+      const int64_t kv_width = cache.kv_width, first_pos = inputs.first_pos;
+      cache.keys.resize((first_pos + node.rows) * kv_width);
+      cache.values.resize((first_pos + node.rows) * kv_width);
+      const VulkanBuffer& keys = state(cache.keys, "key cache", node.layer);
+      const VulkanBuffer& values = state(cache.values, "value cache", node.layer);
+      const size_t row_bytes = kv_width * sizeof(float);
+      copy(arena, offset(node.in[1]) * sizeof(float), keys, first_pos * row_bytes,
+           node.rows * row_bytes);
+      copy(arena, offset(node.in[2]) * sizeof(float), values, first_pos * row_bytes,
+           node.rows * row_bytes);
+      const AttentionShape& a = node.attention;
+      return dispatch("attention", {&arena, &keys, &values},
+                      {offset(node.in[0]), offset(node.out), u32(node.rows), u32(first_pos),
+                       u32(a.n_heads), u32(a.n_kv_heads), u32(a.head_dim), bits(node.scale)},
+                      node.rows * a.n_heads);
+    }
+    case Op::kConvSilu: {
+      const int64_t channels = cols(node.out);
+      const VulkanBuffer& conv = state(inputs.layers[node.layer].conv, "conv state", node.layer);
+      return dispatch("conv_silu", {&arena, &vector(node.vector, channels * node.width), &conv},
+                      {offset(node.in[0]), offset(node.out), u32(channels), u32(node.width),
+                       u32(node.rows)},
+                      groups_of(channels));
+    }
+    case Op::kDeltaGates: {
+      const int64_t heads = cols(node.out);
+      return dispatch("delta_gates",
+                      {&arena, &vector(node.vector, heads), &vector(node.vector2, heads)},
+                      {offset(node.out), offset(node.out2), u32(heads), u32(node.rows * heads)},
+                      groups_of(node.rows * heads));
+    }
+    case Op::kDeltaRule: {
+      const DeltaRuleShape& h = node.heads;
+      const VulkanBuffer& recurrent =
+          state(inputs.layers[node.layer].recurrent, "recurrent state", node.layer);
+      return dispatch("delta_rule", {&arena, &recurrent},
+                      {offset(node.in[0]), offset(node.in[1]), offset(node.in[2]),
+                       offset(node.in[3]), offset(node.in[4]), offset(node.out), u32(node.rows),
+                       u32(h.n_k_heads), u32(h.n_v_heads), u32(h.k_dim), u32(h.v_dim)},
+                      h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
+    }
+    case Op::kCopy: {
+      const TensorRef &from = args.values[node.in[0].value], &to = args.values[node.out.value];
+      const size_t row_bytes = cols(node.out) * sizeof(float);
+      const size_t from_offset = from.offset + node.in[0].row * row_bytes;
+      const size_t to_offset = to.offset + node.out.row * row_bytes;
+      if (const VulkanBuffer* source = as_vulkan(from.buffer, *device_)) {
+        return copy(*source, from_offset, arena, to_offset, node.rows * row_bytes);
+      }
+      // From the host: recorded work may still use that part of the arena.
+      synchronize();
+      return copy_bytes(*from.buffer, from_offset, *to.buffer, to_offset, node.rows * row_bytes);
+    }
+  }
+  fail("vulkan backend", std::string("no implementation of ") + op_name(node.op));
+}
+
+}  // namespace qhx

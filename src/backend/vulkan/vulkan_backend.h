@@ -1,0 +1,101 @@
+// The Vulkan backend: every op kind of the plan (graph/plan.h) as compute shaders on one device.
+// Weights are uploaded once to device memory (prepare_weights for matrices; norm, conv and gate
+// vectors on first use), activations live in a device arena, and the states of the sequences it
+// shares with the CPU in host-visible memory both address. Nodes are recorded into one command
+// buffer and submitted when the CPU needs their results (synchronize), so a run of device nodes
+// costs one submission.
+//
+// Placement: it claims the nodes of prompt-sized work (at least min_prompt_rows rows) and, with
+// `decode`, single-token steps too; the embedding lookup stays on the CPU unless decoding here.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/vulkan/vulkan_buffer.h"
+#include "backend/vulkan/vulkan_device.h"
+#include "graph/backend.h"
+
+namespace qhx {
+
+struct VulkanBackendOptions {
+  bool decode = false;          // single-token steps run here too (else on the CPU)
+  int64_t min_prompt_rows = 2;  // the rows from which a node counts as prompt work
+  uint64_t fence_timeout_ms = 120000;
+};
+
+class VulkanBackend final : public Backend {
+ public:
+  VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackendOptions options = {});
+  ~VulkanBackend() override;
+
+  std::string name() const override;
+  const BufferType& buffer_type() const override { return device_memory_; }
+  const BufferType& state_buffer_type() const override { return shared_memory_; }
+  void prepare_weights(std::span<MatrixRef* const> matrices) override;
+  bool supports(const Node& node) const override;
+  bool claims(const Node& node) const override;
+  Buffer& arena(size_t bytes) override;
+  void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
+  void synchronize() override;
+
+  const VulkanDeviceInfo& info() const { return device_->info(); }
+  // Submissions so far (tests and timings).
+  int64_t submissions() const { return submissions_; }
+
+ private:
+  struct DeviceMatrix {
+    std::unique_ptr<Buffer> data, scales;  // scales: W8/W4 only
+  };
+  struct DeviceVector {
+    int64_t floats = 0;
+    std::unique_ptr<Buffer> buffer;
+  };
+  // Where an operand lives on the device: a buffer and an element (float) offset.
+  struct Location {
+    const VulkanBuffer* buffer;
+    uint32_t element;
+  };
+
+  bool supports_matrix(const MatrixRef& m) const;
+  void record(const Plan& plan, const Node& node, const NodeArgs& args);
+  const DeviceMatrix& matrix(const MatrixRef& m);
+  const VulkanBuffer& vector(const float* values, int64_t floats);
+  Location at(const NodeArgs& args, const Operand& o) const;
+  const VulkanBuffer& state(const StateBuffer& s, const char* what, int layer) const;
+  // Bytes to the upload ring (valid until the next submission); returns their element offset.
+  uint32_t upload(const void* bytes, size_t n);
+  const VulkanBuffer* ring() const { return static_cast<const VulkanBuffer*>(ring_.get()); }
+  const VulkanBuffer& scratch(std::unique_ptr<Buffer>& buffer, size_t bytes);
+
+  void begin();  // a command buffer to record into, if none is open
+  void dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
+                std::initializer_list<uint32_t> push, uint64_t groups, uint32_t z = 1);
+  void copy(const VulkanBuffer& from, size_t from_offset, const VulkanBuffer& to, size_t to_offset,
+            size_t bytes);
+  void barrier();
+  void abandon();  // drops what was recorded (after an error)
+
+  std::shared_ptr<VulkanDevice> device_;
+  VulkanBackendOptions options_;
+  VulkanBufferType device_memory_, shared_memory_;
+  std::unique_ptr<Buffer> arena_;
+  std::unique_ptr<Buffer> ring_;  // host-visible: token ids, RoPE tables
+  size_t ring_used_ = 0;
+  std::unique_ptr<Buffer> quantized_, scales_;  // int8 activations of a matmul
+  std::map<const void*, DeviceMatrix> matrices_;  // by the host data they copy
+  std::map<const float*, DeviceVector> vectors_;
+  std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded
+
+  VkCommandPool pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer commands_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkDescriptorPool descriptors_ = VK_NULL_HANDLE;
+  uint32_t sets_left_ = 0;
+  bool recording_ = false;
+  int64_t submissions_ = 0;
+};
+
+}  // namespace qhx

@@ -1,0 +1,275 @@
+#include "backend/vulkan/vulkan_device.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/vulkan/vulkan_shaders.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+std::string version_string(uint32_t v) {
+  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) +
+         "." + std::to_string(VK_API_VERSION_PATCH(v));
+}
+
+const char* type_name(VkPhysicalDeviceType type) {
+  switch (type) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return "discrete GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return "integrated GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return "virtual GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return "CPU";
+    default:
+      return "other";
+  }
+}
+
+bool has_extension(VkPhysicalDevice device, const char* name) {
+  uint32_t n = 0;
+  vkEnumerateDeviceExtensionProperties(device, nullptr, &n, nullptr);
+  std::vector<VkExtensionProperties> extensions(n);
+  vkEnumerateDeviceExtensionProperties(device, nullptr, &n, extensions.data());
+  return std::any_of(extensions.begin(), extensions.end(),
+                     [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+}
+
+// An instance for compute only: no surfaces, no layers. Vulkan 1.1 is what the shaders need.
+VkResult create_instance(VkInstance* instance) {
+  auto app = vk_info<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
+  app.pApplicationName = "qhx";
+  app.apiVersion = VK_API_VERSION_1_1;
+  auto create = vk_info<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
+  create.pApplicationInfo = &app;
+  return vkCreateInstance(&create, nullptr, instance);
+}
+
+std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
+  uint32_t n = 0;
+  vkEnumeratePhysicalDevices(instance, &n, nullptr);
+  std::vector<VkPhysicalDevice> devices(n);
+  vkEnumeratePhysicalDevices(instance, &n, devices.data());
+  devices.resize(n);
+  return devices;
+}
+
+VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
+  VulkanDeviceInfo info;
+  info.index = index;
+  auto subgroup = vk_info<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
+  auto driver = vk_info<VkPhysicalDeviceDriverProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
+  const bool has_driver_properties = has_extension(device, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
+  subgroup.pNext = has_driver_properties ? &driver : nullptr;
+  auto properties = vk_info<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+  properties.pNext = &subgroup;
+  vkGetPhysicalDeviceProperties2(device, &properties);
+  const VkPhysicalDeviceProperties& p = properties.properties;
+  info.name = p.deviceName;
+  info.type = type_name(p.deviceType);
+  info.discrete = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
+  info.api = version_string(p.apiVersion);
+  info.vendor_id = p.vendorID;
+  info.device_id = p.deviceID;
+  info.driver = has_driver_properties
+                    ? std::string(driver.driverName) + " " + driver.driverInfo
+                    : "driver " + std::to_string(p.driverVersion);
+  info.subgroup_size = subgroup.subgroupSize;
+  info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
+
+  auto f16 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+  auto features = vk_info<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+  features.pNext = &f16;
+  vkGetPhysicalDeviceFeatures2(device, &features);
+  info.fp16 = f16.shaderFloat16 == VK_TRUE;
+  info.int8_dot = has_extension(device, "VK_KHR_shader_integer_dot_product");
+  info.cooperative_matrix = has_extension(device, "VK_KHR_cooperative_matrix");
+
+  VkPhysicalDeviceMemoryProperties memory;
+  vkGetPhysicalDeviceMemoryProperties(device, &memory);
+  for (uint32_t h = 0; h < memory.memoryHeapCount; ++h) {
+    if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
+      info.memory_bytes = std::max<uint64_t>(info.memory_bytes, memory.memoryHeaps[h].size);
+    }
+  }
+  return info;
+}
+
+}  // namespace
+
+void vk_check(VkResult result, const char* what) {
+  if (result == VK_SUCCESS) return;
+  const std::string where = std::string("vulkan: ") + what;
+  switch (result) {
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY:
+      fail(where, "out of device memory", ErrorKind::kOutOfMemory);
+    case VK_ERROR_OUT_OF_HOST_MEMORY:
+      fail(where, "out of host memory", ErrorKind::kOutOfMemory);
+    case VK_ERROR_DEVICE_LOST:
+      fail(where, "the device was lost", ErrorKind::kDeviceFailed);
+    case VK_TIMEOUT:
+      fail(where, "timed out", ErrorKind::kDeviceFailed);
+    default:
+      fail(where, "failed (VkResult " + std::to_string(static_cast<int>(result)) + ")",
+           ErrorKind::kDeviceFailed);
+  }
+}
+
+std::string VulkanDeviceInfo::describe() const {
+  char memory[32];
+  std::snprintf(memory, sizeof memory, "%.1f GiB", static_cast<double>(memory_bytes) / (1 << 30));
+  std::string features = "subgroup " + std::to_string(subgroup_size);
+  if (fp16) features += ", fp16";
+  if (int8_dot) features += ", int8-dot";
+  if (cooperative_matrix) features += ", cooperative-matrix";
+  return name + " · " + type + " · " + memory + " · " + driver + " · Vulkan " + api + " · " +
+         features;
+}
+
+std::vector<VulkanDeviceInfo> vulkan_devices(std::string* why) {
+  VkInstance instance = VK_NULL_HANDLE;
+  if (const VkResult r = create_instance(&instance); r != VK_SUCCESS) {
+    if (why != nullptr) {
+      *why = r == VK_ERROR_INCOMPATIBLE_DRIVER ? "no Vulkan driver is installed"
+                                               : "the Vulkan loader failed (VkResult " +
+                                                     std::to_string(static_cast<int>(r)) + ")";
+    }
+    return {};
+  }
+  std::vector<VulkanDeviceInfo> out;
+  int index = 0;
+  for (VkPhysicalDevice d : physical_devices(instance)) out.push_back(read_info(d, index++));
+  vkDestroyInstance(instance, nullptr);
+  if (out.empty() && why != nullptr) *why = "the Vulkan driver reports no device";
+  return out;
+}
+
+std::shared_ptr<VulkanDevice> VulkanDevice::open(int index) {
+  std::shared_ptr<VulkanDevice> d(new VulkanDevice());
+  if (create_instance(&d->instance_) != VK_SUCCESS) {
+    d->instance_ = VK_NULL_HANDLE;
+    fail("vulkan:" + std::to_string(index), "no Vulkan driver is installed");
+  }
+  const std::vector<VkPhysicalDevice> devices = physical_devices(d->instance_);
+  if (index < 0 || index >= static_cast<int>(devices.size())) {
+    fail("vulkan:" + std::to_string(index),
+         "no such device (" + std::to_string(devices.size()) + " found; `qhx devices` lists them)");
+  }
+  d->physical_ = devices[index];
+  d->info_ = read_info(d->physical_, index);
+  vkGetPhysicalDeviceMemoryProperties(d->physical_, &d->memory_);
+
+  uint32_t n_families = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(d->physical_, &n_families, nullptr);
+  std::vector<VkQueueFamilyProperties> families(n_families);
+  vkGetPhysicalDeviceQueueFamilyProperties(d->physical_, &n_families, families.data());
+  bool found = false;
+  for (uint32_t f = 0; f < n_families && !found; ++f) {
+    if (families[f].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+      d->queue_family_ = f;
+      found = true;
+    }
+  }
+  if (!found) fail("vulkan:" + std::to_string(index), d->info_.name + " has no compute queue");
+
+  const float priority = 1.0f;
+  auto queue = vk_info<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+  queue.queueFamilyIndex = d->queue_family_;
+  queue.queueCount = 1;
+  queue.pQueuePriorities = &priority;
+  auto create = vk_info<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+  create.queueCreateInfoCount = 1;
+  create.pQueueCreateInfos = &queue;
+  vk_check(vkCreateDevice(d->physical_, &create, nullptr, &d->device_), "creating the device");
+  vkGetDeviceQueue(d->device_, d->queue_family_, 0, &d->queue_);
+
+  VkDescriptorSetLayoutBinding bindings[kMaxBindings];
+  for (uint32_t b = 0; b < kMaxBindings; ++b) {
+    bindings[b] = {b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  }
+  auto set = vk_info<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+  set.bindingCount = kMaxBindings;
+  set.pBindings = bindings;
+  vk_check(vkCreateDescriptorSetLayout(d->device_, &set, nullptr, &d->set_layout_),
+           "creating the descriptor set layout");
+  const VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushConstantBytes};
+  auto layout = vk_info<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
+  layout.setLayoutCount = 1;
+  layout.pSetLayouts = &d->set_layout_;
+  layout.pushConstantRangeCount = 1;
+  layout.pPushConstantRanges = &push;
+  vk_check(vkCreatePipelineLayout(d->device_, &layout, nullptr, &d->pipeline_layout_),
+           "creating the pipeline layout");
+  return d;
+}
+
+VulkanDevice::~VulkanDevice() {
+  if (device_ != VK_NULL_HANDLE) {
+    vkDeviceWaitIdle(device_);
+    for (auto& [name, pipeline] : pipelines_) vkDestroyPipeline(device_, pipeline, nullptr);
+    vkDestroyPipelineLayout(device_, pipeline_layout_, nullptr);
+    vkDestroyDescriptorSetLayout(device_, set_layout_, nullptr);
+    vkDestroyDevice(device_, nullptr);
+  }
+  if (instance_ != VK_NULL_HANDLE) vkDestroyInstance(instance_, nullptr);
+}
+
+int VulkanDevice::memory_type(uint32_t allowed_types, VkMemoryPropertyFlags required,
+                              VkMemoryPropertyFlags preferred) const {
+  int fallback = -1;
+  for (uint32_t t = 0; t < memory_.memoryTypeCount; ++t) {
+    const VkMemoryPropertyFlags flags = memory_.memoryTypes[t].propertyFlags;
+    if ((allowed_types & (1u << t)) == 0 || (flags & required) != required) continue;
+    if ((flags & preferred) == preferred) return static_cast<int>(t);
+    if (fallback < 0) fallback = static_cast<int>(t);
+  }
+  return fallback;
+}
+
+VkMemoryPropertyFlags VulkanDevice::memory_flags(int type) const {
+  return memory_.memoryTypes[type].propertyFlags;
+}
+
+VkPipeline VulkanDevice::pipeline(std::string_view shader) {
+  const std::lock_guard lock(mutex_);
+  if (const auto it = pipelines_.find(shader); it != pipelines_.end()) return it->second;
+  const ShaderCode* code = find_shader(shader);
+  if (code == nullptr) fail("vulkan", "no shader named " + std::string(shader));
+  auto module_info = vk_info<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
+  module_info.codeSize = code->words * sizeof(uint32_t);
+  module_info.pCode = code->code;
+  VkShaderModule module = VK_NULL_HANDLE;
+  vk_check(vkCreateShaderModule(device_, &module_info, nullptr, &module), "creating a shader");
+  auto create = vk_info<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
+  create.stage = vk_info<VkPipelineShaderStageCreateInfo>(
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
+  create.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  create.stage.module = module;
+  create.stage.pName = "main";
+  create.layout = pipeline_layout_;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  const VkResult r =
+      vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &create, nullptr, &pipeline);
+  vkDestroyShaderModule(device_, module, nullptr);
+  vk_check(r, "creating a compute pipeline");
+  pipelines_.emplace(std::string(shader), pipeline);
+  return pipeline;
+}
+
+void VulkanDevice::submit_and_wait(VkCommandBuffer commands, VkFence fence, uint64_t timeout_ns,
+                                   const char* what) {
+  auto submit = vk_info<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+  submit.commandBufferCount = 1;
+  submit.pCommandBuffers = &commands;
+  {
+    const std::lock_guard lock(mutex_);
+    vk_check(vkQueueSubmit(queue_, 1, &submit, fence), what);
+  }
+  vk_check(vkWaitForFences(device_, 1, &fence, VK_TRUE, timeout_ns), what);
+  vk_check(vkResetFences(device_, 1, &fence), what);
+}
+
+}  // namespace qhx

@@ -1,0 +1,102 @@
+// One Vulkan device as qhx uses it: what it offers (VulkanDeviceInfo, for `qhx devices` and for
+// choosing shader variants), a logical device with one compute queue, memory types, the compute
+// pipelines (created on first use from the SPIR-V embedded at build time), and one-shot
+// submissions for copies. Knows buffers and shaders, never ops or models.
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qhx {
+
+struct VulkanDeviceInfo {
+  int index = 0;
+  std::string name;
+  std::string type;     // "discrete GPU", "integrated GPU", "CPU", ...
+  std::string driver;   // driver name and version as the driver reports them
+  std::string api;      // Vulkan version, "1.3.238"
+  uint32_t vendor_id = 0, device_id = 0;
+  uint64_t memory_bytes = 0;  // the largest device-local heap
+  bool fp16 = false;               // shaderFloat16
+  bool int8_dot = false;           // VK_KHR_shader_integer_dot_product
+  bool cooperative_matrix = false; // VK_KHR_cooperative_matrix
+  uint32_t subgroup_size = 0;
+  uint64_t max_storage_buffer_range = 0;  // bytes one storage buffer binding may span
+  bool discrete = false;
+  // "llvmpipe (LLVM 15.0.6, 256 bits) · CPU · 23.9 GiB · Mesa 22.3.6 · Vulkan 1.3.230 ·
+  // subgroup 8, int8-dot"
+  std::string describe() const;
+};
+
+// The devices the Vulkan loader finds, in its order (their index is what vulkan:N names).
+// Empty when there is no loader or no driver; `why` then says which.
+std::vector<VulkanDeviceInfo> vulkan_devices(std::string* why = nullptr);
+
+// Every compute pipeline has the same interface: kMaxBindings storage buffers in set 0 and
+// kPushConstantBytes of push constants.
+inline constexpr uint32_t kMaxBindings = 5;
+inline constexpr uint32_t kPushConstantBytes = 64;
+
+class VulkanDevice {
+ public:
+  // Opens device `index` (Error when there is none). Thread-safe to use from several backends.
+  static std::shared_ptr<VulkanDevice> open(int index);
+  ~VulkanDevice();
+  VulkanDevice(const VulkanDevice&) = delete;
+  VulkanDevice& operator=(const VulkanDevice&) = delete;
+
+  const VulkanDeviceInfo& info() const { return info_; }
+  VkDevice device() const { return device_; }
+  VkPhysicalDevice physical() const { return physical_; }
+  uint32_t queue_family() const { return queue_family_; }
+
+  // A memory type index with all of `required`, preferring `preferred` too; -1 if none.
+  int memory_type(uint32_t allowed_types, VkMemoryPropertyFlags required,
+                  VkMemoryPropertyFlags preferred) const;
+  VkMemoryPropertyFlags memory_flags(int type) const;
+
+  VkPipeline pipeline(std::string_view shader);
+  VkPipelineLayout pipeline_layout() const { return pipeline_layout_; }
+  VkDescriptorSetLayout set_layout() const { return set_layout_; }
+
+  // Submits one command buffer on the queue and waits for it (timeout: Error). The queue is
+  // shared by every backend on the device: submissions take a lock.
+  void submit_and_wait(VkCommandBuffer commands, VkFence fence, uint64_t timeout_ns,
+                       const char* what);
+
+ private:
+  VulkanDevice() = default;
+
+  VulkanDeviceInfo info_;
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  VkPhysicalDeviceMemoryProperties memory_{};
+  VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
+  VkPipelineLayout pipeline_layout_ = VK_NULL_HANDLE;
+  std::mutex mutex_;  // pipelines_ and the queue
+  std::map<std::string, VkPipeline, std::less<>> pipelines_;
+};
+
+// A Vulkan info struct, zeroed but for its sType.
+template <typename T>
+T vk_info(VkStructureType type) {
+  T info{};
+  info.sType = type;
+  return info;
+}
+
+// Throws Error naming `what` when a Vulkan call failed; device loss and memory exhaustion get
+// their own kinds so callers can fall back.
+void vk_check(VkResult result, const char* what);
+
+}  // namespace qhx
