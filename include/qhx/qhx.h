@@ -58,6 +58,11 @@ typedef struct qhx_model_options {
   int64_t prefix_cache_bytes; /* bound of the prefix cache shared by sessions; 0: none */
   int32_t verify_sha256;      /* bundles: check every file's sha256 at open (slow for big models) */
   int32_t check_memory;       /* 1 (default): refuse or shorten the context to fit in memory */
+  const char* device;         /* where prompts run: "cpu" (default; NULL too), "vulkan" or
+                                 "vulkan:N" (`qhx devices` lists them) */
+  const char* decode_device;  /* where replies are decoded: NULL for the device's default (the
+                                 GPU itself when it is a discrete one, else the CPU), "cpu", or
+                                 the same device as `device` */
 } qhx_model_options;
 
 void qhx_model_options_default(qhx_model_options* options);
@@ -77,6 +82,10 @@ typedef struct qhx_model_info {
   size_t n_eos_ids;
   int32_t has_chat_template;
   int32_t n_threads; /* compute threads the model was opened with (0 in the options: every one) */
+  const char* prefill_device; /* where prompts run now: "cpu", "vulkan:0", ... */
+  const char* decode_device;  /* where replies are decoded now */
+  const char* device_note;    /* why a device asked for is not used, or how decoding was
+                                 placed; "" if nothing to say */
 } qhx_model_info;
 
 /* The pointers stay valid while the model is open. */

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/devices.h"
 #include "chat/chat_template.h"
 #include "io/bundle.h"
 #include "io/pack.h"
@@ -39,6 +40,7 @@ struct qhx_model {
   int64_t context_length = 0;
   int64_t memory_estimate = 0;
   std::string admission_note;
+  std::string prefill_device = "cpu", decode_device = "cpu", device_note;
 };
 
 struct qhx_session {
@@ -285,10 +287,22 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       bundle_stop_ids =
           qhx::open_bundle_manifest(dir, {}).stop_ids;  // load_model verifies the files
     }
+    qhx::DeviceChoice choice;
+    if (options->device != nullptr) {
+      choice.prefill = qhx::parse_device_name(options->device, "device");
+    }
+    if (options->decode_device != nullptr) {
+      choice.decode = qhx::parse_device_name(options->decode_device, "decode_device");
+    }
+    qhx::OpenedDevices devices = qhx::open_devices(choice);
+    opened->prefill_device = devices.prefill.text();
+    opened->decode_device = devices.decode.text();
+    opened->device_note = devices.note;
     // A context of the model's own: models opened with other thread counts compute side by side.
     opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0,
                                           .context = std::make_shared<qhx::CpuContext>(
-                                              n_threads, qhx::CpuKernels::from_environment())});
+                                              n_threads, qhx::CpuKernels::from_environment()),
+                                          .devices = std::move(devices.backends)});
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
     opened->generation = qhx::load_generation_config(dir, config);
@@ -353,6 +367,9 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->n_eos_ids = model->eos_ids.size();
   info->has_chat_template = model->chat_template.has_value();
   info->n_threads = model->model->context().threads();
+  info->prefill_device = model->prefill_device.c_str();
+  info->decode_device = model->decode_device.c_str();
+  info->device_note = model->device_note.c_str();
   return QHX_OK;
 }
 

@@ -141,7 +141,11 @@ int run_bench(const BenchArgs& args) {
   qhx::Json gate;
   const std::string weights = weights_label(dir, gate);
   const auto load_start = qhx::Clock::now();
-  const auto model = qhx::load_model(dir, {.context = cpu_context(args.threads)});
+  const qhx::OpenedDevices devices = open_devices(args.devices);
+  qhx::Json backends = qhx::Json::array({"cpu"});
+  for (const auto& b : devices.backends) backends.push_back(b->name());
+  const auto model =
+      qhx::load_model(dir, {.context = cpu_context(args.threads), .devices = devices.backends});
   const double load_s = qhx::seconds_since(load_start);
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);
@@ -152,10 +156,11 @@ int run_bench(const BenchArgs& args) {
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
   if (!args.json) {
     std::printf(
-        "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | commit "
-        "%s\n",
+        "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | "
+        "prompts on %s, replies on %s | commit %s\n",
         args.model.c_str(), weights.c_str(), weights_mb, threads, kernel_path.c_str(), load_s,
-        cpu.c_str(), QHX_GIT_COMMIT);
+        cpu.c_str(), devices.prefill.text().c_str(), devices.decode.text().c_str(),
+        QHX_GIT_COMMIT);
     std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
                 "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
   }
@@ -194,6 +199,9 @@ int run_bench(const BenchArgs& args) {
             {"family", model->config().family == qhx::Family::kQwen3_5 ? "qwen3_5" : "qwen3"},
             {"cpu", cpu},
             {"kernel_path", kernel_path},
+            {"prefill_device", devices.prefill.text()},
+            {"decode_device", devices.decode.text()},
+            {"backends", backends},
             {"commit", QHX_GIT_COMMIT},
             {"date", utc_date()},
             {"gate", gate}};

@@ -59,6 +59,8 @@ class Chat {
     qhx_model_options_default(&mo);
     mo.n_threads = args.threads;
     mo.context_length = args.context_length;
+    mo.device = args.devices.device.c_str();
+    mo.decode_device = args.devices.decode_or_null();
     check(qhx_model_open(args.model.c_str(), &mo, &model_));
     qhx_model_info info;
     check(qhx_model_get_info(model_, &info));
@@ -66,6 +68,7 @@ class Chat {
       throw ChatError(args.model + ": the tokenizer has no chat template");
     }
     if (*info.admission_note != '\0') std::fprintf(stderr, "qhx: %s\n", info.admission_note);
+    if (*info.device_note != '\0') std::fprintf(stderr, "qhx: %s\n", info.device_note);
     if (args.stats) {
       std::fprintf(stderr, "[%s | context %lld | threads %d]\n", info.name,
                    static_cast<long long>(info.context_length), info.n_threads);

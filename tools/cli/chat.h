@@ -5,10 +5,13 @@
 #include <optional>
 #include <string>
 
+#include "common.h"
+
 namespace qhx::cli {
 
 struct ChatArgs {
   std::string model;
+  DeviceArgs devices;
   std::string system;          // system prompt, if any
   int64_t max_new_tokens = 1024;
   int64_t context_length = 0;  // 0: memory admission decides

@@ -17,6 +17,7 @@ namespace qhx::cli {
 
 struct GenerateArgs {
   int threads = default_threads();
+  DeviceArgs devices;
   std::string model;
   std::string prompt;
   std::string prompt_ids;
@@ -36,6 +37,9 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool verify = false;
 };
+
+// qhx devices: the CPU and every accelerator this build can use, one per line.
+int run_devices();
 
 // qhx generate: one prompt's continuation on stdout, speed figures on stderr.
 int run_generate(const GenerateArgs& args);
@@ -88,6 +92,7 @@ int run_pack(const std::string& out, const std::vector<std::string>& bundles, bo
 
 struct BenchArgs {
   int threads = default_threads();
+  DeviceArgs devices;
   std::string model;
   std::string prompts = "512", depths = "0";
   int64_t n_gen = 128;
@@ -101,6 +106,7 @@ int run_bench(const BenchArgs& args);
 
 struct PerplexityArgs {
   int threads = default_threads();
+  DeviceArgs devices;
   std::string model, file;
   int64_t window = 512;
   int64_t max_tokens = 0;
@@ -112,6 +118,7 @@ int run_perplexity(const PerplexityArgs& args);
 
 struct ServeArgs {
   int threads = default_threads();
+  DeviceArgs devices;
   std::string model;
   int64_t ctx_size = 0;
   int64_t cache_mb = 256;

@@ -49,6 +49,17 @@ std::shared_ptr<qhx::CpuContext> cpu_context(int threads) {
   return std::make_shared<qhx::CpuContext>(threads, qhx::CpuKernels::from_environment());
 }
 
+qhx::OpenedDevices open_devices(const DeviceArgs& args) {
+  qhx::DeviceChoice choice;
+  choice.prefill = qhx::parse_device_name(args.device, "--device");
+  if (!args.decode_device.empty()) {
+    choice.decode = qhx::parse_device_name(args.decode_device, "--decode-device");
+  }
+  qhx::OpenedDevices opened = qhx::open_devices(choice);
+  if (!opened.note.empty()) std::fprintf(stderr, "qhx: %s\n", opened.note.c_str());
+  return opened;
+}
+
 std::string describe_bundle(const qhx::BundleManifest& m) {
   std::string line = "bundle: " + m.family + ", weights " +
                      m.precision_policy.value("matrices", std::string("?")) + ", target " +

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/devices.h"
+
 namespace qhx {
 class CpuContext;
 struct BundleManifest;
@@ -25,6 +27,17 @@ int default_threads();
 
 // The context a command's model computes on: -t threads, the kernels QHX_KERNELS allows.
 std::shared_ptr<qhx::CpuContext> cpu_context(int threads);
+
+// --device and --decode-device of the commands that run a model.
+struct DeviceArgs {
+  std::string device = "cpu";
+  std::string decode_device;  // empty: the device's default
+  const char* decode_or_null() const { return decode_device.empty() ? nullptr : decode_device.c_str(); }
+};
+
+// The backends they name (backend/devices.h), for commands that load a model themselves; the
+// note, if any, goes to stderr.
+qhx::OpenedDevices open_devices(const DeviceArgs& args);
 
 // One line for stderr about a bundle's provenance: its plan and its gate certificate.
 std::string describe_bundle(const qhx::BundleManifest& m);

@@ -76,6 +76,8 @@ int run_generate(const GenerateArgs& args) {
   qhx_model_options_default(&model_options);
   model_options.n_threads = args.threads;
   model_options.verify_sha256 = args.verify ? 1 : 0;
+  model_options.device = args.devices.device.c_str();
+  model_options.decode_device = args.devices.decode_or_null();
   OpenedModel m;
   if (qhx_model_open(dir.c_str(), &model_options, &m.model) != QHX_OK) {
     qhx::fail(dir.string(), qhx_last_error());
@@ -83,6 +85,7 @@ int run_generate(const GenerateArgs& args) {
   qhx_model_info info;
   check(qhx_model_get_info(m.model, &info));
   if (info.admission_note[0] != '\0') std::fprintf(stderr, "%s\n", info.admission_note);
+  if (info.device_note[0] != '\0') std::fprintf(stderr, "qhx: %s\n", info.device_note);
   // The model's own configuration, for generation_config.json's max_new_tokens; a bundle's
   // provenance on stderr (its files were checked as the model opened).
   qhx::ModelConfig config;

@@ -8,8 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/devices.h"
 #include "chat/chat_template.h"
 #include "commands.h"
+#include "kernels/cpu_context.h"
+#include "kernels/thread_pool.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qhx::cli {
@@ -40,6 +43,16 @@ int run_template(const TemplateArgs& args) {
   if (args.enable_thinking) inputs.set_enable_thinking(*args.enable_thinking);
   const std::string text = chat.render(inputs);
   std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
+int run_devices() {
+  std::printf("cpu       %s · %d threads\n", qhx::CpuKernels::from_environment().describe().c_str(),
+              qhx::hardware_threads());
+  std::string why;
+  const std::vector<std::string> devices = qhx::describe_devices(&why);
+  for (const std::string& line : devices) std::printf("%s\n", line.c_str());
+  if (devices.empty()) std::printf("(no accelerator: %s)\n", why.c_str());
   return 0;
 }
 

@@ -20,6 +20,14 @@ void add_threads_option(CLI::App* command, int& threads) {
       ->check(CLI::Range(1, 256));
 }
 
+void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
+  command->add_option("--device", devices.device,
+                      "Where prompts run: cpu, vulkan or vulkan:N (`qhx devices` lists them)");
+  command->add_option("--decode-device", devices.decode_device,
+                      "Where replies are decoded: cpu or the --device GPU (default: the GPU "
+                      "itself when it is a discrete one, else the CPU)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,6 +72,7 @@ int main(int argc, char** argv) {
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
   generate->add_flag("--verify", gen.verify, "Bundles: check every file's sha256 before loading");
   add_threads_option(generate, gen.threads);
+  add_device_options(generate, gen.devices);
 
   qhx::cli::ChatArgs chat_args;
   CLI::App* chat = app.add_subcommand("chat", "Interactive chat in the terminal (/help inside)");
@@ -84,6 +93,7 @@ int main(int argc, char** argv) {
   chat->add_option("--seed", chat_args.seed, "Random seed");
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
   add_threads_option(chat, chat_args.threads);
+  add_device_options(chat, chat_args.devices);
 
   std::string tokenize_model;
   CLI::App* tokenize =
@@ -164,6 +174,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
   add_threads_option(bench, bench_args.threads);
+  add_device_options(bench, bench_args.devices);
 
   qhx::cli::PerplexityArgs ppl;
   CLI::App* perplexity_cmd =
@@ -177,6 +188,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
   add_threads_option(perplexity_cmd, ppl.threads);
+  add_device_options(perplexity_cmd, ppl.devices);
 
   qhx::cli::SynthArgs synth_args;
   CLI::App* synth = forge->add_subcommand(
@@ -251,6 +263,10 @@ int main(int argc, char** argv) {
   serve->add_flag("--verify", serve_args.verify,
                   "Bundles: check every file's sha256 before serving");
   add_threads_option(serve, serve_args.threads);
+  add_device_options(serve, serve_args.devices);
+
+  CLI::App* devices_cmd =
+      app.add_subcommand("devices", "List the devices qhx can run on (for --device)");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -270,6 +286,7 @@ int main(int argc, char** argv) {
     if (pack->parsed()) return qhx::cli::run_pack(pack_out, pack_bundles, pack_force);
     if (serve->parsed()) return qhx::cli::run_serve(serve_args);
     if (template_cmd->parsed()) return qhx::cli::run_template(template_args);
+    if (devices_cmd->parsed()) return qhx::cli::run_devices();
     return qhx::cli::run_tokenize(tokenize_model);
   } catch (const qhx::Error& e) {
     std::cout.flush();

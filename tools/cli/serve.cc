@@ -20,6 +20,8 @@ int run_serve(const ServeArgs& args) {
   options.max_sessions = args.server.parallel;
   options.prefix_cache_bytes = args.cache_mb << 20;
   options.verify_sha256 = args.verify;
+  options.device = args.devices.device.c_str();
+  options.decode_device = args.devices.decode_or_null();
   qhx_model* model = nullptr;
   if (qhx_model_open(args.model.c_str(), &options, &model) != QHX_OK) {
     std::fprintf(stderr, "qhx: error: %s\n", qhx_last_error());
@@ -32,6 +34,8 @@ int run_serve(const ServeArgs& args) {
                info.name, info.family, static_cast<long long>(info.context_length),
                args.server.parallel, static_cast<double>(info.memory_estimate) / (1 << 20),
                *info.admission_note != '\0' ? " | " : "", info.admission_note);
+  std::fprintf(stderr, "devices: prompts on %s, replies on %s%s%s\n", info.prefill_device,
+               info.decode_device, *info.device_note != '\0' ? " | " : "", info.device_note);
   // SIGINT and SIGTERM stop the server cleanly: they are blocked here (and so in every thread
   // started from now on) and waited for by one thread.
   sigset_t stop_signals;
