@@ -362,6 +362,8 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       const auto* data = static_cast<const VulkanBuffer*>(w.data.get());
       const auto* scales = w.scales ? static_cast<const VulkanBuffer*>(w.scales.get()) : &arena;
       const uint32_t token_groups = u32((node.rows + kMatmulTokens - 1) / kMatmulTokens);
+      const int64_t rows_per_group = kWorkgroup / device_->matmul_lanes();
+      const int64_t row_groups = (m.rows + rows_per_group - 1) / rows_per_group;
       if (uses_int8_activations(m)) {
         const int64_t blocks = node.rows * m.cols / kActivationBlock;
         const VulkanBuffer& q = scratch(quantized_, blocks * kActivationBlock);
@@ -372,13 +374,13 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
                         {&q, &s, data, scales, &arena},
                         {offset(node.out), u32(m.rows), u32(m.cols), u32(node.rows),
                          u32(m.group_size)},
-                        m.rows, token_groups);
+                        row_groups, token_groups);
       }
       return dispatch((std::string("matmul_") + weight_suffix(m.dtype)).c_str(),
                       {&arena, data, scales, &arena},
                       {offset(node.in[0]), offset(node.out), u32(m.rows), u32(m.cols),
                        u32(node.rows), u32(m.group_size)},
-                      m.rows, token_groups);
+                      row_groups, token_groups);
     }
     case Op::kCopyColumns:
     case Op::kSplitHeads: {

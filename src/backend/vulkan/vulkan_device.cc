@@ -249,6 +249,10 @@ VkPipeline VulkanDevice::pipeline(std::string_view shader) {
   create.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   create.stage.module = module;
   create.stage.pName = "main";
+  const uint32_t lanes = matmul_lanes();
+  const VkSpecializationMapEntry entry{0, 0, sizeof lanes};
+  const VkSpecializationInfo specialization{1, &entry, sizeof lanes, &lanes};
+  create.stage.pSpecializationInfo = &specialization;
   create.layout = pipeline_layout_;
   VkPipeline pipeline = VK_NULL_HANDLE;
   const VkResult r =

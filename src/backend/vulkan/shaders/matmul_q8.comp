@@ -2,9 +2,14 @@
 #extension GL_GOOGLE_include_directive : require
 // y[t, r] = Σ_b sw(r, b) · sx(t, b) · Σ_{c ∈ b} qw[r, c] · qx[t, c] for W8 (WEIGHT_W8) or W4
 // (WEIGHT_W4) weights and activations quantized by quantize_q8 (ref::matmul's int8 form): the
-// inner sums exact in integers. One weight row per workgroup, up to TOKENS tokens.
+// inner sums exact in integers. ROWS weight rows per workgroup (LANES threads each), up to TOKENS tokens.
 layout(local_size_x = 64) in;
 #define TOKENS 8
+// Threads per weight row, chosen per device when the pipeline is created (VulkanDevice::
+// matmul_lanes): 16 on GPUs (a row's reads coalesce), 4 on CPU-type devices, where a workgroup
+// costs more than a thread's longer loop.
+layout(constant_id = 0) const uint LANES = 16;
+const uint ROWS = 64 / LANES;
 
 layout(std430, binding = 0) readonly buffer Q { uint qx[]; };
 layout(std430, binding = 1) readonly buffer S { float sx[]; };
@@ -16,7 +21,7 @@ layout(push_constant) uniform Params {
 } p;
 #include "common.glsl"
 
-shared float partial[TOKENS][64];
+shared float partial[TOKENS][64];  // [token][row team · LANES + lane]
 
 // Σ over the 32 columns of block b of row `row` times the token's quantized block.
 int block_dot(uint row, uint b, uint token_block) {
@@ -49,28 +54,31 @@ float weight_scale(uint row, uint b) {
 }
 
 void main() {
-  const uint row = flat_group();
+  const uint team = gl_LocalInvocationID.x / LANES, lane = gl_LocalInvocationID.x % LANES;
+  const uint row = flat_group() * ROWS + team;
   const uint t0 = gl_WorkGroupID.z * TOKENS;
-  const uint lane = gl_LocalInvocationID.x;
-  if (row >= p.rows) return;
+  const bool owns = row < p.rows;
   const uint n = min(TOKENS, p.n_tokens - t0);
   const uint blocks = p.cols / 32;
   float acc[TOKENS];
   for (uint j = 0; j < TOKENS; ++j) acc[j] = 0.0;
-  for (uint b = lane; b < blocks; b += 64) {
+  for (uint b = lane; owns && b < blocks; b += LANES) {
     const float sw = weight_scale(row, b);
     for (uint j = 0; j < n; ++j) {
       const uint token_block = (t0 + j) * blocks + b;
       acc[j] += sw * sx[token_block] * float(block_dot(row, b, token_block));
     }
   }
-  for (uint j = 0; j < TOKENS; ++j) partial[j][lane] = acc[j];
+  const uint slot = team * LANES + lane;
+  for (uint j = 0; j < TOKENS; ++j) partial[j][slot] = acc[j];
   barrier();
-  for (uint width = 32; width > 0; width >>= 1) {
+  for (uint width = LANES / 2; width > 0; width >>= 1) {
     if (lane < width) {
-      for (uint j = 0; j < TOKENS; ++j) partial[j][lane] += partial[j][lane + width];
+      for (uint j = 0; j < TOKENS; ++j) partial[j][slot] += partial[j][slot + width];
     }
     barrier();
   }
-  if (lane < n) y[p.y_offset + (t0 + lane) * p.rows + row] = partial[lane][0];
+  for (uint j = lane; owns && j < n; j += LANES) {
+    y[p.y_offset + (t0 + j) * p.rows + row] = partial[j][team * LANES];
+  }
 }
