@@ -15,15 +15,13 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
-#if QHX_HAVE_VULKAN
-#include "backend/vulkan/vulkan_backend.h"
-#endif
 #include "graph/schedule.h"
 #include "io/hf_config.h"
 #include "models/model.h"
 #include "support/fixtures.h"
 #include "support/subset_backend.h"
 #include "support/test_matrix.h"
+#include "support/vulkan_device.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -431,15 +429,9 @@ TEST(BackendOps, EveryOpOnEveryBackendMatchesTheReferenceOnEveryFixturesShapes) 
 }
 
 #if QHX_HAVE_VULKAN
-// The Vulkan backend on the first device the loader finds (lavapipe in CI, where
-// QHX_REQUIRE_VULKAN=1 makes a missing device a failure rather than a skip).
+// The Vulkan backend on the tests' device (support/vulkan_device.h).
 TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
-  std::string why;
-  if (vulkan_devices(&why).empty()) {
-    if (std::getenv("QHX_REQUIRE_VULKAN") != nullptr) FAIL() << "no Vulkan device: " << why;
-    GTEST_SKIP() << "no Vulkan device: " << why;
-  }
-  const auto device = VulkanDevice::open(0);
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
   std::printf("vulkan: %s\n", device->info().describe().c_str());
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);

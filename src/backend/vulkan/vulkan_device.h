@@ -65,7 +65,7 @@ class VulkanDevice {
   VkPipeline pipeline(std::string_view shader);
   // The shaders' specialization constant 0: threads per weight row of a matmul (64 / it rows per
   // workgroup).
-  uint32_t matmul_lanes() const { return info_.type == "CPU" ? 4 : 16; }
+  uint32_t matmul_lanes() const { return info_.type == "CPU" ? 1 : 16; }
   VkPipelineLayout pipeline_layout() const { return pipeline_layout_; }
   VkDescriptorSetLayout set_layout() const { return set_layout_; }
 

@@ -6,7 +6,7 @@
 layout(local_size_x = 64) in;
 #define TOKENS 8
 // Threads per weight row, chosen per device when the pipeline is created (VulkanDevice::
-// matmul_lanes): 16 on GPUs (a row's reads coalesce), 4 on CPU-type devices, where a workgroup
+// matmul_lanes): 16 on GPUs (a row's reads coalesce), 1 on CPU-type devices, where a barrier
 // costs more than a thread's longer loop.
 layout(constant_id = 0) const uint LANES = 16;
 const uint ROWS = 64 / LANES;
