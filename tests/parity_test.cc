@@ -364,9 +364,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(fixture_names()),
 class VulkanParity : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<Model> on_device(std::shared_ptr<VulkanDevice> device, bool decode) {
+    VulkanBackendOptions options;
+    options.decode = decode;
     return load_model(golden_.checkpoint,
-                      {.devices = {std::make_shared<VulkanBackend>(
-                           std::move(device), VulkanBackendOptions{.decode = decode})}});
+                      {.devices = {std::make_shared<VulkanBackend>(std::move(device), options)}});
   }
   std::vector<int32_t> greedy(const Model& model, const GoldenPrompt& p) {
     Session session(model);

@@ -63,6 +63,9 @@ typedef struct qhx_model_options {
   const char* decode_device;  /* where replies are decoded: NULL for the device's default (the
                                  GPU itself when it is a discrete one, else the CPU), "cpu", or
                                  the same device as `device` */
+  const char* device_check;   /* before a device is used: "once" (default; NULL too) compares it
+                                 with the CPU on probe prompts unless it passed before (cached
+                                 under $QHX_CACHE_DIR or ~/.cache/qhx), "always", or "never" */
 } qhx_model_options;
 
 void qhx_model_options_default(qhx_model_options* options);

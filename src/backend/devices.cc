@@ -1,6 +1,7 @@
 #include "backend/devices.h"
 
 #include <charconv>
+#include <cstdlib>
 
 #include "util/error.h"
 
@@ -80,8 +81,13 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
     return out;
   }
   const bool decode = choice.decode ? *choice.decode != cpu : decode_on_device(device->info());
-  out.backends.push_back(
-      std::make_shared<VulkanBackend>(device, VulkanBackendOptions{.decode = decode}));
+  VulkanBackendOptions options;
+  options.decode = decode;
+  if (const char* n = std::getenv("QHX_VULKAN_FAIL_SUBMISSION")) {
+    options.fail_submission = std::atoll(n);
+  }
+  if (const char* op = std::getenv("QHX_VULKAN_PERTURB")) options.perturb_op = op;
+  out.backends.push_back(std::make_shared<VulkanBackend>(device, options));
   out.prefill = choice.prefill;
   out.decode = decode ? choice.prefill : cpu;
   if (!choice.decode) {

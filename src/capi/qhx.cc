@@ -19,6 +19,7 @@
 #include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
+#include "runtime/device_check.h"
 #include "runtime/generation_config.h"
 #include "runtime/memory.h"
 #include "runtime/session.h"
@@ -294,7 +295,17 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     if (options->decode_device != nullptr) {
       choice.decode = qhx::parse_device_name(options->decode_device, "decode_device");
     }
+    qhx::DeviceCheckOptions check;
+    if (options->device_check != nullptr) {
+      const auto mode = qhx::parse_device_check_mode(options->device_check);
+      if (!mode) {
+        qhx::fail("device_check", std::string(options->device_check) +
+                                      " is not one of always, once, never");
+      }
+      check.mode = *mode;
+    }
     qhx::OpenedDevices devices = qhx::open_devices(choice);
+    const std::string device_name = devices.backends.empty() ? "" : devices.backends[0]->name();
     opened->prefill_device = devices.prefill.text();
     opened->decode_device = devices.decode.text();
     opened->device_note = devices.note;
@@ -318,6 +329,16 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->eos_ids =
         qhx::default_stop_ids(opened->generation, bundle_stop_ids,
                               opened->tokenizer ? opened->tokenizer->eos_id() : std::nullopt);
+    if (opened->model->has_devices()) {
+      check.weights = qhx::check_weights_of(dir);
+      check.cache_dir = qhx::default_cache_dir();
+      const qhx::DeviceCheckResult checked =
+          qhx::check_devices(*opened->model, device_name, opened->tokenizer ? &*opened->tokenizer : nullptr, check);
+      if (!checked.passed) opened->prefill_device = opened->decode_device = "cpu";
+      if (!checked.summary.empty()) {
+        opened->device_note += (opened->device_note.empty() ? "" : "; ") + checked.summary;
+      }
+    }
   });
   if (status != QHX_OK) return status;
   // What the caller asked for, rather than the model files, is at fault from here on.

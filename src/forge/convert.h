@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "forge/gate.h"
+#include "runtime/gate.h"
 
 namespace qhx {
 

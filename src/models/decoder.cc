@@ -1,6 +1,8 @@
 #include "models/decoder.h"
 
 #include <algorithm>
+#include <atomic>
+#include <tuple>
 
 #include "backend/cpu_backend.h"
 #include "core/dtype.h"
@@ -26,7 +28,8 @@ class Decoder final : public Model {
         weights_(std::move(weights)),
         attention_(std::move(attention)),
         deltanet_(deltanet),
-        fingerprint_(checkpoint_.fingerprint()) {
+        fingerprint_(checkpoint_.fingerprint()),
+        devices_enabled_(!devices_.empty()) {
     backends_.push_back(cpu_.get());
     for (const auto& d : devices_) backends_.push_back(d.get());
     prepare_weights();
@@ -61,6 +64,15 @@ class Decoder final : public Model {
     return total;
   }
 
+  bool has_devices() const override { return !devices_.empty(); }
+  bool devices_enabled() const override { return devices_enabled_.load(); }
+  void set_devices_enabled(bool on) override { devices_enabled_ = on && !devices_.empty(); }
+  int64_t device_failures() const override { return device_failures_.load(); }
+  std::string device_failure() const override {
+    const CpuContext::Turn turn(*context_);
+    return device_failure_;
+  }
+
   std::unique_ptr<ModelState> new_state() const override {
     // In memory the CPU and the device the sequence shares with it both address (the CPU's
     // when it runs alone).
@@ -89,8 +101,12 @@ class Decoder final : public Model {
  private:
   // The forward pass over n_tokens new tokens as the spec reads (models/blocks.h).
   Plan build_plan(int64_t n_tokens, LogitsFor which) const;
-  // That plan placed, fused and laid out for this model's backends, cached. Call on the turn.
-  Schedule& schedule_for(int64_t n_tokens, LogitsFor which) const;
+  // That plan placed, fused and laid out for this model's backends (or the CPU alone), cached.
+  // Call on the turn.
+  Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices) const;
+  std::span<Backend* const> backends(bool devices) const {
+    return std::span<Backend* const>(backends_).first(devices ? backends_.size() : 1);
+  }
 
   // Weight preparation is each backend's: the devices first (they copy from the mapped pages),
   // then the CPU (which releases the pages of what it packs). A tied embedding table is then
@@ -123,7 +139,7 @@ class Decoder final : public Model {
   std::vector<std::shared_ptr<Backend>> devices_;
   std::vector<Backend*> backends_;  // the CPU, then the devices
   struct CachedSchedule {
-    std::pair<int64_t, LogitsFor> key;
+    std::tuple<int64_t, LogitsFor, bool> key;
     Schedule schedule;
     uint64_t last_used = 0;
   };
@@ -135,6 +151,10 @@ class Decoder final : public Model {
   AttentionParams attention_;
   GatedDeltaNetParams deltanet_;
   std::string fingerprint_;
+  // Off after a device failed (forward disables it, so mutable) or failed its check.
+  mutable std::atomic<bool> devices_enabled_;
+  mutable std::atomic<int64_t> device_failures_{0};
+  mutable std::string device_failure_;  // on the turn
 };
 
 Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
@@ -200,8 +220,8 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
   return plan;
 }
 
-Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which) const {
-  const auto key = std::pair{n_tokens, which};
+Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices) const {
+  const auto key = std::tuple{n_tokens, which, devices};
   ++schedule_clock_;
   for (CachedSchedule& c : schedules_) {
     if (c.key == key) {
@@ -217,13 +237,14 @@ Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which) const {
                                         return a.last_used < b.last_used;
                                       }));
   }
-  schedules_.push_back({key, schedule(build_plan(n_tokens, which), backends_), schedule_clock_});
+  schedules_.push_back(
+      {key, schedule(build_plan(n_tokens, which), backends(devices)), schedule_clock_});
   return schedules_.back().schedule;
 }
 
 int64_t Decoder::activation_bytes(int64_t n_tokens) const {
   const CpuContext::Turn turn(*context_);
-  return schedule_for(n_tokens, LogitsFor::kLastToken).arena_bytes() +
+  return schedule_for(n_tokens, LogitsFor::kLastToken, devices_enabled_).arena_bytes() +
          config_.vocab_size * static_cast<int64_t>(sizeof(float));
 }
 
@@ -249,12 +270,34 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   // The sessions of the models on this context take turns; the schedules and arenas are theirs
   // for the pass.
   const CpuContext::Turn turn(*context_);
-  Schedule& s = schedule_for(n_tokens, which);
   BorrowedBuffer logits_memory(BufferKind::kHost, logits.data(), logits.size() * sizeof(float),
                                BorrowedBuffer::kWritable);
   Buffer* const outputs[] = {&logits_memory};
-  execute(s, backends_,
-          {.ids = ids, .first_pos = first_pos, .layers = state.layers, .external = outputs});
+  const RunInputs inputs{
+      .ids = ids, .first_pos = first_pos, .layers = state.layers, .external = outputs};
+  bool devices = devices_enabled_;
+  Schedule* s = &schedule_for(n_tokens, which, devices);
+  if (devices && s->plan.nodes.end() == std::find_if(s->plan.nodes.begin(), s->plan.nodes.end(),
+                                                     [](const Node& n) { return n.backend > 0; })) {
+    devices = false;  // nothing of this pass runs on a device (a decode step, say)
+  }
+  if (!devices) {
+    execute(*s, backends(false), inputs);
+  } else {
+    // A device may fail part-way, after updating recurrent states in place: what it started
+    // from is kept (the conv and recurrent states; KV rows past n_past are rewritten anyway).
+    const StateCheckpoint start = state.checkpoint();
+    try {
+      execute(*s, backends(true), inputs);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kDeviceFailed) throw;
+      devices_enabled_ = false;
+      ++device_failures_;
+      device_failure_ = e.what();
+      state.rewind(first_pos, &start);
+      execute(schedule_for(n_tokens, which, false), backends(false), inputs);
+    }
+  }
   state.advance(n_tokens);
 }
 

@@ -88,6 +88,18 @@ class Model {
   // Bytes of activations a forward call over n_tokens new tokens uses (its arenas, reserved from
   // its plan, and the logits): what memory admission counts per session for a prefill chunk.
   virtual int64_t activation_bytes(int64_t n_tokens) const = 0;
+
+  // Devices (LoadOptions::devices): whether it has any, and whether forward passes use them.
+  // set_devices_enabled(false) puts every later pass on the CPU alone: a device that failed its
+  // check before use, or failed during a run. A pass that a device fails (Error kDeviceFailed)
+  // is redone on the CPU from the state it started from, and the devices are disabled: callers
+  // never see the failure, only device_failures().
+  virtual bool has_devices() const { return false; }
+  virtual bool devices_enabled() const { return false; }
+  virtual void set_devices_enabled(bool) {}
+  virtual int64_t device_failures() const { return 0; }
+  // Why the devices were last disabled by a failure ("" if never).
+  virtual std::string device_failure() const { return ""; }
 };
 
 struct LoadOptions {

@@ -146,6 +146,7 @@ int run_bench(const BenchArgs& args) {
   for (const auto& b : devices.backends) backends.push_back(b->name());
   const auto model =
       qhx::load_model(dir, {.context = cpu_context(args.threads), .devices = devices.backends});
+  check_devices(*model, devices, args.devices, dir);
   const double load_s = qhx::seconds_since(load_start);
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);

@@ -61,6 +61,7 @@ class Chat {
     mo.context_length = args.context_length;
     mo.device = args.devices.device.c_str();
     mo.decode_device = args.devices.decode_or_null();
+    mo.device_check = args.devices.device_check.c_str();
     check(qhx_model_open(args.model.c_str(), &mo, &model_));
     qhx_model_info info;
     check(qhx_model_get_info(model_, &info));

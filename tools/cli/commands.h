@@ -9,7 +9,7 @@
 
 #include "common.h"
 #include "forge/convert.h"
-#include "forge/gate.h"
+#include "runtime/gate.h"
 #include "server/server.h"
 #include "util/error.h"
 

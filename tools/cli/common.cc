@@ -8,6 +8,9 @@
 #include <sstream>
 
 #include "io/bundle.h"
+#include "models/model.h"
+#include "runtime/device_check.h"
+#include "tokenizer/tokenizer.h"
 #include "kernels/cpu_context.h"
 #include "kernels/thread_pool.h"
 #include "util/error.h"
@@ -58,6 +61,22 @@ qhx::OpenedDevices open_devices(const DeviceArgs& args) {
   qhx::OpenedDevices opened = qhx::open_devices(choice);
   if (!opened.note.empty()) std::fprintf(stderr, "qhx: %s\n", opened.note.c_str());
   return opened;
+}
+
+void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const DeviceArgs& args,
+                   const std::filesystem::path& model_dir) {
+  if (!model.has_devices()) return;
+  qhx::DeviceCheckOptions options;
+  options.mode = *qhx::parse_device_check_mode(args.device_check);  // checked by the parser
+  options.cache_dir = qhx::default_cache_dir();
+  std::optional<qhx::Tokenizer> tokenizer;
+  if (std::filesystem::exists(model_dir / "tokenizer.json")) {
+    tokenizer = qhx::Tokenizer::load(model_dir);
+  }
+  options.weights = qhx::check_weights_of(model_dir);
+  const qhx::DeviceCheckResult r = qhx::check_devices(model, devices.backends[0]->name(),
+                                                      tokenizer ? &*tokenizer : nullptr, options);
+  if (!r.summary.empty()) std::fprintf(stderr, "qhx: %s\n", r.summary.c_str());
 }
 
 std::string describe_bundle(const qhx::BundleManifest& m) {

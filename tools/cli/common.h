@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 
 namespace qhx {
 class CpuContext;
+class Model;
 struct BundleManifest;
 }  // namespace qhx
 
@@ -32,12 +34,17 @@ std::shared_ptr<qhx::CpuContext> cpu_context(int threads);
 struct DeviceArgs {
   std::string device = "cpu";
   std::string decode_device;  // empty: the device's default
+  std::string device_check = "once";
   const char* decode_or_null() const { return decode_device.empty() ? nullptr : decode_device.c_str(); }
 };
 
 // The backends they name (backend/devices.h), for commands that load a model themselves; the
 // note, if any, goes to stderr.
 qhx::OpenedDevices open_devices(const DeviceArgs& args);
+// The device check before use (runtime/device_check.h) for those commands; its line goes to
+// stderr.
+void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const DeviceArgs& args,
+                   const std::filesystem::path& model_dir);
 
 // One line for stderr about a bundle's provenance: its plan and its gate certificate.
 std::string describe_bundle(const qhx::BundleManifest& m);

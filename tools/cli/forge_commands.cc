@@ -10,7 +10,7 @@
 
 #include "commands.h"
 #include "forge/convert.h"
-#include "forge/gate.h"
+#include "runtime/gate.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
 #include "io/pack.h"

@@ -78,6 +78,7 @@ int run_generate(const GenerateArgs& args) {
   model_options.verify_sha256 = args.verify ? 1 : 0;
   model_options.device = args.devices.device.c_str();
   model_options.decode_device = args.devices.decode_or_null();
+  model_options.device_check = args.devices.device_check.c_str();
   OpenedModel m;
   if (qhx_model_open(dir.c_str(), &model_options, &m.model) != QHX_OK) {
     qhx::fail(dir.string(), qhx_last_error());

@@ -26,6 +26,11 @@ void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
   command->add_option("--decode-device", devices.decode_device,
                       "Where replies are decoded: cpu or the --device GPU (default: the GPU "
                       "itself when it is a discrete one, else the CPU)");
+  command
+      ->add_option("--device-check", devices.device_check,
+                   "Compare the device with the CPU before using it: once (default: unless it "
+                   "passed before), always, never")
+      ->check(CLI::IsMember({"once", "always", "never"}));
 }
 
 }  // namespace

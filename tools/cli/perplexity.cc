@@ -38,8 +38,10 @@ int run_perplexity(const PerplexityArgs& args) {
   if (qhx::is_bundle(dir)) {
     std::fprintf(stderr, "%s\n", describe_bundle(qhx::open_bundle_manifest(dir, {})).c_str());
   }
-  const auto model = qhx::load_model(
-      dir, {.context = cpu_context(args.threads), .devices = open_devices(args.devices).backends});
+  const qhx::OpenedDevices devices = open_devices(args.devices);
+  const auto model =
+      qhx::load_model(dir, {.context = cpu_context(args.threads), .devices = devices.backends});
+  check_devices(*model, devices, args.devices, dir);
   const auto start = qhx::Clock::now();
   const qhx::PerplexityResult r =
       qhx::perplexity(*model, ids, args.window, [](int64_t done, int64_t total) {

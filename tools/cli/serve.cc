@@ -22,6 +22,7 @@ int run_serve(const ServeArgs& args) {
   options.verify_sha256 = args.verify;
   options.device = args.devices.device.c_str();
   options.decode_device = args.devices.decode_or_null();
+  options.device_check = args.devices.device_check.c_str();
   qhx_model* model = nullptr;
   if (qhx_model_open(args.model.c_str(), &options, &model) != QHX_OK) {
     std::fprintf(stderr, "qhx: error: %s\n", qhx_last_error());

@@ -279,6 +279,13 @@ void VulkanBackend::copy(const VulkanBuffer& from, size_t from_offset, const Vul
 
 void VulkanBackend::synchronize() {
   if (!recording_) return;
+  if (options_.fail_submission > 0 && submissions_ + 1 == options_.fail_submission) {
+    abandon();
+    ++submissions_;
+    fail("vulkan: running a plan",
+         "fault injected at submission " + std::to_string(options_.fail_submission),
+         ErrorKind::kDeviceFailed);
+  }
   recording_ = false;
   try {
     vk_check(vkEndCommandBuffer(commands_), "recording commands");
@@ -308,7 +315,15 @@ void VulkanBackend::abandon() {
 
 void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
   try {
-    for (const Node& node : nodes) record(plan, node, args);
+    for (const Node& node : nodes) {
+      record(plan, node, args);
+      if (!options_.perturb_op.empty() && options_.perturb_op == op_name(node.op)) {
+        const int64_t n = node.rows * plan.values[node.out.value].cols;
+        const uint32_t out = at(args, node.out).element;
+        dispatch("perturb", {static_cast<const VulkanBuffer*>(arena_.get())}, {out, 0, out, u32(n)},
+                 groups_of(n));
+      }
+    }
   } catch (...) {
     abandon();
     throw;

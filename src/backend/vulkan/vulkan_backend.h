@@ -24,6 +24,11 @@ struct VulkanBackendOptions {
   bool decode = false;          // single-token steps run here too (else on the CPU)
   int64_t min_prompt_rows = 2;  // the rows from which a node counts as prompt work
   uint64_t fence_timeout_ms = 120000;
+  // Test switches (docs/vulkan.md; QHX_VULKAN_FAIL_SUBMISSION and QHX_VULKAN_PERTURB set them
+  // from the environment): the N-th submission fails as a lost device would (0: none), and the
+  // output of every node of one op kind (op_name, e.g. "silu_mul") is perturbed ("": none).
+  int64_t fail_submission = 0;
+  std::string perturb_op;
 };
 
 class VulkanBackend final : public Backend {

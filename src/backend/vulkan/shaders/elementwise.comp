@@ -4,7 +4,7 @@
 //   ADD:          out[i] += in[i]
 //   SIGMOID_GATE: out[i] *= sigmoid(in[i])
 //   SILU_MUL:     out[i] = silu(in[i]) · in2[i]  (out may be in)
-//   COPY:         out[i] = in[i]
+//   PERTURB:      out[i] = out[i] / 2 + 1/4 (a test switch: VulkanBackendOptions::perturb_op)
 // as the ref:: definitions compute them.
 layout(local_size_x = 64) in;
 
@@ -24,8 +24,8 @@ void main() {
   a[p.out_offset + i] *= 1.0 / (1.0 + exp(-x));
 #elif defined(SILU_MUL)
   a[p.out_offset + i] = x / (1.0 + exp(-x)) * a[p.in2_offset + i];
-#elif defined(COPY)
-  a[p.out_offset + i] = x;
+#elif defined(PERTURB)
+  a[p.out_offset + i] = x * 0.5 + 0.25;  // a wrong answer, for the device check's test
 #else
 #error "compile with one op definition"
 #endif

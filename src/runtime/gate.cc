@@ -1,4 +1,4 @@
-#include "forge/gate.h"
+#include "runtime/gate.h"
 
 #include <algorithm>
 #include <cmath>
