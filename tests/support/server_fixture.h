@@ -2,6 +2,7 @@
 // port, and an OpenAI client's view of it (cpp-httplib's client).
 #pragma once
 
+#include <cstdlib>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -38,7 +39,14 @@ class ServerTest : public ::testing::Test {
     qhx_model_options_default(&options);
     options.context_length = kContext;
     options.max_sessions = 3;
+    // QHX_TEST_DEVICE=vulkan runs the same tests with prompts on the GPU (tests/CMakeLists.txt).
+    options.device = std::getenv("QHX_TEST_DEVICE");
     ASSERT_EQ(qhx_model_open(dir.c_str(), &options, &model_), QHX_OK) << qhx_last_error();
+    if (options.device != nullptr) {
+      qhx_model_info info;
+      ASSERT_EQ(qhx_model_get_info(model_, &info), QHX_OK);
+      ASSERT_STRNE(info.prefill_device, "cpu") << info.device_note;
+    }
   }
   static void TearDownTestSuite() {
     qhx_model_close(model_);

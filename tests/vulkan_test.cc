@@ -1,0 +1,145 @@
+// The Vulkan backend in a run: the device check before use (a pass is cached, a perturbed shader
+// is refused and the CPU takes over), a device failure mid-reply that the CPU finishes with the
+// same tokens, and chat turns with prompts on the device. On the tests' device
+// (support/vulkan_device.h: lavapipe in CI).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "runtime/device_check.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+#include "support/vulkan_device.h"
+
+namespace qhx {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kFixtures[] = {"qwen3/gqa2_f16", "qwen3_5/gva2_tied"};
+
+fs::path fixture(const char* name) {
+  return test::source_dir() / "tests/fixtures" / name;
+}
+
+std::unique_ptr<Model> on_device(const fs::path& dir, std::shared_ptr<VulkanDevice> device,
+                                 const VulkanBackendOptions& options) {
+  return load_model(dir, {.devices = {std::make_shared<VulkanBackend>(std::move(device), options)}});
+}
+
+// Greedy replies to `turns` prompts in one session (each turn continues the last).
+std::vector<std::vector<int32_t>> chat(const Model& model, int turns, int64_t tokens,
+                                       const SessionOptions& options = {}) {
+  Session session(model, options);
+  std::vector<std::vector<int32_t>> replies;
+  std::vector<int32_t> history;
+  for (int turn = 0; turn < turns; ++turn) {
+    for (int32_t i = 0; i < 6; ++i) history.push_back((turn * 37 + i * 11 + 5) % 300);
+    TurnOptions t;
+    t.max_new_tokens = tokens;
+    std::vector<int32_t>& reply = replies.emplace_back();
+    session.generate(history, t, [&](int32_t id) {
+      reply.push_back(id);
+      return true;
+    });
+    history.insert(history.end(), reply.begin(), reply.end());
+  }
+  return replies;
+}
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("qhx-vulkan-test-" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+TEST(DeviceCheck, PassesAnHonestDeviceOnceAndRemembersIt) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const TempDir cache;
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    DeviceCheckOptions options;
+    options.cache_dir = cache.path;
+    const auto model = on_device(fixture(name), device, {});
+    const DeviceCheckResult first = check_devices(*model, "test device", nullptr, options);
+    EXPECT_TRUE(first.passed) << first.summary;
+    EXPECT_TRUE(first.checked);
+    EXPECT_TRUE(model->devices_enabled());
+    const DeviceCheckResult second = check_devices(*model, "test device", nullptr, options);
+    EXPECT_TRUE(second.passed && second.cached && !second.checked) << second.summary;
+    options.mode = DeviceCheckMode::kAlways;
+    EXPECT_TRUE(check_devices(*model, "test device", nullptr, options).checked);
+  }
+}
+
+// A shader that returns wrong numbers (the test switch perturbs one op kind's output) is refused:
+// the devices are off and the model gives the CPU's tokens; nothing is cached.
+TEST(DeviceCheck, RefusesAPerturbedShaderAndLeavesTheCpu) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const TempDir cache;
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    for (const char* op : {"silu_mul", "rms_norm", "matmul"}) {
+      SCOPED_TRACE(op);
+      VulkanBackendOptions perturbed;
+      perturbed.perturb_op = op;
+      const auto model = on_device(fixture(name), device, perturbed);
+      DeviceCheckOptions options;
+      options.cache_dir = cache.path;
+      const DeviceCheckResult r = check_devices(*model, "perturbed device", nullptr, options);
+      EXPECT_FALSE(r.passed);
+      EXPECT_NE(r.summary.find("disagrees with the CPU"), std::string::npos) << r.summary;
+      EXPECT_FALSE(model->devices_enabled());
+      const auto cpu = load_model(fixture(name));
+      EXPECT_EQ(chat(*model, 1, 8), chat(*cpu, 1, 8));
+    }
+  }
+  EXPECT_FALSE(fs::exists(cache.path / "device-checks") &&
+               !fs::is_empty(cache.path / "device-checks"));
+}
+
+// A device that fails at any submission of a reply (the fault-injection switch) costs the reply
+// nothing: the CPU redoes that pass from the state it started from and goes on, with the tokens
+// of an uninterrupted run.
+TEST(DeviceFallback, AFailureMidReplyIsFinishedByTheCpuWithTheSameTokens) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  SessionOptions chunked;
+  chunked.prefill_chunk = 4;  // several prompt passes per turn
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    for (const bool decode : {true, false}) {
+      VulkanBackendOptions options;
+      options.decode = decode;
+      const auto reference = chat(*on_device(fixture(name), device, options), 2, 6, chunked);
+      for (const int64_t n : {1, 2, 3, 5, 9}) {
+        SCOPED_TRACE("decode on device " + std::to_string(decode) + ", failing submission " +
+                     std::to_string(n));
+        options.fail_submission = n;
+        const auto model = on_device(fixture(name), device, options);
+        EXPECT_EQ(chat(*model, 2, 6, chunked), reference);
+        EXPECT_EQ(model->device_failures(), 1);
+        EXPECT_FALSE(model->devices_enabled());
+        EXPECT_NE(model->device_failure().find("fault injected"), std::string::npos);
+      }
+    }
+  }
+}
+
+// Five chat turns with prompts on the device and replies on the CPU: the CPU's tokens.
+TEST(DeviceChat, FiveTurnsGiveTheCpusReplies) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  for (const char* name : {"qwen3/kjv_trained", "qwen3_5/kjv_trained"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = test::source_dir() / "models" /
+                         (std::string(name).starts_with("qwen3_5") ? "qwen3.5-kjv" : "qwen3-kjv");
+    const auto cpu = load_model(dir);
+    const auto model = on_device(dir, device, {});
+    EXPECT_EQ(chat(*model, 5, 8), chat(*cpu, 5, 8));
+  }
+}
+
+}  // namespace
+}  // namespace qhx
