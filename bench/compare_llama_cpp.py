@@ -25,6 +25,12 @@ Examples (from the repository root, after `tools/setup.sh build`):
   python3 bench/compare_llama_cpp.py --preset qwen3.5-2b --pairs q8
   python3 bench/compare_llama_cpp.py --setup-only              # download + build llama.cpp only
   python3 bench/compare_llama_cpp.py --list-converter-archs    # what the vendored converter takes
+  python3 bench/compare_llama_cpp.py --vulkan --preset qwen3.5-2b --pairs q8   # GPU against GPU
+
+--vulkan compares the GPUs: llama.cpp built with GGML_VULKAN=ON (its own build directory) and run
+with every layer offloaded (-ngl 99), against `qhx bench --device vulkan --decode-device D`
+(--qhx-decode-device, default vulkan: both decode on the GPU). Each record carries the device,
+driver and backends that produced it (llama-bench's "backends" and "gpu_info", qhx's "backends").
 """
 
 from __future__ import annotations
@@ -93,12 +99,12 @@ def timed(fn, *args, **kw):
 # llama.cpp from the llama-cpp-python sdist
 
 class LlamaCpp:
-    def __init__(self, cache: Path, version: str, src: Path | None):
-        self.cache, self.version = cache, version
+    def __init__(self, cache: Path, version: str, src: Path | None, vulkan: bool = False):
+        self.cache, self.version, self.vulkan = cache, version, vulkan
         self.sdist_dir = cache / "src" / f"llama_cpp_python-{version}"
         self.src = src or self.sdist_dir / "vendor" / "llama.cpp"
         tag = f"{version}" if src is None else "custom-" + re.sub(r"[^A-Za-z0-9]+", "-", str(src))
-        self.build = cache / f"build-{tag}"
+        self.build = cache / (f"build-{tag}" + ("-vulkan" if vulkan else ""))
         self.bench = self.build / "bin" / "llama-bench"
         self.quantize = self.build / "bin" / "llama-quantize"
         self.timings: dict[str, float] = {}
@@ -137,7 +143,8 @@ class LlamaCpp:
             return
         flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                 "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF", "-DGGML_VULKAN=OFF", "-DGGML_METAL=OFF"]
+                 "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF",
+                 "-DGGML_VULKAN=" + ("ON" if self.vulkan else "OFF"), "-DGGML_METAL=OFF"]
         start = time.monotonic()
         run(["cmake", "-S", self.src, "-B", self.build, *flags], nice=nice, capture=True)
         run(["cmake", "--build", self.build, "-j", jobs, "--target", "llama-bench", "llama-quantize"],
@@ -287,7 +294,8 @@ class Models:
 
 def llama_bench(llama: LlamaCpp, gguf: Path, args) -> dict:
     cmd = [llama.bench, "-m", gguf, "-p", args.n_prompt, "-n", args.n_gen, "-t", args.threads,
-           "-r", args.reps, "-o", "json", *args.llama_bench_args]
+           "-r", args.reps, "-o", "json", *(["-ngl", "99"] if args.vulkan else []),
+           *args.llama_bench_args]
     records = json.loads(run(cmd, capture=True).stdout)
     out = {"raw": records}
     for r in records:
@@ -302,7 +310,8 @@ def llama_bench(llama: LlamaCpp, gguf: Path, args) -> dict:
 
 def qhx_bench(qhx: Path, bundle: Path, args) -> dict:
     cmd = [qhx, "bench", bundle, "-p", args.n_prompt, "-n", args.n_gen, "-t", args.threads,
-           "-r", args.reps, "--json"]
+           "-r", args.reps, "--json",
+           *(["--device", "vulkan", "--decode-device", args.qhx_decode_device] if args.vulkan else [])]
     record = json.loads(run(cmd, capture=True).stdout.strip().splitlines()[-1])
     return {"raw": record, "prefill": record["prefill_tok_s"], "decode": record["decode_tok_s"],
             "prefill_sd": record["spread"]["prefill_tok_s"]["stddev"],
@@ -398,6 +407,10 @@ def parse_args() -> argparse.Namespace:
                         "multiple of 64, so 32 (Q4_0's block) runs W4 with f32 activations)")
     g.add_argument("--llama-bench-args", default="",
                    help="extra llama-bench arguments, one string (e.g. '-fa on -ub 256')")
+    g.add_argument("--vulkan", action="store_true",
+                   help="GPU against GPU: llama.cpp's Vulkan backend (-ngl 99) and qhx --device vulkan")
+    g.add_argument("--qhx-decode-device", choices=["vulkan", "cpu"], default="vulkan",
+                   help="with --vulkan: where qhx decodes (default: vulkan)")
     g = ap.add_argument_group("tools and caches")
     g.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                    help="download, build, venv (default: %(default)s)")
@@ -457,7 +470,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
-    llama = LlamaCpp(args.cache, args.llama_cpp_python_version, args.llama_cpp_src)
+    llama = LlamaCpp(args.cache, args.llama_cpp_python_version, args.llama_cpp_src, args.vulkan)
     llama.fetch()
     if args.list_converter_archs:
         print("\n".join(converter_archs(llama.src)))
@@ -540,6 +553,10 @@ def main() -> None:
         "llama_cpp_python": args.llama_cpp_python_version if not args.llama_cpp_src else None,
         "llama_cpp_commit": llama.commit() if not args.llama_cpp_src else str(args.llama_cpp_src),
         "llama_bench_backends": first["llama"]["raw"][0].get("backends"),
+        "llama_bench_gpu": first["llama"]["raw"][0].get("gpu_info"),
+        "qhx_backends": first["qhx"]["raw"].get("backends"),
+        "qhx_devices": {"prefill": first["qhx"]["raw"].get("prefill_device"),
+                        "decode": first["qhx"]["raw"].get("decode_device")},
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": args.threads,
         "preset": args.preset, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
         "reps_per_call": args.reps, "rounds": args.rounds, "converter": args.converter,
