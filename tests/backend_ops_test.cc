@@ -232,11 +232,11 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
       r.vector = k.vector(H, 3, 0.5f, 1.0f);
       r.eps = 1e-6f;
     });
-    const std::pair<DType, Activations> dtypes[] = {{DType::kF32, Activations::kF32},
-                                                    {DType::kBF16, Activations::kF32},
-                                                    {DType::kW8, Activations::kF32},
-                                                    {DType::kW8, Activations::kInt8},
-                                                    {DType::kW4, Activations::kInt8}};
+    const std::pair<DType, Activations> dtypes[] = {
+      {DType::kF32, Activations::kF32}, {DType::kBF16, Activations::kF32},
+      {DType::kF16, Activations::kF32}, {DType::kW8, Activations::kF32},
+      {DType::kW8, Activations::kInt8}, {DType::kW4, Activations::kF32},
+      {DType::kW4, Activations::kInt8}};
     for (const auto& pair : dtypes) {
       const DType dtype = pair.first;  // named: lambdas may not capture structured bindings
       const Activations activations = pair.second;
@@ -471,7 +471,7 @@ TEST(BackendOps, TheCpuBackendFusesWhatItCan) {
       EXPECT_EQ(s.plan.nodes[0].fused, 0) << c.name;
     }
   }
-  EXPECT_EQ(checked, 2 * (1 + 5 + 2));
+  EXPECT_EQ(checked, 2 * (1 + 7 + 2));
 }
 
 // A backend that runs a subset of the ops: nodes it claims run there, the rest on the CPU, with a
