@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "forge/convert.h"
+#include "qhx/qhx.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
 #include "runtime/gate.h"
@@ -129,6 +130,56 @@ TEST(DeviceFallback, AFailureMidReplyIsFinishedByTheCpuWithTheSameTokens) {
       }
     }
   }
+}
+
+// Through the C API, as the server uses it: the fault-injection switch from the environment, a
+// reply that is the CPU's, the failure counted in the result (the server's timings) and the model
+// on the CPU afterwards.
+TEST(DeviceFallback, TheCApiReportsTheFailureAndNothingElseChanges) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const std::string dir = fixture(kFixtures[1]).string();
+  const auto reply = [&](const char* device_name, qhx_generate_result* result) {
+    qhx_model_options mo;
+    qhx_model_options_default(&mo);
+    mo.device = device_name;
+    mo.decode_device = device_name;
+    mo.device_check = "never";
+    qhx_model* model = nullptr;
+    EXPECT_EQ(qhx_model_open(dir.c_str(), &mo, &model), QHX_OK) << qhx_last_error();
+    qhx_session* session = nullptr;
+    EXPECT_EQ(qhx_session_create(model, nullptr, &session), QHX_OK);
+    qhx_generate_options options;
+    qhx_generate_options_default(model, &options);
+    options.max_new_tokens = 12;
+    options.sampling.greedy = 1;
+    std::vector<int32_t> ids;
+    const int32_t prompt[] = {5, 17, 101, 33, 250, 7, 64};
+    EXPECT_EQ(qhx_session_generate(
+                  session, prompt, std::size(prompt), &options,
+                  [](void* user, int32_t id, const char*, size_t) {
+                    if (id >= 0) static_cast<std::vector<int32_t>*>(user)->push_back(id);
+                    return 0;
+                  },
+                  &ids, result),
+              QHX_OK)
+        << qhx_last_error();
+    qhx_string_free(result->text);
+    qhx_model_info info;
+    qhx_model_get_info(model, &info);
+    const std::string where = info.decode_device;
+    qhx_session_destroy(session);
+    qhx_model_close(model);
+    return std::pair{ids, where};
+  };
+  qhx_generate_result on_cpu{}, failed{};
+  const auto cpu = reply("cpu", &on_cpu);
+  ::setenv("QHX_VULKAN_FAIL_SUBMISSION", "4", 1);
+  const auto device_run = reply("vulkan", &failed);
+  ::unsetenv("QHX_VULKAN_FAIL_SUBMISSION");
+  EXPECT_EQ(device_run.first, cpu.first);
+  EXPECT_EQ(failed.device_failures, 1);
+  EXPECT_EQ(on_cpu.device_failures, 0);
+  EXPECT_EQ(device_run.second, "cpu");
 }
 
 // Five chat turns with prompts on the device and replies on the CPU: the CPU's tokens.

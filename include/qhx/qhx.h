@@ -186,6 +186,8 @@ typedef struct qhx_generate_result {
   double ttft_ms; /* call to first token */
   double decode_ms;
   char* text; /* everything generated (stop string excluded); free with qhx_string_free */
+  int64_t device_failures; /* device failures this call went through: the CPU redid that work
+                              (no token lost or repeated) and runs the model from then on */
 } qhx_generate_result;
 
 /* ---------------------------------------------------------------------------------------------

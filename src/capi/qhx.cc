@@ -193,6 +193,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
                          callback(user_data, id, shown.text.c_str(), shown.text.size()) == 0;
       return go_on && !shown.stopped;
     };
+    const int64_t failures_before = session->model->model->device_failures();
     const qhx::TurnStats stats = session->session->generate(tokens, turn, [&](int32_t id) {
       // An eos or stop id adds no text of its own but ends what was held.
       const bool is_stop = stops.count(id) > 0;
@@ -229,6 +230,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       result->prefill_ms = stats.prefill_seconds * 1e3;
       result->ttft_ms = stats.ttft_seconds * 1e3;
       result->decode_ms = stats.decode_seconds * 1e3;
+      result->device_failures = session->model->model->device_failures() - failures_before;
       result->text = copy_string(text);
     }
   });
@@ -388,8 +390,10 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->n_eos_ids = model->eos_ids.size();
   info->has_chat_template = model->chat_template.has_value();
   info->n_threads = model->model->context().threads();
-  info->prefill_device = model->prefill_device.c_str();
-  info->decode_device = model->decode_device.c_str();
+  // After a device failed, everything runs on the CPU.
+  const bool on_cpu = model->model->has_devices() && !model->model->devices_enabled();
+  info->prefill_device = on_cpu ? "cpu" : model->prefill_device.c_str();
+  info->decode_device = on_cpu ? "cpu" : model->decode_device.c_str();
   info->device_note = model->device_note.c_str();
   return QHX_OK;
 }
