@@ -14,6 +14,7 @@
 #include "runtime/device_check.h"
 #include "runtime/gate.h"
 #include "runtime/session.h"
+#include "support/cli_run.h"
 #include "support/fixtures.h"
 #include "support/vulkan_device.h"
 #include "tokenizer/tokenizer.h"
@@ -180,6 +181,38 @@ TEST(DeviceFallback, TheCApiReportsTheFailureAndNothingElseChanges) {
   EXPECT_EQ(failed.device_failures, 1);
   EXPECT_EQ(on_cpu.device_failures, 0);
   EXPECT_EQ(device_run.second, "cpu");
+}
+
+// The command line's contract: with --device vulkan (and any --decode-device), --print-ids prints
+// exactly one line: the CPU's ids. A device that fails its check says so on stderr and the ids
+// are still the CPU's.
+TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const TempDir cache;
+  ::setenv("QHX_CACHE_DIR", cache.path.c_str(), 1);
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const std::string run = "generate --model " + fixture(name).string() +
+                            " --prompt-ids 1,2,3 -n 9 --greedy --print-ids";
+    const test::CliRun cpu = test::run_qhx(run);
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+    ASSERT_EQ(std::count(cpu.out.begin(), cpu.out.end(), '\n'), 1) << cpu.out;
+    for (const char* decode : {"", " --decode-device cpu", " --decode-device vulkan"}) {
+      const test::CliRun r = test::run_qhx(run + " --device vulkan" + decode);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(r.out, cpu.out) << decode;
+      // Checked by the first run, remembered by the others.
+      EXPECT_NE(r.err.find(*decode == '\0' ? "agrees with the CPU" : "passed its check before"),
+                std::string::npos)
+          << r.err;
+    }
+    ::setenv("QHX_VULKAN_PERTURB", "silu_mul", 1);
+    const test::CliRun refused = test::run_qhx(run + " --device vulkan --device-check always");
+    ::unsetenv("QHX_VULKAN_PERTURB");
+    EXPECT_EQ(refused.out, cpu.out);
+    EXPECT_NE(refused.err.find("disagrees with the CPU"), std::string::npos) << refused.err;
+  }
+  ::unsetenv("QHX_CACHE_DIR");
 }
 
 // Five chat turns with prompts on the device and replies on the CPU: the CPU's tokens.
