@@ -105,7 +105,9 @@ bool vulkan_built() {
 }
 
 std::vector<std::string> describe_devices(std::string* why) {
-  if (why != nullptr) *why = "qhx was built without Vulkan (libvulkan-dev and glslc were not found)";
+  if (why != nullptr) {
+    *why = "qhx was built without Vulkan (QHX_VULKAN=OFF, or no libvulkan-dev and glslc)";
+  }
   return {};
 }
 
