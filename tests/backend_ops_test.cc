@@ -233,10 +233,10 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
       r.eps = 1e-6f;
     });
     const std::pair<DType, Activations> dtypes[] = {
-      {DType::kF32, Activations::kF32}, {DType::kBF16, Activations::kF32},
-      {DType::kF16, Activations::kF32}, {DType::kW8, Activations::kF32},
-      {DType::kW8, Activations::kInt8}, {DType::kW4, Activations::kF32},
-      {DType::kW4, Activations::kInt8}};
+        {DType::kF32, Activations::kF32}, {DType::kBF16, Activations::kF32},
+        {DType::kF16, Activations::kF32}, {DType::kW8, Activations::kF32},
+        {DType::kW8, Activations::kInt8}, {DType::kW4, Activations::kF32},
+        {DType::kW4, Activations::kInt8}};
     for (const auto& pair : dtypes) {
       const DType dtype = pair.first;  // named: lambdas may not capture structured bindings
       const Activations activations = pair.second;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "forge/convert.h"
-#include "qhx/qhx.h"
 #include "models/model.h"
+#include "qhx/qhx.h"
 #include "runtime/device_check.h"
 #include "runtime/gate.h"
 #include "runtime/session.h"
@@ -32,7 +32,8 @@ fs::path fixture(const char* name) {
 
 std::unique_ptr<Model> on_device(const fs::path& dir, std::shared_ptr<VulkanDevice> device,
                                  const VulkanBackendOptions& options) {
-  return load_model(dir, {.devices = {std::make_shared<VulkanBackend>(std::move(device), options)}});
+  return load_model(dir,
+                    {.devices = {std::make_shared<VulkanBackend>(std::move(device), options)}});
 }
 
 // Greedy replies to `turns` prompts in one session (each turn continues the last).
@@ -260,9 +261,9 @@ TEST(DeviceGate, QuantizedBundlesPassTheirGateOnTheDevice) {
     everything.decode = true;
     const auto model = on_device(bundle, device, everything);
     const auto reference = load_model(source);
-    const std::optional<Tokenizer> tokenizer =
-        fs::exists(source / "tokenizer.json") ? std::optional(Tokenizer::load(source))
-                                              : std::nullopt;
+    const std::optional<Tokenizer> tokenizer = fs::exists(source / "tokenizer.json")
+                                                   ? std::optional(Tokenizer::load(source))
+                                                   : std::nullopt;
     const GateReport report =
         run_gate(*model, *reference,
                  gate_prompt_suite(tokenizer ? &*tokenizer : nullptr,

@@ -64,8 +64,8 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   if (choice.prefill == cpu) {
     if (choice.decode && *choice.decode != cpu) {
       fail("--decode-device", "decoding on " + choice.decode->text() +
-                                  " needs the prompt there too (--device " +
-                                  choice.decode->text() + ")");
+                                  " needs the prompt there too (--device " + choice.decode->text() +
+                                  ")");
     }
     return out;
   }

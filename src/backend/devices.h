@@ -34,8 +34,8 @@ bool vulkan_built();
 std::vector<std::string> describe_devices(std::string* why);
 
 struct DeviceChoice {
-  DeviceName prefill;                 // where prompt chunks run
-  std::optional<DeviceName> decode;   // where single-token steps run; unset: the default
+  DeviceName prefill;                // where prompt chunks run
+  std::optional<DeviceName> decode;  // where single-token steps run; unset: the default
 };
 
 struct OpenedDevices {

@@ -301,8 +301,8 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     if (options->device_check != nullptr) {
       const auto mode = qhx::parse_device_check_mode(options->device_check);
       if (!mode) {
-        qhx::fail("device_check", std::string(options->device_check) +
-                                      " is not one of always, once, never");
+        qhx::fail("device_check",
+                  std::string(options->device_check) + " is not one of always, once, never");
       }
       check.mode = *mode;
     }
@@ -334,8 +334,8 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     if (opened->model->has_devices()) {
       check.weights = qhx::check_weights_of(dir);
       check.cache_dir = qhx::default_cache_dir();
-      const qhx::DeviceCheckResult checked =
-          qhx::check_devices(*opened->model, device_name, opened->tokenizer ? &*opened->tokenizer : nullptr, check);
+      const qhx::DeviceCheckResult checked = qhx::check_devices(
+          *opened->model, device_name, opened->tokenizer ? &*opened->tokenizer : nullptr, check);
       if (!checked.passed) opened->prefill_device = opened->decode_device = "cpu";
       if (!checked.summary.empty()) {
         opened->device_note += (opened->device_note.empty() ? "" : "; ") + checked.summary;

@@ -81,7 +81,9 @@ void remember_pass(const fs::path& file, const std::string& device, const Model&
   const fs::path partial = partial_sibling(file);
   {
     std::ofstream out(partial);
-    out << Json{{"device", device}, {"model", model.fingerprint()}, {"passed", true},
+    out << Json{{"device", device},
+                {"model", model.fingerprint()},
+                {"passed", true},
                 {"summary", summary}}
                .dump(2)
         << "\n";
@@ -117,8 +119,8 @@ fs::path default_cache_dir() {
   return {};
 }
 
-DeviceCheckResult check_devices(Model& model, const std::string& device,
-                                const Tokenizer* tokenizer, const DeviceCheckOptions& options) {
+DeviceCheckResult check_devices(Model& model, const std::string& device, const Tokenizer* tokenizer,
+                                const DeviceCheckOptions& options) {
   DeviceCheckResult result;
   if (!model.has_devices()) {
     result.passed = true;
@@ -150,8 +152,8 @@ DeviceCheckResult check_devices(Model& model, const std::string& device,
   }
   if (model.device_failures() > 0) {  // the pass fell back to the CPU part-way
     model.set_devices_enabled(false);
-    result.summary = device + " failed during its check (" + model.device_failure() +
-                     "); running on the CPU";
+    result.summary =
+        device + " failed during its check (" + model.device_failure() + "); running on the CPU";
     return result;
   }
   result.passed = report.passed;

@@ -39,8 +39,8 @@ struct DeviceCheckResult {
 // Checks the devices `model` was loaded with; `device` names them for the cache ("vulkan:0
 // (llvmpipe ..., Mesa 22.3.6)": device and driver). On failure the model's devices are disabled.
 // Run it before the model is shared: it switches the model between devices and CPU.
-DeviceCheckResult check_devices(Model& model, const std::string& device,
-                                const Tokenizer* tokenizer, const DeviceCheckOptions& options);
+DeviceCheckResult check_devices(Model& model, const std::string& device, const Tokenizer* tokenizer,
+                                const DeviceCheckOptions& options);
 
 // Which of the gate's thresholds apply to the model in `dir`: its bundle's matrix type (the
 // manifest's precision policy); bf16 for a Hugging Face checkpoint.

@@ -2,9 +2,9 @@
 // port, and an OpenAI client's view of it (cpp-httplib's client).
 #pragma once
 
-#include <cstdlib>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <cstdlib>
 
 #include <chrono>
 #include <functional>

@@ -25,14 +25,14 @@ inline std::shared_ptr<VulkanDevice> vulkan_device(std::string* why) {
 }
 
 // In a test body: the device, or the test ends here (skipped, or failed under QHX_REQUIRE_VULKAN).
-#define QHX_VULKAN_DEVICE_OR_SKIP(device)                                         \
-  std::string qhx_vulkan_why;                                                     \
+#define QHX_VULKAN_DEVICE_OR_SKIP(device)                                            \
+  std::string qhx_vulkan_why;                                                        \
   const std::shared_ptr<VulkanDevice> device = test::vulkan_device(&qhx_vulkan_why); \
-  if (device == nullptr) {                                                        \
-    if (std::getenv("QHX_REQUIRE_VULKAN") != nullptr) {                           \
-      FAIL() << "no Vulkan device: " << qhx_vulkan_why;                           \
-    }                                                                             \
-    GTEST_SKIP() << "no Vulkan device: " << qhx_vulkan_why;                       \
+  if (device == nullptr) {                                                           \
+    if (std::getenv("QHX_REQUIRE_VULKAN") != nullptr) {                              \
+      FAIL() << "no Vulkan device: " << qhx_vulkan_why;                              \
+    }                                                                                \
+    GTEST_SKIP() << "no Vulkan device: " << qhx_vulkan_why;                          \
   }
 
 }  // namespace qhx::test

@@ -160,8 +160,7 @@ int run_bench(const BenchArgs& args) {
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | "
         "prompts on %s, replies on %s | commit %s\n",
         args.model.c_str(), weights.c_str(), weights_mb, threads, kernel_path.c_str(), load_s,
-        cpu.c_str(), devices.prefill.text().c_str(), devices.decode.text().c_str(),
-        QHX_GIT_COMMIT);
+        cpu.c_str(), devices.prefill.text().c_str(), devices.decode.text().c_str(), QHX_GIT_COMMIT);
     std::printf("%8s %8s %6s %22s %22s %18s %10s %10s\n", "n_prompt", "depth", "n_gen",
                 "prefill tok/s", "decode tok/s", "TTFT ms", "state MB", "RSS MB");
   }

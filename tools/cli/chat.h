@@ -12,9 +12,9 @@ namespace qhx::cli {
 struct ChatArgs {
   std::string model;
   DeviceArgs devices;
-  std::string system;          // system prompt, if any
+  std::string system;  // system prompt, if any
   int64_t max_new_tokens = 1024;
-  int64_t context_length = 0;  // 0: memory admission decides
+  int64_t context_length = 0;    // 0: memory admission decides
   std::optional<bool> thinking;  // --think / --no-think; unset: the template's default
   bool greedy = false;
   std::optional<uint64_t> seed;

@@ -8,11 +8,11 @@
 #include <sstream>
 
 #include "io/bundle.h"
+#include "kernels/cpu_context.h"
+#include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
 #include "tokenizer/tokenizer.h"
-#include "kernels/cpu_context.h"
-#include "kernels/thread_pool.h"
 #include "util/error.h"
 
 namespace qhx::cli {

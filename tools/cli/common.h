@@ -35,7 +35,9 @@ struct DeviceArgs {
   std::string device = "cpu";
   std::string decode_device;  // empty: the device's default
   std::string device_check = "once";
-  const char* decode_or_null() const { return decode_device.empty() ? nullptr : decode_device.c_str(); }
+  const char* decode_or_null() const {
+    return decode_device.empty() ? nullptr : decode_device.c_str();
+  }
 };
 
 // The backends they name (backend/devices.h), for commands that load a model themselves; the

@@ -10,10 +10,10 @@
 
 #include "commands.h"
 #include "forge/convert.h"
-#include "runtime/gate.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
 #include "io/pack.h"
+#include "runtime/gate.h"
 #include "util/error.h"
 
 namespace qhx::cli {

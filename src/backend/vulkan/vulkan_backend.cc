@@ -20,7 +20,8 @@ constexpr int64_t kMaxKDim = 128;              // delta_rule.comp
 constexpr int64_t kMaxConvKernel = 8;          // conv_silu.comp
 
 uint32_t u32(int64_t v) {
-  if (v < 0 || v > UINT32_MAX) fail("vulkan", "a size of " + std::to_string(v) + " exceeds 32 bits");
+  if (v < 0 || v > UINT32_MAX)
+    fail("vulkan", "a size of " + std::to_string(v) + " exceeds 32 bits");
   return static_cast<uint32_t>(v);
 }
 uint32_t bits(float f) {
@@ -69,7 +70,8 @@ VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackend
   vk_check(vkCreateFence(d, &fence, nullptr, &fence_), "creating a fence");
   const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                   kSetsPerSubmission * kMaxBindings};
-  auto descriptors = vk_info<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
+  auto descriptors =
+      vk_info<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
   descriptors.maxSets = kSetsPerSubmission;
   descriptors.poolSizeCount = 1;
   descriptors.pPoolSizes = &size;
@@ -385,11 +387,10 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
         const VulkanBuffer& s = scratch(scales_, blocks * sizeof(float));
         dispatch("quantize_q8", {&arena, &q, &s}, {offset(node.in[0]), u32(m.cols), u32(blocks)},
                  groups_of(blocks));
-        return dispatch(m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4",
-                        {&q, &s, data, scales, &arena},
-                        {offset(node.out), u32(m.rows), u32(m.cols), u32(node.rows),
-                         u32(m.group_size)},
-                        row_groups, token_groups);
+        return dispatch(
+            m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4", {&q, &s, data, scales, &arena},
+            {offset(node.out), u32(m.rows), u32(m.cols), u32(node.rows), u32(m.group_size)},
+            row_groups, token_groups);
       }
       return dispatch((std::string("matmul_") + weight_suffix(m.dtype)).c_str(),
                       {&arena, data, scales, &arena},
@@ -401,11 +402,11 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     case Op::kSplitHeads: {
       const int64_t n = node.rows * cols(node.out);
       const bool split = node.op == Op::kSplitHeads;
-      return dispatch(split ? "split_heads" : "copy_columns", {&arena},
-                      {offset(node.in[0]), offset(node.out), split ? offset(node.out2) : 0,
-                       u32(cols(node.in[0])), u32(cols(node.out)), u32(node.width),
-                       u32(node.offset), u32(n)},
-                      groups_of(n));
+      return dispatch(
+          split ? "split_heads" : "copy_columns", {&arena},
+          {offset(node.in[0]), offset(node.out), split ? offset(node.out2) : 0,
+           u32(cols(node.in[0])), u32(cols(node.out)), u32(node.width), u32(node.offset), u32(n)},
+          groups_of(n));
     }
     case Op::kRope: {
       // cos and sin of each angle as the CPU computes them (f32 position · frequency).
@@ -446,10 +447,10 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     case Op::kConvSilu: {
       const int64_t channels = cols(node.out);
       const VulkanBuffer& conv = state(inputs.layers[node.layer].conv, "conv state", node.layer);
-      return dispatch("conv_silu", {&arena, &vector(node.vector, channels * node.width), &conv},
-                      {offset(node.in[0]), offset(node.out), u32(channels), u32(node.width),
-                       u32(node.rows)},
-                      groups_of(channels));
+      return dispatch(
+          "conv_silu", {&arena, &vector(node.vector, channels * node.width), &conv},
+          {offset(node.in[0]), offset(node.out), u32(channels), u32(node.width), u32(node.rows)},
+          groups_of(channels));
     }
     case Op::kDeltaGates: {
       const int64_t heads = cols(node.out);

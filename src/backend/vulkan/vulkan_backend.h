@@ -89,7 +89,7 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<Buffer> arena_;
   std::unique_ptr<Buffer> ring_;  // host-visible: token ids, RoPE tables
   size_t ring_used_ = 0;
-  std::unique_ptr<Buffer> quantized_, scales_;  // int8 activations of a matmul
+  std::unique_ptr<Buffer> quantized_, scales_;    // int8 activations of a matmul
   std::map<const void*, DeviceMatrix> matrices_;  // by the host data they copy
   std::map<const float*, DeviceVector> vectors_;
   std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded

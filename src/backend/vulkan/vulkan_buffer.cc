@@ -109,9 +109,8 @@ VulkanBuffer::VulkanBuffer(std::shared_ptr<VulkanDevice> device, const BufferTyp
   if (a.host != nullptr) {
     std::memset(a.host, 0, bytes);
   } else {
-    run_once(*device_, "zeroing a buffer", [&](VkCommandBuffer c) {
-      vkCmdFillBuffer(c, buffer_, 0, VK_WHOLE_SIZE, 0);
-    });
+    run_once(*device_, "zeroing a buffer",
+             [&](VkCommandBuffer c) { vkCmdFillBuffer(c, buffer_, 0, VK_WHOLE_SIZE, 0); });
   }
 }
 

@@ -34,8 +34,9 @@ bool has_extension(VkPhysicalDevice device, const char* name) {
   vkEnumerateDeviceExtensionProperties(device, nullptr, &n, nullptr);
   std::vector<VkExtensionProperties> extensions(n);
   vkEnumerateDeviceExtensionProperties(device, nullptr, &n, extensions.data());
-  return std::any_of(extensions.begin(), extensions.end(),
-                     [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+  return std::any_of(extensions.begin(), extensions.end(), [&](const VkExtensionProperties& e) {
+    return std::strcmp(e.extensionName, name) == 0;
+  });
 }
 
 // An instance for compute only: no surfaces, no layers. Vulkan 1.1 is what the shaders need.
@@ -60,11 +61,14 @@ std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
 VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   VulkanDeviceInfo info;
   info.index = index;
-  auto subgroup = vk_info<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
-  auto driver = vk_info<VkPhysicalDeviceDriverProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
+  auto subgroup = vk_info<VkPhysicalDeviceSubgroupProperties>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
+  auto driver = vk_info<VkPhysicalDeviceDriverProperties>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
   const bool has_driver_properties = has_extension(device, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
   subgroup.pNext = has_driver_properties ? &driver : nullptr;
-  auto properties = vk_info<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+  auto properties =
+      vk_info<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
   properties.pNext = &subgroup;
   vkGetPhysicalDeviceProperties2(device, &properties);
   const VkPhysicalDeviceProperties& p = properties.properties;
@@ -74,13 +78,13 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   info.api = version_string(p.apiVersion);
   info.vendor_id = p.vendorID;
   info.device_id = p.deviceID;
-  info.driver = has_driver_properties
-                    ? std::string(driver.driverName) + " " + driver.driverInfo
-                    : "driver " + std::to_string(p.driverVersion);
+  info.driver = has_driver_properties ? std::string(driver.driverName) + " " + driver.driverInfo
+                                      : "driver " + std::to_string(p.driverVersion);
   info.subgroup_size = subgroup.subgroupSize;
   info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
 
-  auto f16 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+  auto f16 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
   auto features = vk_info<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
   features.pNext = &f16;
   vkGetPhysicalDeviceFeatures2(device, &features);
@@ -190,7 +194,8 @@ std::shared_ptr<VulkanDevice> VulkanDevice::open(int index) {
   for (uint32_t b = 0; b < kMaxBindings; ++b) {
     bindings[b] = {b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
   }
-  auto set = vk_info<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+  auto set =
+      vk_info<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
   set.bindingCount = kMaxBindings;
   set.pBindings = bindings;
   vk_check(vkCreateDescriptorSetLayout(d->device_, &set, nullptr, &d->set_layout_),
@@ -243,9 +248,10 @@ VkPipeline VulkanDevice::pipeline(std::string_view shader) {
   module_info.pCode = code->code;
   VkShaderModule module = VK_NULL_HANDLE;
   vk_check(vkCreateShaderModule(device_, &module_info, nullptr, &module), "creating a shader");
-  auto create = vk_info<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
-  create.stage = vk_info<VkPipelineShaderStageCreateInfo>(
-      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
+  auto create =
+      vk_info<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
+  create.stage =
+      vk_info<VkPipelineShaderStageCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
   create.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   create.stage.module = module;
   create.stage.pName = "main";
