@@ -186,17 +186,22 @@ TEST_P(Parity, LogitsAtEveryPositionMatchReference) {
   }
 }
 
+// The model's greedy continuation of the prompt, as long as the golden one.
+std::vector<int32_t> greedy_continuation(const Model& model, const GoldenPrompt& p) {
+  Session session(model);
+  TurnOptions options;
+  options.max_new_tokens = static_cast<int64_t>(p.greedy.size());
+  std::vector<int32_t> generated;
+  session.generate(p.ids, options, [&](int32_t id) {
+    generated.push_back(id);
+    return true;
+  });
+  return generated;
+}
+
 TEST_P(Parity, GreedyContinuationMatchesReference) {
   for (const GoldenPrompt& p : golden_.prompts) {
-    Session session(*model_);
-    TurnOptions options;
-    options.max_new_tokens = static_cast<int64_t>(p.greedy.size());
-    std::vector<int32_t> generated;
-    session.generate(p.ids, options, [&](int32_t id) {
-      generated.push_back(id);
-      return true;
-    });
-    EXPECT_EQ(generated, p.greedy) << "prompt " << p.name;
+    EXPECT_EQ(greedy_continuation(*model_, p), p.greedy) << "prompt " << p.name;
   }
 }
 
@@ -369,17 +374,6 @@ class VulkanParity : public ::testing::TestWithParam<std::string> {
     return load_model(golden_.checkpoint,
                       {.devices = {std::make_shared<VulkanBackend>(std::move(device), options)}});
   }
-  std::vector<int32_t> greedy(const Model& model, const GoldenPrompt& p) {
-    Session session(model);
-    TurnOptions options;
-    options.max_new_tokens = static_cast<int64_t>(p.greedy.size());
-    std::vector<int32_t> generated;
-    session.generate(p.ids, options, [&](int32_t id) {
-      generated.push_back(id);
-      return true;
-    });
-    return generated;
-  }
   void SetUp() override { golden_ = load_golden(GetParam()); }
   Golden golden_;
 };
@@ -408,7 +402,7 @@ TEST_P(VulkanParity, EverythingOnTheDeviceMatchesReference) {
     // 16 tokens of each continuation, elsewhere all of them.
     GoldenPrompt shorter = p;
     if (device->info().type == "CPU" && shorter.greedy.size() > 16) shorter.greedy.resize(16);
-    EXPECT_EQ(greedy(*model, shorter), shorter.greedy) << "prompt " << p.name;
+    EXPECT_EQ(greedy_continuation(*model, shorter), shorter.greedy) << "prompt " << p.name;
   }
 }
 
@@ -418,7 +412,7 @@ TEST_P(VulkanParity, DevicePrefillWithCpuDecodeGivesTheCpusTokens) {
   const auto model = on_device(device, /*decode=*/false);
   const auto cpu = load_model(golden_.checkpoint);
   for (const GoldenPrompt& p : golden_.prompts) {
-    EXPECT_EQ(greedy(*model, p), greedy(*cpu, p)) << "prompt " << p.name;
+    EXPECT_EQ(greedy_continuation(*model, p), greedy_continuation(*cpu, p)) << "prompt " << p.name;
   }
 }
 
