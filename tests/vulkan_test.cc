@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -214,6 +216,27 @@ TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
     EXPECT_NE(refused.err.find("disagrees with the CPU"), std::string::npos) << refused.err;
   }
   ::unsetenv("QHX_CACHE_DIR");
+}
+
+// Compiled pipelines are kept on disk for the next process (a driver stores binaries there;
+// lavapipe only a header), and a cache file of another device or a damaged one is no error.
+TEST(DevicePipelines, AreCachedOnDiskAndADamagedCacheIsIgnored) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const TempDir cache;
+  const auto run_once = [&] {
+    const auto opened = VulkanDevice::open(0, cache.path);
+    const auto model = on_device(fixture(kFixtures[0]), opened, {});
+    return chat(*model, 1, 4);
+  };
+  const auto first = run_once();
+  const fs::path dir = cache.path / "vulkan-pipelines";
+  ASSERT_TRUE(fs::exists(dir));
+  ASSERT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  const fs::path file = fs::directory_iterator(dir)->path();
+  EXPECT_GT(fs::file_size(file), 0u);
+  EXPECT_EQ(run_once(), first);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << "not a pipeline cache";
+  EXPECT_EQ(run_once(), first);
 }
 
 // Five chat turns with prompts on the device and replies on the CPU: the CPU's tokens.

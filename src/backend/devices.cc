@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "util/cache_dir.h"
 #include "util/error.h"
 
 #if QHX_HAVE_VULKAN
@@ -75,7 +76,7 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   }
   std::shared_ptr<VulkanDevice> device;
   try {
-    device = VulkanDevice::open(choice.prefill.index);
+    device = VulkanDevice::open(choice.prefill.index, default_cache_dir());
   } catch (const Error& e) {
     out.note = std::string(e.what()) + "; running on the CPU";
     return out;

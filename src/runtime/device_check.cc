@@ -1,6 +1,5 @@
 #include "runtime/device_check.h"
 
-#include <cstdlib>
 #include <fstream>
 
 #include "io/bundle.h"
@@ -106,17 +105,6 @@ DType check_weights_of(const fs::path& dir) {
   const std::string matrices =
       open_bundle_manifest(dir, {}).precision_policy.value("matrices", std::string());
   return matrices == "w4" ? DType::kW4 : matrices == "w8" ? DType::kW8 : DType::kBF16;
-}
-
-fs::path default_cache_dir() {
-  if (const char* dir = std::getenv("QHX_CACHE_DIR"); dir != nullptr && *dir != '\0') return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    return fs::path(xdg) / "qhx";
-  }
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    return fs::path(home) / ".cache" / "qhx";
-  }
-  return {};
 }
 
 DeviceCheckResult check_devices(Model& model, const std::string& device, const Tokenizer* tokenizer,

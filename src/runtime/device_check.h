@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
+#include "util/cache_dir.h"
 
 namespace qhx {
 
@@ -45,8 +46,5 @@ DeviceCheckResult check_devices(Model& model, const std::string& device, const T
 // Which of the gate's thresholds apply to the model in `dir`: its bundle's matrix type (the
 // manifest's precision policy); bf16 for a Hugging Face checkpoint.
 DType check_weights_of(const std::filesystem::path& dir);
-
-// $QHX_CACHE_DIR, else $XDG_CACHE_HOME/qhx, else $HOME/.cache/qhx; empty when none is set.
-std::filesystem::path default_cache_dir();
 
 }  // namespace qhx

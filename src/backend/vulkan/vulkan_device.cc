@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "backend/vulkan/vulkan_shaders.h"
 #include "util/error.h"
+#include "util/partial_path.h"
+#include "util/sha256.h"
 
 namespace qhx {
 namespace {
@@ -151,7 +155,8 @@ std::vector<VulkanDeviceInfo> vulkan_devices(std::string* why) {
   return out;
 }
 
-std::shared_ptr<VulkanDevice> VulkanDevice::open(int index) {
+std::shared_ptr<VulkanDevice> VulkanDevice::open(int index,
+                                                 const std::filesystem::path& cache_dir) {
   std::shared_ptr<VulkanDevice> d(new VulkanDevice());
   if (create_instance(&d->instance_) != VK_SUCCESS) {
     d->instance_ = VK_NULL_HANDLE;
@@ -208,12 +213,63 @@ std::shared_ptr<VulkanDevice> VulkanDevice::open(int index) {
   layout.pPushConstantRanges = &push;
   vk_check(vkCreatePipelineLayout(d->device_, &layout, nullptr, &d->pipeline_layout_),
            "creating the pipeline layout");
+
+  std::filesystem::path pipeline_cache;
+  if (!cache_dir.empty()) {
+    Sha256 driver;
+    driver.update(d->info_.name + "\n" + d->info_.driver + "\n" + d->info_.api);
+    pipeline_cache = cache_dir / "vulkan-pipelines" / (driver.hex().substr(0, 24) + ".bin");
+  }
+  std::vector<char> cached;
+  if (!pipeline_cache.empty()) {
+    std::ifstream in(pipeline_cache, std::ios::binary);
+    cached.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto cache = vk_info<VkPipelineCacheCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO);
+  cache.initialDataSize = cached.size();
+  cache.pInitialData = cached.data();
+  if (vkCreatePipelineCache(d->device_, &cache, nullptr, &d->pipeline_cache_) != VK_SUCCESS) {
+    cache.initialDataSize = 0;  // unreadable data is no reason to fail: start empty
+    vk_check(vkCreatePipelineCache(d->device_, &cache, nullptr, &d->pipeline_cache_),
+             "creating the pipeline cache");
+  }
+  d->pipeline_cache_file_ = pipeline_cache;
   return d;
 }
+
+namespace {
+
+// Writes the pipeline cache back (under a temporary name, then renamed): a failure costs only
+// compiling again next time.
+void save_pipeline_cache(VkDevice device, VkPipelineCache cache,
+                         const std::filesystem::path& file) {
+  size_t size = 0;
+  if (vkGetPipelineCacheData(device, cache, &size, nullptr) != VK_SUCCESS || size == 0) return;
+  std::vector<char> data(size);
+  if (vkGetPipelineCacheData(device, cache, &size, data.data()) != VK_SUCCESS) return;
+  std::error_code ec;
+  std::filesystem::create_directories(file.parent_path(), ec);
+  const std::filesystem::path partial = partial_sibling(file);
+  {
+    std::ofstream out(partial, std::ios::binary);
+    out.write(data.data(), static_cast<std::streamsize>(size));
+    if (!out) return;
+  }
+  std::filesystem::rename(partial, file, ec);
+  if (ec) std::filesystem::remove(partial, ec);
+}
+
+}  // namespace
 
 VulkanDevice::~VulkanDevice() {
   if (device_ != VK_NULL_HANDLE) {
     vkDeviceWaitIdle(device_);
+    if (pipeline_cache_ != VK_NULL_HANDLE) {
+      if (pipelines_added_ && !pipeline_cache_file_.empty()) {
+        save_pipeline_cache(device_, pipeline_cache_, pipeline_cache_file_);
+      }
+      vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
+    }
     for (auto& [name, pipeline] : pipelines_) vkDestroyPipeline(device_, pipeline, nullptr);
     vkDestroyPipelineLayout(device_, pipeline_layout_, nullptr);
     vkDestroyDescriptorSetLayout(device_, set_layout_, nullptr);
@@ -262,10 +318,11 @@ VkPipeline VulkanDevice::pipeline(std::string_view shader) {
   create.layout = pipeline_layout_;
   VkPipeline pipeline = VK_NULL_HANDLE;
   const VkResult r =
-      vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &create, nullptr, &pipeline);
+      vkCreateComputePipelines(device_, pipeline_cache_, 1, &create, nullptr, &pipeline);
   vkDestroyShaderModule(device_, module, nullptr);
   vk_check(r, "creating a compute pipeline");
   pipelines_.emplace(std::string(shader), pipeline);
+  pipelines_added_ = true;
   return pipeline;
 }
 

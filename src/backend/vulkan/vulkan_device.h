@@ -1,12 +1,14 @@
 // One Vulkan device as qhx uses it: what it offers (VulkanDeviceInfo, for `qhx devices` and for
 // choosing shader variants), a logical device with one compute queue, memory types, the compute
-// pipelines (created on first use from the SPIR-V embedded at build time), and one-shot
-// submissions for copies. Knows buffers and shaders, never ops or models.
+// pipelines (created on first use from the SPIR-V embedded at build time, kept in a pipeline
+// cache on disk), and one-shot submissions for copies. Knows buffers and shaders, never ops or
+// models.
 #pragma once
 
 #include <vulkan/vulkan.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,7 +49,9 @@ inline constexpr uint32_t kPushConstantBytes = 64;
 class VulkanDevice {
  public:
   // Opens device `index` (Error when there is none). Thread-safe to use from several backends.
-  static std::shared_ptr<VulkanDevice> open(int index);
+  // With a `cache_dir`, compiled pipelines are read from a file of this device and driver there
+  // (vulkan-pipelines/) and written back when the device closes.
+  static std::shared_ptr<VulkanDevice> open(int index, const std::filesystem::path& cache_dir = {});
   ~VulkanDevice();
   VulkanDevice(const VulkanDevice&) = delete;
   VulkanDevice& operator=(const VulkanDevice&) = delete;
@@ -86,7 +90,10 @@ class VulkanDevice {
   VkPhysicalDeviceMemoryProperties memory_{};
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout pipeline_layout_ = VK_NULL_HANDLE;
-  std::mutex mutex_;  // pipelines_ and the queue
+  VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
+  std::filesystem::path pipeline_cache_file_;
+  bool pipelines_added_ = false;  // since the cache was read: worth writing back
+  std::mutex mutex_;              // pipelines_ and the queue
   std::map<std::string, VkPipeline, std::less<>> pipelines_;
 };
 
