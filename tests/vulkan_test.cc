@@ -58,19 +58,13 @@ std::vector<std::vector<int32_t>> chat(const Model& model, int turns, int64_t to
   return replies;
 }
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("qhx-vulkan-test-" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 TEST(DeviceCheck, PassesAnHonestDeviceOnceAndRemembersIt) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
-  const TempDir cache;
+  const test::TempDir cache;
   for (const char* name : kFixtures) {
     SCOPED_TRACE(name);
     DeviceCheckOptions options;
-    options.cache_dir = cache.path;
+    options.cache_dir = cache.path();
     const auto model = on_device(fixture(name), device, {});
     const DeviceCheckResult first = check_devices(*model, "test device", nullptr, options);
     EXPECT_TRUE(first.passed) << first.summary;
@@ -87,7 +81,7 @@ TEST(DeviceCheck, PassesAnHonestDeviceOnceAndRemembersIt) {
 // the devices are off and the model gives the CPU's tokens; nothing is cached.
 TEST(DeviceCheck, RefusesAPerturbedShaderAndLeavesTheCpu) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
-  const TempDir cache;
+  const test::TempDir cache;
   for (const char* name : kFixtures) {
     SCOPED_TRACE(name);
     for (const char* op : {"silu_mul", "rms_norm", "matmul"}) {
@@ -96,7 +90,7 @@ TEST(DeviceCheck, RefusesAPerturbedShaderAndLeavesTheCpu) {
       perturbed.perturb_op = op;
       const auto model = on_device(fixture(name), device, perturbed);
       DeviceCheckOptions options;
-      options.cache_dir = cache.path;
+      options.cache_dir = cache.path();
       const DeviceCheckResult r = check_devices(*model, "perturbed device", nullptr, options);
       EXPECT_FALSE(r.passed);
       EXPECT_NE(r.summary.find("disagrees with the CPU"), std::string::npos) << r.summary;
@@ -105,8 +99,8 @@ TEST(DeviceCheck, RefusesAPerturbedShaderAndLeavesTheCpu) {
       EXPECT_EQ(chat(*model, 1, 8), chat(*cpu, 1, 8));
     }
   }
-  EXPECT_FALSE(fs::exists(cache.path / "device-checks") &&
-               !fs::is_empty(cache.path / "device-checks"));
+  EXPECT_FALSE(fs::exists(cache.path() / "device-checks") &&
+               !fs::is_empty(cache.path() / "device-checks"));
 }
 
 // A device that fails at any submission of a reply (the fault-injection switch) costs the reply
@@ -191,8 +185,8 @@ TEST(DeviceFallback, TheCApiReportsTheFailureAndNothingElseChanges) {
 // are still the CPU's.
 TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
-  const TempDir cache;
-  ::setenv("QHX_CACHE_DIR", cache.path.c_str(), 1);
+  const test::TempDir cache;
+  ::setenv("QHX_CACHE_DIR", cache.path().c_str(), 1);
   for (const char* name : kFixtures) {
     SCOPED_TRACE(name);
     const std::string run = "generate --model " + fixture(name).string() +
@@ -222,14 +216,14 @@ TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
 // lavapipe only a header), and a cache file of another device or a damaged one is no error.
 TEST(DevicePipelines, AreCachedOnDiskAndADamagedCacheIsIgnored) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
-  const TempDir cache;
+  const test::TempDir cache;
   const auto run_once = [&] {
-    const auto opened = VulkanDevice::open(0, cache.path);
+    const auto opened = VulkanDevice::open(0, cache.path());
     const auto model = on_device(fixture(kFixtures[0]), opened, {});
     return chat(*model, 1, 4);
   };
   const auto first = run_once();
-  const fs::path dir = cache.path / "vulkan-pipelines";
+  const fs::path dir = cache.path() / "vulkan-pipelines";
   ASSERT_TRUE(fs::exists(dir));
   ASSERT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
   const fs::path file = fs::directory_iterator(dir)->path();
@@ -258,7 +252,7 @@ TEST(DeviceChat, FiveTurnsGiveTheCpusReplies) {
 // the CPU).
 TEST(DeviceGate, QuantizedBundlesPassTheirGateOnTheDevice) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
-  const TempDir out;
+  const test::TempDir out;
   struct Case {
     fs::path source;
     DType weights;
@@ -276,7 +270,7 @@ TEST(DeviceGate, QuantizedBundlesPassTheirGateOnTheDevice) {
     o.gate_suite.prompts = c.prompts;
     o.gate_suite.greedy_tokens = c.greedy_tokens;
     const fs::path bundle =
-        out.path / (std::string(dtype_name(d)) + "-" + source.filename().string());
+        out.path() / (std::string(dtype_name(d)) + "-" + source.filename().string());
     const ConvertResult converted = forge_convert(source, bundle, o);
     ASSERT_TRUE(converted.gate.has_value());
     ASSERT_TRUE(converted.published) << converted.gate->summary();

@@ -13,7 +13,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The model with its devices off: the gate's reference. Valid while nothing else runs the model.
+// The model with its devices off: the gate's reference. Each pass puts the model's setting back
+// as it found it (a device that failed during the check stays off). Valid while nothing else
+// runs the model.
 class CpuAlone final : public Model {
  public:
   explicit CpuAlone(Model& model) : model_(model) {}
@@ -27,14 +29,15 @@ class CpuAlone final : public Model {
   std::unique_ptr<ModelState> new_state() const override { return model_.new_state(); }
   void forward(std::span<const int32_t> ids, ModelState& state, LogitsFor which,
                std::vector<float>& logits) const override {
+    const bool enabled = model_.devices_enabled();
     model_.set_devices_enabled(false);
     try {
       model_.forward(ids, state, which, logits);
     } catch (...) {
-      model_.set_devices_enabled(true);
+      model_.set_devices_enabled(enabled);
       throw;
     }
-    model_.set_devices_enabled(true);
+    model_.set_devices_enabled(enabled);
   }
   int64_t activation_bytes(int64_t n_tokens) const override {
     return model_.activation_bytes(n_tokens);

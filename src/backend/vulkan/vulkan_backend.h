@@ -46,10 +46,6 @@ class VulkanBackend final : public Backend {
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
   void synchronize() override;
 
-  const VulkanDeviceInfo& info() const { return device_->info(); }
-  // Submissions so far (tests and timings).
-  int64_t submissions() const { return submissions_; }
-
  private:
   struct DeviceMatrix {
     std::unique_ptr<Buffer> data, scales;  // scales: W8/W4 only
@@ -100,7 +96,7 @@ class VulkanBackend final : public Backend {
   VkDescriptorPool descriptors_ = VK_NULL_HANDLE;
   uint32_t sets_left_ = 0;
   bool recording_ = false;
-  int64_t submissions_ = 0;
+  int64_t submissions_ = 0;  // so far: the fault-injection switch counts them
 };
 
 }  // namespace qhx

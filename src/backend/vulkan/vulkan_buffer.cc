@@ -85,7 +85,7 @@ void run_once(const VulkanDevice& d, const char* what, Record record) {
     vkBeginCommandBuffer(commands, &begin);
     record(commands);
     vk_check(vkEndCommandBuffer(commands), what);
-    const_cast<VulkanDevice&>(d).submit_and_wait(commands, fence, UINT64_MAX, what);
+    d.submit_and_wait(commands, fence, UINT64_MAX, what);
   } catch (...) {
     if (fence != VK_NULL_HANDLE) vkDestroyFence(device, fence, nullptr);
     vkDestroyCommandPool(device, pool, nullptr);

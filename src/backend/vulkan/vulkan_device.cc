@@ -80,8 +80,6 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   info.type = type_name(p.deviceType);
   info.discrete = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
   info.api = version_string(p.apiVersion);
-  info.vendor_id = p.vendorID;
-  info.device_id = p.deviceID;
   info.driver = has_driver_properties ? std::string(driver.driverName) + " " + driver.driverInfo
                                       : "driver " + std::to_string(p.driverVersion);
   info.subgroup_size = subgroup.subgroupSize;
@@ -327,7 +325,7 @@ VkPipeline VulkanDevice::pipeline(std::string_view shader) {
 }
 
 void VulkanDevice::submit_and_wait(VkCommandBuffer commands, VkFence fence, uint64_t timeout_ns,
-                                   const char* what) {
+                                   const char* what) const {
   auto submit = vk_info<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
   submit.commandBufferCount = 1;
   submit.pCommandBuffers = &commands;

@@ -21,10 +21,9 @@ namespace qhx {
 struct VulkanDeviceInfo {
   int index = 0;
   std::string name;
-  std::string type;    // "discrete GPU", "integrated GPU", "CPU", ...
-  std::string driver;  // driver name and version as the driver reports them
-  std::string api;     // Vulkan version, "1.3.238"
-  uint32_t vendor_id = 0, device_id = 0;
+  std::string type;                 // "discrete GPU", "integrated GPU", "CPU", ...
+  std::string driver;               // driver name and version as the driver reports them
+  std::string api;                  // Vulkan version, "1.3.238"
   uint64_t memory_bytes = 0;        // the largest device-local heap
   bool fp16 = false;                // shaderFloat16
   bool int8_dot = false;            // VK_KHR_shader_integer_dot_product
@@ -76,7 +75,7 @@ class VulkanDevice {
   // Submits one command buffer on the queue and waits for it (timeout: Error). The queue is
   // shared by every backend on the device: submissions take a lock.
   void submit_and_wait(VkCommandBuffer commands, VkFence fence, uint64_t timeout_ns,
-                       const char* what);
+                       const char* what) const;
 
  private:
   VulkanDevice() = default;
@@ -93,7 +92,7 @@ class VulkanDevice {
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   std::filesystem::path pipeline_cache_file_;
   bool pipelines_added_ = false;  // since the cache was read: worth writing back
-  std::mutex mutex_;              // pipelines_ and the queue
+  mutable std::mutex mutex_;      // pipelines_ and the queue
   std::map<std::string, VkPipeline, std::less<>> pipelines_;
 };
 
