@@ -176,8 +176,9 @@ bool same_bits(const Outcome& a, const Outcome& b) {
   return true;
 }
 
-// The cases for one model configuration, each op at rows 1 (decode) and 5 (a prompt). A deque:
-// the nodes point into their case, which must not move.
+// The cases for one model configuration, each op at rows 1 (decode) and 5 (a prompt; the delta
+// rule a whole chunk and 5 more, so that a chunk boundary is crossed). A deque: the nodes point
+// into their case, which must not move.
 std::deque<OpCase> cases_for(const ModelConfig& c) {
   std::deque<OpCase> cases;
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
@@ -353,7 +354,7 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
       l.scale = 0.25f;
     });
     for (const int64_t chunk : {int64_t{4}, int64_t{64}}) {
-      add("delta_gates + delta_rule, chunk " + std::to_string(chunk), rows + 4 * (rows > 1),
+      add("delta_gates + delta_rule, chunk " + std::to_string(chunk), rows > 1 ? chunk + 5 : 1,
           [&](OpCase& k, int64_t n) {
             LayerState& state = k.layers.emplace_back();
             state.recurrent =

@@ -16,7 +16,9 @@ constexpr uint32_t kSetsPerSubmission = 1024;  // descriptor sets: one per dispa
 constexpr uint32_t kWorkgroup = 64;            // every shader's local size
 constexpr uint32_t kMatmulTokens = 8;          // tokens per matmul workgroup (matmul*.comp)
 constexpr int64_t kMaxHeadDim = 256;           // attention.comp
-constexpr int64_t kMaxKDim = 128;              // delta_rule.comp
+constexpr int64_t kMaxKDim = 128;              // delta_rule.comp, delta_chunk.comp
+constexpr int64_t kMaxDeltaChunk = 64;         // delta_chunk.comp
+constexpr int64_t kDeltaColumns = 16;          // value columns per delta_chunk_state workgroup
 constexpr int64_t kMaxConvKernel = 8;          // conv_silu.comp
 
 uint32_t u32(int64_t v) {
@@ -47,6 +49,20 @@ const char* weight_suffix(DType dtype) {
     default:
       return nullptr;
   }
+}
+
+// The chunk of the device's chunked delta rule: the plan's, at most what the shader holds. Any
+// chunk gives the same result up to rounding.
+int64_t delta_chunk(const Node& node) {
+  return std::clamp<int64_t>(node.chunk, 1, kMaxDeltaChunk);
+}
+
+// The chunked delta rule's scratch (delta_chunk.comp): per value head and chunk the cumulative
+// decay, U, W and the state the chunk starts from.
+int64_t delta_scratch_floats(const Node& node) {
+  const DeltaRuleShape& h = node.heads;
+  const int64_t c = delta_chunk(node), chunks = (node.rows + c - 1) / c;
+  return h.n_v_heads * chunks * (c * (1 + h.v_dim + h.k_dim) + h.k_dim * h.v_dim);
 }
 
 }  // namespace
@@ -117,7 +133,9 @@ bool VulkanBackend::supports(const Node& node) const {
     case Op::kConvSilu:
       return node.width >= 1 && node.width <= kMaxConvKernel;
     case Op::kDeltaRule:
-      return node.heads.k_dim <= kMaxKDim;
+      return node.heads.k_dim <= kMaxKDim &&
+             (node.rows == 1 || delta_scratch_floats(node) * sizeof(float) <=
+                                    device_->info().max_storage_buffer_range);
     default:
       return true;
   }
@@ -227,7 +245,8 @@ void VulkanBackend::barrier() {
 }
 
 void VulkanBackend::dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
-                             std::initializer_list<uint32_t> push, uint64_t groups, uint32_t z) {
+                             std::span<const uint32_t> push, uint64_t groups, uint32_t z) {
+  if (push.size() > kPushConstantBytes / 4) fail("vulkan", "too many push constants");
   if (groups == 0 || z == 0) return;
   if (sets_left_ == 0) synchronize();
   begin();
@@ -463,11 +482,24 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       const DeltaRuleShape& h = node.heads;
       const VulkanBuffer& recurrent =
           state(inputs.layers[node.layer].recurrent, "recurrent state", node.layer);
-      return dispatch("delta_rule", {&arena, &recurrent},
-                      {offset(node.in[0]), offset(node.in[1]), offset(node.in[2]),
-                       offset(node.in[3]), offset(node.in[4]), offset(node.out), u32(node.rows),
-                       u32(h.n_k_heads), u32(h.n_v_heads), u32(h.k_dim), u32(h.v_dim)},
-                      h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
+      const uint32_t operands[] = {offset(node.in[0]), offset(node.in[1]), offset(node.in[2]),
+                                   offset(node.in[3]), offset(node.in[4]), offset(node.out),
+                                   u32(node.rows),     u32(h.n_k_heads),   u32(h.n_v_heads),
+                                   u32(h.k_dim),       u32(h.v_dim),       u32(delta_chunk(node))};
+      const std::span<const uint32_t> push(operands);
+      if (node.rows == 1) {
+        return dispatch("delta_rule", {&arena, &recurrent}, push.first(11),
+                        h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
+      }
+      // Prefill: the chunked form (delta_chunk.comp), its intermediates in scratch.
+      const VulkanBuffer& work =
+          scratch(delta_scratch_, delta_scratch_floats(node) * sizeof(float));
+      const int64_t chunks = (node.rows + delta_chunk(node) - 1) / delta_chunk(node);
+      dispatch("delta_chunk_prepare", {&arena, &recurrent, &work}, push, h.n_v_heads * chunks);
+      dispatch("delta_chunk_state", {&arena, &recurrent, &work}, push,
+               h.n_v_heads * ((h.v_dim + kDeltaColumns - 1) / kDeltaColumns));
+      return dispatch("delta_chunk_output", {&arena, &recurrent, &work}, push,
+                      h.n_v_heads * chunks);
     }
     case Op::kCopy: {
       const TensorRef &from = args.values[node.in[0].value], &to = args.values[node.out.value];

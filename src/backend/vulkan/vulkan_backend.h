@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,7 +74,11 @@ class VulkanBackend final : public Backend {
 
   void begin();  // a command buffer to record into, if none is open
   void dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
-                std::initializer_list<uint32_t> push, uint64_t groups, uint32_t z = 1);
+                std::span<const uint32_t> push, uint64_t groups, uint32_t z = 1);
+  void dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
+                std::initializer_list<uint32_t> push, uint64_t groups, uint32_t z = 1) {
+    dispatch(shader, buffers, std::span(push.begin(), push.size()), groups, z);
+  }
   void copy(const VulkanBuffer& from, size_t from_offset, const VulkanBuffer& to, size_t to_offset,
             size_t bytes);
   void barrier();
@@ -86,6 +91,7 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<Buffer> ring_;  // host-visible: token ids, RoPE tables
   size_t ring_used_ = 0;
   std::unique_ptr<Buffer> quantized_, scales_;    // int8 activations of a matmul
+  std::unique_ptr<Buffer> delta_scratch_;         // the chunked delta rule's intermediates
   std::map<const void*, DeviceMatrix> matrices_;  // by the host data they copy
   std::map<const float*, DeviceVector> vectors_;
   std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded
