@@ -311,21 +311,24 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
             }
           });
     }
-    add("attention", rows, [&](OpCase& k, int64_t n) {
-      k.first_pos = 6;
-      LayerState& cache = k.layers.emplace_back();
-      cache.kv_width = kv_width;
-      cache.keys = host_state(random_vector(k.first_pos * kv_width, 9));
-      cache.values = host_state(random_vector(k.first_pos * kv_width, 10));
-      Node& a = k.node(Op::kAttention, n);
-      a.in[0] = {k.plan.add_value(n, q_width)};
-      a.in[1] = {k.plan.add_value(n, kv_width)};
-      a.in[2] = {k.plan.add_value(n, kv_width)};
-      a.out = {k.plan.add_value(n, q_width)};
-      a.layer = 0;
-      a.attention = shape;
-      a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    });
+    // A short context, and one long enough for the device's split-key decode.
+    for (const int64_t context : {int64_t{6}, int64_t{700}}) {
+      add("attention after " + std::to_string(context), rows, [&](OpCase& k, int64_t n) {
+        k.first_pos = context;
+        LayerState& cache = k.layers.emplace_back();
+        cache.kv_width = kv_width;
+        cache.keys = host_state(random_vector(k.first_pos * kv_width, 9));
+        cache.values = host_state(random_vector(k.first_pos * kv_width, 10));
+        Node& a = k.node(Op::kAttention, n);
+        a.in[0] = {k.plan.add_value(n, q_width)};
+        a.in[1] = {k.plan.add_value(n, kv_width)};
+        a.in[2] = {k.plan.add_value(n, kv_width)};
+        a.out = {k.plan.add_value(n, q_width)};
+        a.layer = 0;
+        a.attention = shape;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      });
+    }
     add("sigmoid_gate", rows, [&](OpCase& k, int64_t n) {
       Node& g = k.node(Op::kSigmoidGate, n);
       g.in[0] = {k.plan.add_value(n, q_width)};
@@ -436,16 +439,23 @@ TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
   std::printf("vulkan: %s\n", device->info().describe().c_str());
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
+  // A phone-like device too: only the portable shaders, and storage-buffer bindings so small
+  // that every weight matrix is split into parts.
+  VulkanBackendOptions constrained;
+  constrained.portable = true;
+  constrained.max_matrix_part_bytes = 1000;
   std::set<Op> covered;
   for (const fs::path& dir : fixture_configs()) {
     const ModelConfig config = load_model_config(dir / "config.json");
-    // A backend per configuration: it keeps the weights it uploaded by their host address, and
-    // the cases' weights live as long as `cases`.
-    VulkanBackend vulkan(device);
+    // Backends per configuration: they keep the weights they uploaded by their host address,
+    // and the cases' weights live as long as `cases`.
+    VulkanBackend vulkan(device), constrained_device(device, constrained);
     for (const OpCase& c : cases_for(config)) {
       const std::string what = dir.filename().string() + ": " + c.name;
       for (const Node& n : c.plan.nodes) covered.insert(n.op);
-      expect_close(run_on(c, vulkan), run_on(c, reference), what + " on vulkan");
+      const Outcome want = run_on(c, reference);
+      expect_close(run_on(c, vulkan), want, what + " on " + vulkan.name());
+      expect_close(run_on(c, constrained_device), want, what + " on a constrained device");
     }
   }
   EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << "an op kind has no case";

@@ -88,6 +88,7 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
     options.fail_submission = std::atoll(n);
   }
   if (const char* op = std::getenv("QHX_VULKAN_PERTURB")) options.perturb_op = op;
+  if (const char* p = std::getenv("QHX_VULKAN_PORTABLE")) options.portable = std::string(p) == "1";
   out.backends.push_back(std::make_shared<VulkanBackend>(device, options));
   out.prefill = choice.prefill;
   out.decode = decode ? choice.prefill : cpu;

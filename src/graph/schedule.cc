@@ -117,9 +117,14 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
           break;
         }
       }
-    } else if (node.in[0].value != kNoValue) {
-      const int input_home = producer_backend[node.in[0].value];
-      if (backends[input_home]->supports(node)) where = input_home;
+    } else {
+      // The first value it reads: an input, or for a node that updates in place (RoPE, the
+      // q/k norms, the delta-rule gates) its output.
+      int input_home = -1;
+      for_each_operand(node, [&](Operand& o, bool reads, bool) {
+        if (reads && input_home < 0) input_home = producer_backend[o.value];
+      });
+      if (input_home >= 0 && backends[input_home]->supports(node)) where = input_home;
     }
     if (!backends[where]->supports(node)) {
       fail("schedule", backends[where]->name() + " cannot run " + plan.describe(node));
@@ -153,6 +158,7 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
     copy.rows = plan.values[logical].rows;
     copy.backend = backend;
     ++out.copies;
+    out.copy_bytes += copy.rows * plan.values[logical].cols * static_cast<int64_t>(sizeof(float));
   };
   // Which (logical value, backend) pairs hold the latest contents.
   std::vector<std::vector<bool>> fresh(plan.values.size(),

@@ -6,8 +6,8 @@
 // Placement, in order: a node whose weights a backend's buffer type allocated runs on that
 // backend if it supports the node; a node whose weights are on the host (a mapped file) runs on
 // a backend that claims it (Backend::claims: a device takes prompt-sized work) and else on the
-// CPU; a node without weights runs where its first input is, if that backend supports it, and
-// else on the CPU.
+// CPU; a node without weights runs where the first value it reads is (an input, or the output
+// an in-place node updates), if that backend supports it, and else on the CPU.
 // backends[0] is the CPU backend, which supports every node.
 #pragma once
 
@@ -25,7 +25,8 @@ inline constexpr size_t kMaxBackends = 8;
 struct Schedule {
   Plan plan;                          // placed, with copy nodes, fused
   std::vector<int64_t> arena_floats;  // per backend: its arena for this plan
-  int64_t copies = 0;                 // copy nodes inserted
+  int64_t copies = 0;                 // copy nodes inserted: values crossing between backends
+  int64_t copy_bytes = 0;             // what they copy per run
   int64_t arena_bytes() const;        // all backends
   std::vector<TensorRef> tensors;     // execute's table of where each value lives
 };

@@ -68,6 +68,10 @@ class Decoder final : public Model {
   bool devices_enabled() const override { return devices_enabled_.load(); }
   void set_devices_enabled(bool on) override { devices_enabled_ = on && !devices_.empty(); }
   int64_t device_failures() const override { return device_failures_.load(); }
+  DeviceTraffic device_traffic() const override {
+    const CpuContext::Turn turn(*context_);
+    return traffic_;
+  }
   std::string device_failure() const override {
     const CpuContext::Turn turn(*context_);
     return device_failure_;
@@ -154,6 +158,7 @@ class Decoder final : public Model {
   // Off after a device failed (forward disables it, so mutable) or failed its check.
   mutable std::atomic<bool> devices_enabled_;
   mutable std::atomic<int64_t> device_failures_{0};
+  mutable DeviceTraffic traffic_;  // under the context's turn, as the schedules
   mutable std::string device_failure_;  // on the turn
 };
 
@@ -289,6 +294,9 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
     const StateCheckpoint start = state.checkpoint();
     try {
       execute(*s, backends(true), inputs);
+      ++traffic_.passes;
+      traffic_.copies += s->copies;
+      traffic_.copy_bytes += s->copy_bytes;
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kDeviceFailed) throw;
       devices_enabled_ = false;

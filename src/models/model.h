@@ -63,6 +63,14 @@ class ModelState {
 
 enum class LogitsFor { kLastToken, kEveryToken };
 
+// What ran on devices (Model::device_traffic).
+struct DeviceTraffic {
+  int64_t passes = 0, copies = 0, copy_bytes = 0;
+  DeviceTraffic operator-(const DeviceTraffic& o) const {
+    return {passes - o.passes, copies - o.copies, copy_bytes - o.copy_bytes};
+  }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -100,6 +108,10 @@ class Model {
   virtual int64_t device_failures() const { return 0; }
   // Why the devices were last disabled by a failure ("" if never).
   virtual std::string device_failure() const { return ""; }
+  // Since load: the forward passes that ran partly on a device, and the activations they handed
+  // between backends (the plans' copy nodes). Sequence states need no hand-off: they live in
+  // memory every backend of the model reads (Backend::state_buffer_type).
+  virtual DeviceTraffic device_traffic() const { return {}; }
 };
 
 struct LoadOptions {

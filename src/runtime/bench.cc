@@ -24,6 +24,12 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, std::mt19937_64& rng) 
   return ids;
 }
 
+void accumulate(DeviceTraffic& total, const DeviceTraffic& more) {
+  total.passes += more.passes;
+  total.copies += more.copies;
+  total.copy_bytes += more.copy_bytes;
+}
+
 }  // namespace
 
 Spread Spread::of(const std::vector<double>& samples) {
@@ -53,7 +59,7 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
   std::mt19937_64 rng(config.seed);
   BenchResult result;
   result.config = config;
-  std::vector<double> prefill, ttft, decode;
+  std::vector<double> prefill, ttft, decode, first_step;
   std::vector<float> logits;
   const auto state = model.new_state();
   state->reserve(std::max(config.n_prompt, config.depth + config.n_gen));
@@ -71,12 +77,20 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
     if (config.n_prompt > 0) {
       const std::vector<int32_t> prompt = random_ids(config.n_prompt, vocab, rng);
       state->reset();
+      const DeviceTraffic before = model.device_traffic();
       const auto start = Clock::now();
       model.forward(prompt, *state, LogitsFor::kLastToken, logits);
       const double prefill_s = seconds_since(start);
-      argmax(logits);
+      int32_t token = argmax(logits);
       ttft.push_back(seconds_since(start) * 1e3);
       prefill.push_back(static_cast<double>(config.n_prompt) / prefill_s);
+      accumulate(result.prefill_traffic, model.device_traffic() - before);
+      ++result.prefill_passes;
+      if (config.n_gen > 0 && config.n_prompt < context) {
+        const auto step = Clock::now();
+        model.forward(std::span<const int32_t>(&token, 1), *state, LogitsFor::kLastToken, logits);
+        first_step.push_back(seconds_since(step) * 1e3);
+      }
     }
     if (config.n_gen > 0) {
       state->reset();
@@ -84,18 +98,22 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
         model.forward(random_ids(config.depth, vocab, rng), *state, LogitsFor::kLastToken, logits);
       }
       int32_t token = random_ids(1, vocab, rng)[0];
+      const DeviceTraffic before = model.device_traffic();
       const auto start = Clock::now();
       for (int64_t i = 0; i < config.n_gen; ++i) {  // greedy: each step feeds the last pick
         model.forward(std::span<const int32_t>(&token, 1), *state, LogitsFor::kLastToken, logits);
         token = argmax(logits);
       }
       decode.push_back(static_cast<double>(config.n_gen) / seconds_since(start));
+      accumulate(result.decode_traffic, model.device_traffic() - before);
+      result.decode_steps += config.n_gen;
     }
   }
   result.state_bytes = state->bytes();
   result.decode_step_bytes = model.decode_step_bytes(config.depth + config.n_gen / 2);
   result.prefill_tok_s = Spread::of(prefill);
   result.ttft_ms = Spread::of(ttft);
+  result.first_step_ms = Spread::of(first_step);
   result.decode_tok_s = Spread::of(decode);
   return result;
 }

@@ -30,6 +30,13 @@ struct BenchResult {
   Spread prefill_tok_s;     // n_prompt tokens from an empty state, in one forward call
   Spread ttft_ms;           // prefill + the first token's logits and greedy pick
   Spread decode_tok_s;      // n_gen greedy single-token steps after `depth` context tokens
+  // The decode step right after a timed prefill: with the prompt read on a device and the reply
+  // written elsewhere, what the hand-off costs shows as its excess over a steady step.
+  Spread first_step_ms;
+  // Over the timed runs, of prefill_passes prompts and decode_steps steps: the passes that ran
+  // on a device and the activations they copied between backends (Model::device_traffic).
+  DeviceTraffic prefill_traffic, decode_traffic;
+  int64_t prefill_passes = 0, decode_steps = 0;
   int64_t state_bytes = 0;  // the sequence state (KV caches, recurrent states) the runs used
   // What a decoded token reads at the decode's mean context (Model::decode_step_bytes).
   int64_t decode_step_bytes = 0;

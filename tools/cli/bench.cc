@@ -173,6 +173,20 @@ int run_bench(const BenchArgs& args) {
       config.depth = depth;
       config.repetitions = args.repetitions;
       const qhx::BenchResult r = qhx::run_bench(*model, config);
+      // Per prefill pass and per decode step: what ran on the device and crossed between
+      // backends, and the first step's time after the prompt.
+      const auto per = [](const qhx::DeviceTraffic& t, int64_t n) {
+        const double d = static_cast<double>(std::max<int64_t>(n, 1));
+        return qhx::Json{{"device_passes", static_cast<double>(t.passes) / d},
+                         {"copies", static_cast<double>(t.copies) / d},
+                         {"copied_kb", static_cast<double>(t.copy_bytes) / d / 1024.0}};
+      };
+      const qhx::Json handoff = {
+          {"prefill_pass", per(r.prefill_traffic, r.prefill_passes)},
+          {"decode_step", per(r.decode_traffic, r.decode_steps)},
+          {"first_decode_step_ms", r.first_step_ms.mean},
+          {"decode_step_ms", r.decode_tok_s.mean > 0 ? 1e3 / r.decode_tok_s.mean : 0.0},
+          {"states", "shared: every backend's sequence states are in memory the host maps"}};
       if (args.json) {
         const auto spread = [](const qhx::Spread& s) {
           return qhx::Json{{"mean", s.mean}, {"stddev", s.stddev}, {"min", s.min}, {"max", s.max}};
@@ -202,6 +216,7 @@ int run_bench(const BenchArgs& args) {
             {"prefill_device", devices.prefill.text()},
             {"decode_device", devices.decode.text()},
             {"backends", backends},
+            {"handoff", handoff},
             {"commit", QHX_GIT_COMMIT},
             {"date", utc_date()},
             {"gate", gate}};
@@ -217,6 +232,17 @@ int run_bench(const BenchArgs& args) {
                     static_cast<long long>(args.n_gen), cell(r.prefill_tok_s).c_str(),
                     cell(r.decode_tok_s).c_str(), cell(r.ttft_ms).c_str(),
                     static_cast<double>(r.state_bytes) / (1024.0 * 1024.0), peak_rss_mb());
+        if (model->has_devices()) {
+          const qhx::Json& p = handoff["prefill_pass"];
+          const qhx::Json& d = handoff["decode_step"];
+          std::printf(
+              "%8s hand-off: a prompt pass %.0f copies (%.1f KB) on %.0f device passes, a decode "
+              "step %.1f copies (%.1f KB); first step after the prompt %.2f ms, steady %.2f ms\n",
+              "", p["copies"].get<double>(), p["copied_kb"].get<double>(),
+              p["device_passes"].get<double>(), d["copies"].get<double>(),
+              d["copied_kb"].get<double>(), r.first_step_ms.mean,
+              handoff["decode_step_ms"].get<double>());
+        }
         std::fflush(stdout);
         results.emplace_back(r, qhx::Json());
       }

@@ -20,6 +20,10 @@ constexpr int64_t kMaxKDim = 128;              // delta_rule.comp, delta_chunk.c
 constexpr int64_t kMaxDeltaChunk = 64;         // delta_chunk.comp
 constexpr int64_t kDeltaColumns = 16;          // value columns per delta_chunk_state workgroup
 constexpr int64_t kMaxConvKernel = 8;          // conv_silu.comp
+// Split-key attention (attention.comp PARTIAL/COMBINE): when fewer (query, head) pairs than this
+// would each walk more than one split's keys alone, as a decode step over a long context does.
+constexpr int64_t kKeysPerSplit = 256;
+constexpr int64_t kSplitBelowItems = 256;
 
 uint32_t u32(int64_t v) {
   if (v < 0 || v > UINT32_MAX)
@@ -51,6 +55,10 @@ const char* weight_suffix(DType dtype) {
   }
 }
 
+const VulkanBuffer* as_device(const std::unique_ptr<Buffer>& b) {
+  return static_cast<const VulkanBuffer*>(b.get());
+}
+
 // The chunk of the device's chunked delta rule: the plan's, at most what the shader holds. Any
 // chunk gives the same result up to rounding.
 int64_t delta_chunk(const Node& node) {
@@ -72,6 +80,8 @@ VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackend
       options_(options),
       device_memory_(device_, VulkanBufferType::kDeviceLocal),
       shared_memory_(device_, VulkanBufferType::kHostVisible) {
+  subgroup_reductions_ = !options_.portable && device_->info().subgroup_arithmetic;
+  int8_dot_ = !options_.portable && device_->info().int8_dot;
   VkDevice d = device_->device();
   auto pool = vk_info<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
   pool.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -107,7 +117,20 @@ VulkanBackend::~VulkanBackend() {
 
 std::string VulkanBackend::name() const {
   const VulkanDeviceInfo& i = device_->info();
-  return "vulkan:" + std::to_string(i.index) + " (" + i.name + ", " + i.driver + ")";
+  std::string variants = subgroup_reductions_ ? "subgroup reductions" : "";
+  if (int8_dot_) variants += variants.empty() ? "int8 dot" : ", int8 dot";
+  return "vulkan:" + std::to_string(i.index) + " (" + i.name + ", " + i.driver + "; " +
+         (variants.empty() ? "portable shaders" : variants) + ")";
+}
+
+std::string VulkanBackend::shader(const char* name) const {
+  const std::string n = name;
+  if (subgroup_reductions_ &&
+      (n == "rms_norm" || n == "l2_norm" || n == "attention" || n == "attention_partial")) {
+    return n + "_subgroup";
+  }
+  if (int8_dot_ && n.starts_with("matmul_q8_")) return n + "_dot";
+  return n;
 }
 
 void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
@@ -116,11 +139,20 @@ void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
   }
 }
 
+uint64_t VulkanBackend::matrix_part_bytes() const {
+  const uint64_t device = device_->info().max_storage_buffer_range;
+  const uint64_t limit = options_.max_matrix_part_bytes > 0
+                             ? std::min(device, options_.max_matrix_part_bytes)
+                             : device;
+  return limit / 4 * 4;  // parts are whole words
+}
+
 bool VulkanBackend::supports_matrix(const MatrixRef& m) const {
-  if (weight_suffix(m.dtype) == nullptr) return false;
-  const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
-  return bytes <= device_->info().max_storage_buffer_range && m.rows <= UINT32_MAX &&
-         m.cols <= UINT32_MAX;
+  if (weight_suffix(m.dtype) == nullptr || m.rows > UINT32_MAX || m.cols > UINT32_MAX) return false;
+  // Split into parts of whole rows (matrix()): one row must fit a binding.
+  const uint64_t limit = matrix_part_bytes();
+  return matrix_bytes(m.dtype, 1, m.cols, m.group_size) <= limit &&
+         matrix_scale_bytes(m.dtype, 1, m.cols, m.group_size) <= limit;
 }
 
 bool VulkanBackend::supports(const Node& node) const {
@@ -158,14 +190,25 @@ Buffer& VulkanBackend::arena(size_t bytes) {
 const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
   if (const auto it = matrices_.find(m.data); it != matrices_.end()) return it->second;
   DeviceMatrix d;
-  const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
-  // Padded to whole words: the shaders read 32-bit words.
-  d.data = device_memory_.allocate((bytes + 3) / 4 * 4);
-  d.data->write(0, m.data, bytes);
-  if (is_quantized(m.dtype)) {
-    const uint64_t scale_bytes = matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size);
-    d.scales = device_memory_.allocate((scale_bytes + 3) / 4 * 4);
-    d.scales->write(0, m.scales, scale_bytes);
+  const uint64_t row_bytes = matrix_bytes(m.dtype, 1, m.cols, m.group_size);
+  const uint64_t scale_row_bytes = matrix_scale_bytes(m.dtype, 1, m.cols, m.group_size);
+  // Each part padded to whole words (the shaders read 32-bit words) and within one binding.
+  const int64_t rows_per_part = static_cast<int64_t>(
+      matrix_part_bytes() / std::max({row_bytes, scale_row_bytes, uint64_t{1}}));
+  const auto* data = static_cast<const std::byte*>(m.data);
+  const auto* scales = static_cast<const std::byte*>(m.scales);
+  for (int64_t first = 0; first < m.rows; first += rows_per_part) {
+    MatrixPart& part = d.parts.emplace_back();
+    part.first_row = first;
+    part.rows = std::min(rows_per_part, m.rows - first);
+    const uint64_t bytes = part.rows * row_bytes;
+    part.data = device_memory_.allocate((bytes + 3) / 4 * 4);
+    part.data->write(0, data + first * row_bytes, bytes);
+    if (is_quantized(m.dtype)) {
+      const uint64_t scale_bytes = part.rows * scale_row_bytes;
+      part.scales = device_memory_.allocate((scale_bytes + 3) / 4 * 4);
+      part.scales->write(0, scales + first * scale_row_bytes, scale_bytes);
+    }
   }
   return matrices_.emplace(m.data, std::move(d)).first->second;
 }
@@ -250,7 +293,7 @@ void VulkanBackend::dispatch(const char* shader, std::initializer_list<const Vul
   if (groups == 0 || z == 0) return;
   if (sets_left_ == 0) synchronize();
   begin();
-  const VkPipeline pipeline = device_->pipeline(shader);
+  const VkPipeline pipeline = device_->pipeline(this->shader(shader));
   VkDescriptorSetLayout layout = device_->set_layout();
   auto alloc = vk_info<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
   alloc.descriptorPool = descriptors_;
@@ -359,13 +402,15 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
   switch (node.op) {
     case Op::kEmbed: {
       const MatrixRef& m = *node.matrix;
-      const DeviceMatrix& w = matrix(m);
       const uint32_t ids = upload(inputs.ids.data(), node.rows * sizeof(int32_t));
-      const auto* scales = w.scales ? static_cast<const VulkanBuffer*>(w.scales.get()) : &arena;
-      return dispatch((std::string("embed_") + weight_suffix(m.dtype)).c_str(),
-                      {ring(), static_cast<const VulkanBuffer*>(w.data.get()), scales, &arena},
-                      {ids, offset(node.out), u32(m.cols), u32(node.rows), u32(m.group_size)},
-                      groups_of(node.rows * m.cols));
+      const std::string shader = std::string("embed_") + weight_suffix(m.dtype);
+      for (const MatrixPart& part : matrix(m).parts) {
+        dispatch(shader.c_str(), {ring(), as_device(part.data), scales_of(part, arena), &arena},
+                 {ids, offset(node.out), u32(m.cols), u32(node.rows), u32(m.group_size),
+                  u32(part.first_row), u32(part.rows)},
+                 groups_of(node.rows * m.cols));
+      }
+      return;
     }
     case Op::kRmsNorm: {
       const int64_t n = node.rows * cols(node.out) / node.width;
@@ -394,28 +439,37 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     }
     case Op::kMatmul: {
       const MatrixRef& m = *node.matrix;
-      const DeviceMatrix& w = matrix(m);
-      const auto* data = static_cast<const VulkanBuffer*>(w.data.get());
-      const auto* scales = w.scales ? static_cast<const VulkanBuffer*>(w.scales.get()) : &arena;
       const uint32_t token_groups = u32((node.rows + kMatmulTokens - 1) / kMatmulTokens);
       const int64_t rows_per_group = kWorkgroup / device_->matmul_lanes();
-      const int64_t row_groups = (m.rows + rows_per_group - 1) / rows_per_group;
-      if (uses_int8_activations(m)) {
+      const bool int8 = uses_int8_activations(m);
+      const VulkanBuffer *quantized = nullptr, *activation_scales = nullptr;
+      if (int8) {
         const int64_t blocks = node.rows * m.cols / kActivationBlock;
-        const VulkanBuffer& q = scratch(quantized_, blocks * kActivationBlock);
-        const VulkanBuffer& s = scratch(scales_, blocks * sizeof(float));
-        dispatch("quantize_q8", {&arena, &q, &s}, {offset(node.in[0]), u32(m.cols), u32(blocks)},
-                 groups_of(blocks));
-        return dispatch(
-            m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4", {&q, &s, data, scales, &arena},
-            {offset(node.out), u32(m.rows), u32(m.cols), u32(node.rows), u32(m.group_size)},
-            row_groups, token_groups);
+        quantized = &scratch(quantized_, blocks * kActivationBlock);
+        activation_scales = &scratch(scales_, blocks * sizeof(float));
+        dispatch("quantize_q8", {&arena, quantized, activation_scales},
+                 {offset(node.in[0]), u32(m.cols), u32(blocks)}, groups_of(blocks));
       }
-      return dispatch((std::string("matmul_") + weight_suffix(m.dtype)).c_str(),
-                      {&arena, data, scales, &arena},
-                      {offset(node.in[0]), offset(node.out), u32(m.rows), u32(m.cols),
-                       u32(node.rows), u32(m.group_size)},
-                      row_groups, token_groups);
+      const std::string shader = int8 ? (m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4")
+                                      : std::string("matmul_") + weight_suffix(m.dtype);
+      // Each part of the matrix writes its rows' columns of the output.
+      for (const MatrixPart& part : matrix(m).parts) {
+        const uint32_t out = offset(node.out) + u32(part.first_row);
+        const int64_t row_groups = (part.rows + rows_per_group - 1) / rows_per_group;
+        const VulkanBuffer *data = as_device(part.data), *scales = scales_of(part, arena);
+        if (int8) {
+          dispatch(
+              shader.c_str(), {quantized, activation_scales, data, scales, &arena},
+              {out, u32(part.rows), u32(m.cols), u32(node.rows), u32(m.group_size), u32(m.rows)},
+              row_groups, token_groups);
+        } else {
+          dispatch(shader.c_str(), {&arena, data, scales, &arena},
+                   {offset(node.in[0]), out, u32(part.rows), u32(m.cols), u32(node.rows),
+                    u32(m.group_size), u32(m.rows)},
+                   row_groups, token_groups);
+        }
+      }
+      return;
     }
     case Op::kCopyColumns:
     case Op::kSplitHeads: {
@@ -458,10 +512,19 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       copy(arena, offset(node.in[2]) * sizeof(float), values, first_pos * row_bytes,
            node.rows * row_bytes);
       const AttentionShape& a = node.attention;
-      return dispatch("attention", {&arena, &keys, &values},
-                      {offset(node.in[0]), offset(node.out), u32(node.rows), u32(first_pos),
-                       u32(a.n_heads), u32(a.n_kv_heads), u32(a.head_dim), bits(node.scale)},
-                      node.rows * a.n_heads);
+      const int64_t n_keys = first_pos + node.rows, items = node.rows * a.n_heads;
+      const int64_t splits = (n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
+      const bool split = splits > 1 && items < kSplitBelowItems;
+      const uint32_t push[] = {
+          offset(node.in[0]),     offset(node.out), u32(node.rows),
+          u32(first_pos),         u32(a.n_heads),   u32(a.n_kv_heads),
+          u32(a.head_dim),        bits(node.scale), u32(split ? kKeysPerSplit : n_keys),
+          u32(split ? splits : 1)};
+      if (!split) return dispatch("attention", {&arena, &keys, &values}, push, items);
+      const VulkanBuffer& partials =
+          scratch(attention_partials_, items * splits * (2 + a.head_dim) * sizeof(float));
+      dispatch("attention_partial", {&arena, &keys, &values, &partials}, push, items * splits);
+      return dispatch("attention_combine", {&arena, &keys, &values, &partials}, push, items);
     }
     case Op::kConvSilu: {
       const int64_t channels = cols(node.out);

@@ -30,6 +30,13 @@ struct VulkanBackendOptions {
   // output of every node of one op kind (op_name, e.g. "silu_mul") is perturbed ("": none).
   int64_t fail_submission = 0;
   std::string perturb_op;
+  // Only the portable shaders (Vulkan 1.1 storage buffers, shared-memory reductions), not the
+  // faster variants the device supports (subgroup reductions, int8 dot products):
+  // QHX_VULKAN_PORTABLE=1, for a driver whose fast paths misbehave, and the tests of both.
+  bool portable = false;
+  // Test switch: weight matrices are split into parts of at most this many bytes, as on a device
+  // whose maxStorageBufferRange is that small (0: the device's range).
+  uint64_t max_matrix_part_bytes = 0;
 };
 
 class VulkanBackend final : public Backend {
@@ -46,10 +53,17 @@ class VulkanBackend final : public Backend {
   Buffer& arena(size_t bytes) override;
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
   void synchronize() override;
+  int64_t submissions() const { return submissions_; }  // command buffers submitted so far
 
  private:
-  struct DeviceMatrix {
+  // A weight matrix on the device in parts of whole rows, each within one storage-buffer binding
+  // (an embedding or lm-head can exceed maxStorageBufferRange).
+  struct MatrixPart {
+    int64_t first_row = 0, rows = 0;
     std::unique_ptr<Buffer> data, scales;  // scales: W8/W4 only
+  };
+  struct DeviceMatrix {
+    std::vector<MatrixPart> parts;
   };
   struct DeviceVector {
     int64_t floats = 0;
@@ -62,8 +76,15 @@ class VulkanBackend final : public Backend {
   };
 
   bool supports_matrix(const MatrixRef& m) const;
+  uint64_t matrix_part_bytes() const;  // the most one part of a matrix may span
+  // The variant of a shader this backend runs: `name` or a faster one the device supports.
+  std::string shader(const char* name) const;
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
   const DeviceMatrix& matrix(const MatrixRef& m);
+  // A part's scales, or (unquantized: the shader reads none) any valid buffer.
+  static const VulkanBuffer* scales_of(const MatrixPart& part, const VulkanBuffer& otherwise) {
+    return part.scales ? static_cast<const VulkanBuffer*>(part.scales.get()) : &otherwise;
+  }
   const VulkanBuffer& vector(const float* values, int64_t floats);
   Location at(const NodeArgs& args, const Operand& o) const;
   const VulkanBuffer& state(const StateBuffer& s, const char* what, int layer) const;
@@ -86,12 +107,14 @@ class VulkanBackend final : public Backend {
 
   std::shared_ptr<VulkanDevice> device_;
   VulkanBackendOptions options_;
+  bool subgroup_reductions_ = false, int8_dot_ = false;  // the faster variants in use
   VulkanBufferType device_memory_, shared_memory_;
   std::unique_ptr<Buffer> arena_;
   std::unique_ptr<Buffer> ring_;  // host-visible: token ids, RoPE tables
   size_t ring_used_ = 0;
   std::unique_ptr<Buffer> quantized_, scales_;    // int8 activations of a matmul
   std::unique_ptr<Buffer> delta_scratch_;         // the chunked delta rule's intermediates
+  std::unique_ptr<Buffer> attention_partials_;    // split-key attention's per-split results
   std::map<const void*, DeviceMatrix> matrices_;  // by the host data they copy
   std::map<const float*, DeviceVector> vectors_;
   std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded

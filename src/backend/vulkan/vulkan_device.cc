@@ -85,13 +85,21 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   info.subgroup_size = subgroup.subgroupSize;
   info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
 
+  info.subgroup_arithmetic =
+      (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+      (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0;
+
+  auto dot = vk_info<VkPhysicalDeviceShaderIntegerDotProductFeatures>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES);
   auto f16 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+  const bool has_dot = has_extension(device, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+  f16.pNext = has_dot ? &dot : nullptr;
   auto features = vk_info<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
   features.pNext = &f16;
   vkGetPhysicalDeviceFeatures2(device, &features);
   info.fp16 = f16.shaderFloat16 == VK_TRUE;
-  info.int8_dot = has_extension(device, "VK_KHR_shader_integer_dot_product");
+  info.int8_dot = has_dot && dot.shaderIntegerDotProduct == VK_TRUE;
   info.cooperative_matrix = has_extension(device, "VK_KHR_cooperative_matrix");
 
   VkPhysicalDeviceMemoryProperties memory;
@@ -130,6 +138,7 @@ std::string VulkanDeviceInfo::describe() const {
   std::string features = "subgroup " + std::to_string(subgroup_size);
   if (fp16) features += ", fp16";
   if (int8_dot) features += ", int8-dot";
+  if (subgroup_arithmetic) features += ", subgroup-arithmetic";
   if (cooperative_matrix) features += ", cooperative-matrix";
   return name + " · " + type + " · " + memory + " · " + driver + " · Vulkan " + api + " · " +
          features;
@@ -190,6 +199,16 @@ std::shared_ptr<VulkanDevice> VulkanDevice::open(int index,
   auto create = vk_info<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   create.queueCreateInfoCount = 1;
   create.pQueueCreateInfos = &queue;
+  // What the faster shader variants need (VulkanBackend picks them from info()).
+  auto dot = vk_info<VkPhysicalDeviceShaderIntegerDotProductFeatures>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES);
+  const char* dot_extension = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+  if (d->info_.int8_dot) {
+    dot.shaderIntegerDotProduct = VK_TRUE;
+    create.pNext = &dot;
+    create.enabledExtensionCount = 1;
+    create.ppEnabledExtensionNames = &dot_extension;
+  }
   vk_check(vkCreateDevice(d->physical_, &create, nullptr, &d->device_), "creating the device");
   vkGetDeviceQueue(d->device_, d->queue_family_, 0, &d->queue_);
 

@@ -21,13 +21,14 @@ namespace qhx {
 struct VulkanDeviceInfo {
   int index = 0;
   std::string name;
-  std::string type;                 // "discrete GPU", "integrated GPU", "CPU", ...
-  std::string driver;               // driver name and version as the driver reports them
-  std::string api;                  // Vulkan version, "1.3.238"
-  uint64_t memory_bytes = 0;        // the largest device-local heap
-  bool fp16 = false;                // shaderFloat16
-  bool int8_dot = false;            // VK_KHR_shader_integer_dot_product
-  bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix
+  std::string type;                  // "discrete GPU", "integrated GPU", "CPU", ...
+  std::string driver;                // driver name and version as the driver reports them
+  std::string api;                   // Vulkan version, "1.3.238"
+  uint64_t memory_bytes = 0;         // the largest device-local heap
+  bool fp16 = false;                 // shaderFloat16
+  bool int8_dot = false;             // shaderIntegerDotProduct (VK_KHR_shader_integer_dot_product)
+  bool subgroup_arithmetic = false;  // subgroup reductions in compute shaders
+  bool cooperative_matrix = false;   // VK_KHR_cooperative_matrix
   uint32_t subgroup_size = 0;
   uint64_t max_storage_buffer_range = 0;  // bytes one storage buffer binding may span
   bool discrete = false;

@@ -17,6 +17,7 @@ layout(std430, binding = 2) readonly buffer Scales { uint scales[]; };
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Params {
   uint x_offset, y_offset, rows, cols, n_tokens, group_size;
+  uint y_stride;  // floats per output row: all the matrix's rows, of which these are a part
 } p;
 #define COLS() p.cols
 #define GROUP_SIZE() p.group_size
@@ -47,6 +48,6 @@ void main() {
     barrier();
   }
   for (uint j = lane; owns && j < n; j += LANES) {
-    y[p.y_offset + (t0 + j) * p.rows + row] = partial[j][team * LANES];
+    y[p.y_offset + (t0 + j) * p.y_stride + row] = partial[j][team * LANES];
   }
 }

@@ -1,5 +1,14 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if defined(INT8_DOT)
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot of SPV_KHR_integer_dot_product on two words of four signed bytes (packed vector format
+// 0): GL_EXT_integer_dot_product's dot4x8, which Debian 12's glslang predates.
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6018, 6019],
+                  id = 4450)
+int signed_dot_spirv(int a, int b, spirv_literal int packed_format);
+int dot4x8(int a, int b) { return signed_dot_spirv(a, b, 0); }
+#endif
 // y[t, r] = Σ_b sw(r, b) · sx(t, b) · Σ_{c ∈ b} qw[r, c] · qx[t, c] for W8 (WEIGHT_W8) or W4
 // (WEIGHT_W4) weights and activations quantized by quantize_q8 (ref::matmul's int8 form): the
 // inner sums exact in integers. ROWS weight rows per workgroup (LANES threads each), up to TOKENS tokens.
@@ -18,27 +27,44 @@ layout(std430, binding = 3) readonly buffer Scales { uint scales[]; };
 layout(std430, binding = 4) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Params {
   uint y_offset, rows, cols, n_tokens, group_size;
+  uint y_stride;  // floats per output row: all the matrix's rows, of which these are a part
 } p;
 #include "common.glsl"
 
 shared float partial[TOKENS][64];  // [token][row team · LANES + lane]
 
-// Σ over the 32 columns of block b of row `row` times the token's quantized block.
+// Σ over the 32 columns of block b of row `row` times the token's quantized block. With INT8_DOT
+// (devices with shaderIntegerDotProduct) four products per instruction; W4 nibbles are
+// spread to bytes first, as n ^ 8 (0..15) whose sum is corrected by 8 · Σ activations.
 int block_dot(uint row, uint b, uint token_block) {
   int sum = 0;
 #if defined(WEIGHT_W8)
   const uint w_word = (row * p.cols + b * 32) / 4;
   for (uint i = 0; i < 8; ++i) {
     const uint a = w[w_word + i], v = qx[token_block * 8 + i];
+#if defined(INT8_DOT)
+    sum += dot4x8(int(a), int(v));
+#else
     for (uint k = 0; k < 4; ++k) sum += i8_at(a, k) * i8_at(v, k);
+#endif
   }
 #else
   const uint w_word = (row * p.cols + b * 32) / 8;
   for (uint i = 0; i < 4; ++i) {
     const uint a = w[w_word + i];
     const uint v0 = qx[token_block * 8 + 2 * i], v1 = qx[token_block * 8 + 2 * i + 1];
+#if defined(INT8_DOT)
+    const uint low = (a & 0xFu) | ((a & 0xF0u) << 4) | ((a & 0xF00u) << 8) | ((a & 0xF000u) << 12);
+    const uint high = ((a >> 16) & 0xFu) | ((a >> 12) & 0xF00u) | ((a >> 8) & 0xF0000u) |
+                      ((a >> 4) & 0xF000000u);
+    const int ones = 0x01010101;
+    sum += dot4x8(int(low ^ 0x08080808u), int(v0)) +
+           dot4x8(int(high ^ 0x08080808u), int(v1)) -
+           8 * (dot4x8(ones, int(v0)) + dot4x8(ones, int(v1)));
+#else
     for (uint k = 0; k < 4; ++k) sum += i4_at(a, k) * i8_at(v0, k);
     for (uint k = 0; k < 4; ++k) sum += i4_at(a, k + 4) * i8_at(v1, k);
+#endif
   }
 #endif
   return sum;
@@ -79,6 +105,6 @@ void main() {
     barrier();
   }
   for (uint j = lane; owns && j < n; j += LANES) {
-    y[p.y_offset + (t0 + j) * p.rows + row] = partial[j][team * LANES];
+    y[p.y_offset + (t0 + j) * p.y_stride + row] = partial[j][team * LANES];
   }
 }

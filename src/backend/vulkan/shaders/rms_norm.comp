@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#include "reduce.glsl"
 // Each `width` elements of the input: y = weight ⊙ (x / sqrt(mean(x²) + eps)) (ref::rms_norm),
 // one vector per workgroup; the input may be the output. With L2 defined: x / sqrt(Σx² + eps)
 // × scale, no weight (the Gated DeltaNet's q/k norm, ref::l2_normalize).
@@ -13,8 +14,6 @@ layout(push_constant) uniform Params {
 } p;
 #include "common.glsl"
 
-shared float partial[64];
-
 void main() {
   const uint v = flat_group();
   if (v >= p.n_vectors) return;
@@ -22,17 +21,12 @@ void main() {
   const uint in_base = p.in_offset + v * p.width, out_base = p.out_offset + v * p.width;
   float sum = 0.0;
   for (uint i = lane; i < p.width; i += 64) sum += a[in_base + i] * a[in_base + i];
-  partial[lane] = sum;
-  barrier();
-  for (uint w = 32; w > 0; w >>= 1) {
-    if (lane < w) partial[lane] += partial[lane + w];
-    barrier();
-  }
+  const float total = workgroup_sum(sum);
 #if defined(L2)
-  const float inv = 1.0 / sqrt(partial[0] + p.eps);
+  const float inv = 1.0 / sqrt(total + p.eps);
   for (uint i = lane; i < p.width; i += 64) a[out_base + i] = a[in_base + i] * inv * p.scale;
 #else
-  const float inv = 1.0 / sqrt(partial[0] / float(p.width) + p.eps);
+  const float inv = 1.0 / sqrt(total / float(p.width) + p.eps);
   for (uint i = lane; i < p.width; i += 64) {
     a[out_base + i] = weight[i] * (a[in_base + i] * inv);
   }
