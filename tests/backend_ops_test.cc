@@ -565,6 +565,50 @@ TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
   expect_close(got, want, "logits");
 }
 
+// A node that updates its value in place (RoPE, the q/k norms, the delta-rule gates: no input
+// operand) runs where that value is when the backend runs it, not back on the CPU.
+TEST(Scheduler, RunsAnInPlaceNodeWhereItsValueIs) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  test::SubsetBackend device({Op::kMatmul, Op::kL2Norm}, 2);
+  Backend* const backends[] = {&cpu, &device};
+  OpCase c;
+  const int64_t n = 3, H = 8, V = 16;
+  c.plan.n_tokens = n;
+  const ValueId x = c.plan.add_value(n, H), h = c.plan.add_value(n, H);
+  Node& e = c.node(Op::kEmbed, n);
+  e.matrix = c.matrix(DType::kF32, V, H, 1);
+  e.out = {x};
+  c.ids = {1, 2, 3};
+  Node& m = c.node(Op::kMatmul, n);
+  m.in[0] = {x};
+  m.out = {h};
+  m.matrix = c.matrix(DType::kF32, H, H, 2);
+  Node& norm = c.node(Op::kL2Norm, n);  // in place, on the matmul's output
+  norm.out = {h};
+  norm.width = H;
+  norm.scale = 1.0f;
+  const ValueId logits = c.plan.add_value(n, V, /*binding=*/0);
+  Node& head = c.node(Op::kMatmul, n);
+  head.in[0] = {h};
+  head.out = {logits};
+  head.matrix = c.matrix(DType::kF32, V, H, 4);
+
+  Schedule s = schedule(c.plan, backends);
+  std::vector<std::string> placed;
+  for (const Node& node : s.plan.nodes) {
+    placed.push_back(std::string(op_name(node.op)) + "@" + std::to_string(node.backend));
+  }
+  EXPECT_EQ(placed, (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "l2_norm@1",
+                                              "matmul@1", "copy@0"}));
+  std::vector<float> got(n * V), want(n * V);
+  execute_into(s, backends, c.ids, got);
+  Backend* const cpu_only[] = {&cpu};
+  Schedule alone = schedule(c.plan, cpu_only);
+  execute_into(alone, cpu_only, c.ids, want);
+  expect_close(got, want, "logits");
+}
+
 // Values whose lifetimes do not overlap share arena memory: a 28-layer plan's arena is the size
 // of a few layers' activations, not of all of them.
 TEST(Scheduler, ArenaReusesMemoryAcrossLayers) {
