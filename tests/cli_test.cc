@@ -69,6 +69,25 @@ std::vector<std::string> ids_of(const CliRun& r) {
   return ids;
 }
 
+// The contract of issue 21: prompt-lookup speculation prints the same one line of ids, on both
+// families' trained models (the drafts are verified, some kept); a bad --speculative is refused.
+TEST(Cli, SpeculativeNgramPrintsTheSameIds) {
+  for (const char* name : {"qwen3-kjv", "qwen3.5-kjv"}) {
+    const std::string run = "generate --model " + (test::source_dir() / "models" / name).string() +
+                            " --prompt-ids 1,2,3 -n 48 --greedy --print-ids";
+    const CliRun plain = qhx(run), spec = qhx(run + " --speculative ngram --draft-max 4");
+    ASSERT_EQ(spec.exit_code, 0) << spec.err;
+    EXPECT_EQ(std::count(spec.out.begin(), spec.out.end(), '\n'), 1) << spec.out;
+    EXPECT_EQ(spec.out, plain.out) << name;
+    EXPECT_EQ(ids_of(spec).size(), 48u);
+    EXPECT_NE(spec.err.find("speculative ngram"), std::string::npos) << spec.err;
+  }
+  const CliRun bad =
+      qhx("generate --model " + kSmallModel.string() + " --prompt-ids 1 --speculative guess");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--speculative"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, StopStringEndsTheTextBeforeIt) {
   const std::string run = "generate --model " + kDefaultModel.string() +
                           " --prompt 'And it came to pass' -n 40 --greedy";

@@ -223,6 +223,36 @@ TEST_P(Parity, DecodeOverPromptMatchesPrefill) {
   }
 }
 
+// kEveryStep (what a speculative draft's verification runs): every row's logits, and the state
+// after them, are those of decoding the tokens one at a time, to the bit, continuing a prompt.
+TEST_P(Parity, EveryStepLogitsAreThoseOfDecodingToTheBit) {
+  const int64_t vocab = model_->config().vocab_size;
+  for (const GoldenPrompt& p : golden_.prompts) {
+    if (p.ids.size() < 2) continue;
+    const size_t cut = p.ids.size() / 2;
+    const std::span<const int32_t> head(p.ids.data(), cut),
+        rest(p.ids.data() + cut, p.ids.size() - cut);
+    auto batched = model_->new_state();
+    std::vector<float> logits;
+    if (cut > 0) model_->forward(head, *batched, LogitsFor::kLastToken, logits);
+    auto stepped = batched->clone();
+    std::vector<float> every, step, steps;
+    model_->forward(rest, *batched, LogitsFor::kEveryStep, every);
+    for (const int32_t id : rest) {
+      model_->forward(std::span(&id, 1), *stepped, LogitsFor::kLastToken, step);
+      steps.insert(steps.end(), step.begin(), step.end());
+    }
+    ASSERT_EQ(every.size(), rest.size() * vocab);
+    EXPECT_TRUE(every == steps) << "prompt " << p.name;
+    const auto a = batched->tensors(), b = stepped->tensors();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(
+          std::equal(a[i].data.begin(), a[i].data.end(), b[i].data.begin(), b[i].data.end()))
+          << "prompt " << p.name << ": " << a[i].name;
+    }
+  }
+}
+
 TEST_P(Parity, PrefillInSegmentsMatchesOneShot) {
   for (const GoldenPrompt& p : golden_.prompts) {
     if (p.ids.size() < 3) continue;

@@ -152,6 +152,11 @@ typedef struct qhx_generate_options {
   size_t n_stop_ids;
   const char* const* stop_strings; /* stop when the text contains one; it is not reported */
   size_t n_stop_strings;
+  /* Speculative decoding: NULL or "none" (default), or "ngram" (prompt lookup: drafts from what
+   * followed earlier occurrences of the text's last tokens), verified draft_max + 1 tokens per
+   * forward pass. Greedy decoding only (ignored when sampling); the output is the same. */
+  const char* speculative;
+  int32_t draft_max; /* tokens per draft, 1..32; 0: 4 */
 } qhx_generate_options;
 
 /* Defaults from the model's generation_config.json (greedy if it has none). */
@@ -188,6 +193,9 @@ typedef struct qhx_generate_result {
   char* text; /* everything generated (stop string excluded); free with qhx_string_free */
   int64_t device_failures; /* device failures this call went through: the CPU redid that work
                               (no token lost or repeated) and runs the model from then on */
+  int64_t verify_passes;   /* speculative decoding: passes that verified a draft, */
+  int64_t drafted;         /* the draft tokens they verified, */
+  int64_t accepted;        /* and those the model agreed with (each a token without a pass) */
 } qhx_generate_result;
 
 /* ---------------------------------------------------------------------------------------------

@@ -289,8 +289,8 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
       float* state = inputs.layers[node.layer].recurrent.data();
       const float *q = at(node.in[0]), *k = at(node.in[1]), *v = at(node.in[2]);
       const float *beta = at(node.in[3]), *g = at(node.in[4]);
-      if (node.rows == 1) {
-        return gated_delta_rule_recurrent(cx, q, k, v, beta, g, 1, node.heads, state, out);
+      if (node.rows == 1 || node.chunk == 0) {
+        return gated_delta_rule_recurrent(cx, q, k, v, beta, g, node.rows, node.heads, state, out);
       }
       return gated_delta_rule_chunked(cx, q, k, v, beta, g, node.rows, node.heads, node.chunk,
                                       state, out);

@@ -143,6 +143,16 @@ std::vector<std::string> stop_strings(const qhx_generate_options& o) {
   return stops;
 }
 
+qhx::SpeculativeOptions speculative_options(const qhx_generate_options& o) {
+  qhx::SpeculativeOptions s;
+  if (o.speculative != nullptr) s.kind = qhx::parse_draft_kind(o.speculative, "speculative");
+  if (o.draft_max < 0 || o.draft_max > 32) {
+    qhx::fail("draft_max", std::to_string(o.draft_max) + " is outside 0..32 (0: 4)");
+  }
+  if (o.draft_max > 0) s.draft_max = o.draft_max;
+  return s;
+}
+
 // Everything generation refuses about its options, before any work (qhx_generate_options_check).
 void check_generate_options(const qhx_model& model, const qhx_generate_options& o) {
   if (o.n_stop_ids > 0 && o.stop_ids == nullptr) qhx::fail("generate options", "stop_ids is NULL");
@@ -152,6 +162,7 @@ void check_generate_options(const qhx_model& model, const qhx_generate_options& 
     qhx::fail(model.dir.string(), "no tokenizer.json: stop strings need text");
   }
   qhx::StopStringMatcher{stops};  // refuses empty and invalid UTF-8 stop strings
+  speculative_options(o);
 }
 
 qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
@@ -174,6 +185,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     turn.sampling = sampling_params(options->sampling);
     turn.cancel = &session->cancel;
     turn.checkpoint_at = std::move(checkpoint_at);
+    turn.speculative = speculative_options(*options);
     std::set<int32_t> stops(options->stop_ids, options->stop_ids + options->n_stop_ids);
     if (options->stop_at_eos)
       stops.insert(session->model->eos_ids.begin(), session->model->eos_ids.end());
@@ -231,6 +243,9 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       result->ttft_ms = stats.ttft_seconds * 1e3;
       result->decode_ms = stats.decode_seconds * 1e3;
       result->device_failures = session->model->model->device_failures() - failures_before;
+      result->verify_passes = stats.verify_passes;
+      result->drafted = stats.drafted;
+      result->accepted = stats.accepted;
       result->text = copy_string(text);
     }
   });

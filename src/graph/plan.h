@@ -46,7 +46,8 @@ enum class Op : uint8_t {
   kL2Norm,       // in place on out: each `width` elements L2-normalised (eps 1e-6), then × scale
   kDeltaGates,  // in place: out (b) becomes β = σ(b), out2 (a) g = −exp(a_log)·softplus(a + dt)
   kDeltaRule,   // out = gated delta rule of q in0, k in1, v in2, β in3, g in4, continuing the
-                // layer's recurrent state (one token: the recurrent step; more: chunked)
+                // layer's recurrent state (one token, or chunk 0: the recurrent step;
+                // more: chunked)
   kCopy,        // out = in0 (inserted by the scheduler where a value changes backend)
 };
 inline constexpr int kOpKinds = static_cast<int>(Op::kCopy) + 1;
@@ -87,7 +88,7 @@ struct Node {
   AttentionShape attention{};         // kAttention
   DeltaRuleShape heads{};             // kDeltaRule
   int64_t rotary_dim = 0;             // kRope
-  int64_t chunk = 0;                  // kDeltaRule: the prefill chunk of the WY form
+  int64_t chunk = 0;                  // kDeltaRule: the prefill chunk of the WY form (0: recurrent)
 
   // Set by the scheduler: the backend that runs it, and how many of the nodes that follow it
   // run with it as one (fused by that backend).

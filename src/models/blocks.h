@@ -50,7 +50,9 @@ struct GatedDeltaNetParams {
   DeltaRuleShape heads;
   int64_t conv_kernel = 4;
   float norm_eps = 1e-6f;
-  int64_t chunk = 64;  // prefill chunk of the delta rule (one token: recurrent step)
+  // Prefill chunk of the delta rule (one token, or 0: the recurrent step over every row, each a
+  // decode step's result to the bit).
+  int64_t chunk = 64;
 
   int64_t key_width() const { return heads.n_k_heads * heads.k_dim; }
   int64_t value_width() const { return heads.n_v_heads * heads.v_dim; }

@@ -158,7 +158,7 @@ class Decoder final : public Model {
   // Off after a device failed (forward disables it, so mutable) or failed its check.
   mutable std::atomic<bool> devices_enabled_;
   mutable std::atomic<int64_t> device_failures_{0};
-  mutable DeviceTraffic traffic_;  // under the context's turn, as the schedules
+  mutable DeviceTraffic traffic_;       // under the context's turn, as the schedules
   mutable std::string device_failure_;  // on the turn
 };
 
@@ -184,8 +184,11 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
     n.rows = rows;
   };
 
+  GatedDeltaNetParams stepwise = deltanet_;
+  stepwise.chunk = 0;  // the recurrent form over every row
+
   // h = embed[ids]; per layer h += mixer(norm(h)); h += mlp(norm(h)).
-  const int64_t first_out = which == LogitsFor::kEveryToken ? 0 : n_tokens - 1;
+  const int64_t first_out = which == LogitsFor::kLastToken ? n_tokens - 1 : 0;
   const int64_t n_out = n_tokens - first_out;
   const ValueId h = plan.add_value(n_tokens, H), x = plan.add_value(n_tokens, H);
   const ValueId y = plan.add_value(n_tokens, H);
@@ -200,7 +203,8 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
     if (layer.kind == LayerKind::kFullAttention) {
       add_attention(plan, layer.attention, attention_, index, x, y);
     } else {
-      add_gated_deltanet(plan, layer.deltanet, deltanet_, index, x, y);
+      add_gated_deltanet(plan, layer.deltanet,
+                         which == LogitsFor::kEveryStep ? stepwise : deltanet_, index, x, y);
     }
     add_to(h, 0, n_tokens, y);
     norm_of(h, 0, n_tokens, layer.post_attention_norm, x);
@@ -271,7 +275,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
                             std::to_string(vocab) + ")");
     }
   }
-  logits.resize((which == LogitsFor::kEveryToken ? n_tokens : 1) * vocab);
+  logits.resize((which == LogitsFor::kLastToken ? 1 : n_tokens) * vocab);
   // The sessions of the models on this context take turns; the schedules and arenas are theirs
   // for the pass.
   const CpuContext::Turn turn(*context_);

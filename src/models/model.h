@@ -61,7 +61,11 @@ class ModelState {
   virtual int64_t bytes() const = 0;
 };
 
-enum class LogitsFor { kLastToken, kEveryToken };
+// Which logits a forward pass returns: the last token's, or every token's; kEveryStep is every
+// token's computed as decoding them one at a time would compute them, to the bit (the Gated
+// DeltaNet rule in its recurrent form rather than the chunked one): what verifying a draft of
+// several tokens in one pass needs for speculative decoding to be exact.
+enum class LogitsFor { kLastToken, kEveryToken, kEveryStep };
 
 // What ran on devices (Model::device_traffic).
 struct DeviceTraffic {

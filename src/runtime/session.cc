@@ -221,32 +221,108 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   int32_t token = sampler.sample(logits_, tokens, generated());
   stats.ttft_seconds = seconds_since(start);
   const auto decode_start = Clock::now();
+  // Speculation (greedy only): after a verify pass, `verified` holds the accepted draft tokens,
+  // which the state has already processed past history_, then the model's own pick after them;
+  // `rows` the pass's logits, row i those after its i-th token.
+  const SpeculativeOptions& spec = options.speculative;
+  const bool speculate = spec.kind != DraftKind::kNone && options.sampling.greedy;
+  std::vector<int32_t> verified, context, seen;
+  std::vector<float> rows;
+  size_t next_verified = 0, token_row = 0;
+  StateCheckpoint before;
   while (true) {
     ++stats.n_generated;
     const bool go_on = on_token(token);
+    bool stopping = true;
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
         options.stop_ids.end()) {
       stats.stop = StopReason::kStopId;
-      break;
-    }
-    if (!go_on) {
+    } else if (!go_on) {
       stats.stop = StopReason::kCallback;
-      break;
-    }
-    if (stats.n_generated >= options.max_new_tokens) {
+    } else if (stats.n_generated >= options.max_new_tokens) {
       stats.stop = StopReason::kLength;
-      break;
-    }
-    if (cancelled(options.cancel)) {
+    } else if (cancelled(options.cancel)) {
       stats.stop = StopReason::kCancelled;
+    } else {
+      stopping = false;
+    }
+    if (stopping) {
+      // Accepted drafts not emitted leave the state: it holds history_ and no more.
+      if (state_->n_past() > static_cast<int64_t>(history_.size())) {
+        roll_back(static_cast<int64_t>(history_.size()), {}, before);
+        ++stats.rollbacks;
+      }
       break;
     }
-    model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
+    if (state_->n_past() > static_cast<int64_t>(history_.size())) {
+      // `token` is an accepted draft: the verify pass processed it already.
+      history_.push_back(token);
+      logits_.assign(rows.begin() + token_row * vocab, rows.begin() + (token_row + 1) * vocab);
+      ++token_row;
+      token = verified[next_verified++];
+      continue;
+    }
+    // A draft of up to draft_max tokens, so that every token it could yield may still be emitted.
+    const int64_t room = options.max_new_tokens - stats.n_generated - 1;
+    std::vector<int32_t> draft;
+    if (speculate && room > 0) {
+      context.assign(tokens.begin(), tokens.end());
+      context.insert(context.end(), history_.begin() + n_tokens, history_.end());
+      context.push_back(token);
+      draft = ngram_draft(context, spec.ngram_max, spec.ngram_min, std::min(spec.draft_max, room));
+    }
+    if (draft.empty()) {
+      model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
+      history_.push_back(token);
+      token = sampler.sample(logits_, tokens, generated());
+      continue;
+    }
+    // Verify [token, draft...] in one pass; keep the draft's prefix the model would have chosen.
+    std::vector<int32_t> batch = {token};
+    batch.insert(batch.end(), draft.begin(), draft.end());
+    if (!state_->can_truncate()) before = state_->checkpoint();
+    model_.forward(batch, *state_, LogitsFor::kEveryStep, rows);
+    ++stats.verify_passes;
+    stats.drafted += static_cast<int64_t>(draft.size());
+    seen.assign(history_.begin() + n_tokens, history_.end());
+    size_t accepted = 0;
+    int32_t next = 0;
+    for (size_t i = 0; i <= draft.size(); ++i) {
+      seen.push_back(batch[i]);
+      next = sampler.sample(std::span<const float>(rows).subspan(i * vocab, vocab), tokens, seen);
+      if (i == draft.size() || next != draft[i]) break;
+      ++accepted;
+    }
+    stats.accepted += static_cast<int64_t>(accepted);
+    const int64_t keep = static_cast<int64_t>(history_.size() + accepted + 1);
+    if (accepted < draft.size()) {
+      roll_back(keep, std::span<const int32_t>(batch).first(accepted + 1), before);
+      ++stats.rollbacks;
+    }
     history_.push_back(token);
-    token = sampler.sample(logits_, tokens, generated());
+    logits_.assign(rows.begin(), rows.begin() + vocab);
+    // The accepted drafts come next, then the model's own pick after them.
+    verified.assign(draft.begin(), draft.begin() + accepted);
+    verified.push_back(next);
+    token = verified[0];
+    next_verified = 1;
+    token_row = 1;
   }
   stats.decode_seconds = seconds_since(decode_start);
   return stats;
+}
+
+void Session::roll_back(int64_t n, std::span<const int32_t> tokens, const StateCheckpoint& before) {
+  if (state_->can_truncate()) return state_->rewind(n, nullptr);
+  // The tokens between the checkpoint and n: those of history_ past it, then `tokens`.
+  std::vector<int32_t> again(history_.begin() + before.n_past, history_.end());
+  again.insert(again.end(), tokens.begin(), tokens.end());
+  again.resize(static_cast<size_t>(n - before.n_past));
+  state_->rewind(before.n_past, &before);
+  if (!again.empty()) {
+    std::vector<float> unused;
+    model_.forward(again, *state_, LogitsFor::kEveryStep, unused);
+  }
 }
 
 void Session::save(const std::filesystem::path& path) const {

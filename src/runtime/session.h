@@ -19,6 +19,7 @@
 
 #include "models/model.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 
 namespace qhx {
 
@@ -42,6 +43,9 @@ struct TurnOptions {
   // turn's rendering may differ from this one's (a chat template that re-renders earlier replies
   // differently, e.g. without their thinking, starts differing after the reply's header).
   std::vector<int64_t> checkpoint_at;
+  // Drafts verified several tokens per pass (runtime/speculative.h). Greedy decoding only, where
+  // the output is exactly that of decoding one token at a time; ignored when sampling.
+  SpeculativeOptions speculative;
 };
 
 // Why generation ended. (A context too short for max_new_tokens is refused up front instead.)
@@ -56,6 +60,12 @@ struct TurnStats {
   double ttft_seconds = 0;  // call → first token chosen
   double decode_seconds = 0;
   StopReason stop = StopReason::kLength;
+  // Speculative decoding: passes that verified a draft, the draft tokens they verified and how
+  // many of them the model agreed with, and the passes that rolled a recurrent state back.
+  int64_t verify_passes = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  int64_t rollbacks = 0;
 };
 
 class Session {
@@ -99,6 +109,10 @@ class Session {
   void forward(std::span<const int32_t> tokens, std::span<const int64_t> checkpoint_at,
                const std::atomic<bool>* cancel);
   void remember_checkpoint();
+  // Brings the state back to history_ (n tokens) after a verify pass ran past it: KV caches cut,
+  // or, for recurrent layers, `before` (at before_n ≤ n) restored and the tokens up to n run
+  // again step-exactly (LogitsFor::kEveryStep).
+  void roll_back(int64_t n, std::span<const int32_t> tokens, const StateCheckpoint& before);
 
   const Model& model_;
   SessionOptions options_;

@@ -36,6 +36,8 @@ struct GenerateArgs {
   bool print_ids = false;
   bool ignore_eos = false;
   bool verify = false;
+  std::string speculative = "none";
+  int draft_max = 4;
 };
 
 // qhx devices: the CPU and every accelerator this build can use, one per line.

@@ -147,6 +147,8 @@ int run_generate(const GenerateArgs& args) {
   for (const std::string& stop : args.stop) stops.push_back(stop.c_str());
   options.stop_strings = stops.data();
   options.n_stop_strings = stops.size();
+  options.speculative = args.speculative.c_str();
+  options.draft_max = args.draft_max;
   check(qhx_generate_options_check(m.model, &options));
 
   struct Output {
@@ -171,17 +173,26 @@ int run_generate(const GenerateArgs& args) {
   std::cout << "\n";
   std::cout.flush();
 
+  std::string speculation;
+  if (result.verify_passes > 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, " | speculative %s: %lld passes, %lld of %lld drafted accepted",
+                  args.speculative.c_str(), static_cast<long long>(result.verify_passes),
+                  static_cast<long long>(result.accepted), static_cast<long long>(result.drafted));
+    speculation = buf;
+  }
   const double prefill_tps = result.n_prompt / std::max(result.prefill_ms * 1e-3, 1e-9);
   const double decode_tps = result.n_generated > 1
                                 ? (result.n_generated - 1) / std::max(result.decode_ms * 1e-3, 1e-9)
                                 : 0;
   std::fprintf(stderr,
                "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | "
-               "TTFT %.1f ms | peak RSS %.1f MB | %s\n",
+               "TTFT %.1f ms | peak RSS %.1f MB | %s%s\n",
                static_cast<long long>(result.n_prompt), prefill_tps,
                static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms,
                peak_rss_mb(),
-               s.greedy ? "greedy" : ("sampled, seed " + std::to_string(s.seed)).c_str());
+               s.greedy ? "greedy" : ("sampled, seed " + std::to_string(s.seed)).c_str(),
+               speculation.c_str());
   return 0;
 }
 

@@ -75,6 +75,12 @@ int main(int argc, char** argv) {
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated ids, comma-separated, on one line instead of text");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
+  generate
+      ->add_option("--speculative", gen.speculative,
+                   "Speculative decoding: none, or ngram (prompt lookup; greedy only, same output)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  generate->add_option("--draft-max", gen.draft_max, "Tokens per speculative draft")
+      ->check(CLI::Range(1, 32));
   generate->add_flag("--verify", gen.verify, "Bundles: check every file's sha256 before loading");
   add_threads_option(generate, gen.threads);
   add_device_options(generate, gen.devices);

@@ -165,9 +165,9 @@ bool VulkanBackend::supports(const Node& node) const {
     case Op::kConvSilu:
       return node.width >= 1 && node.width <= kMaxConvKernel;
     case Op::kDeltaRule:
-      return node.heads.k_dim <= kMaxKDim &&
-             (node.rows == 1 || delta_scratch_floats(node) * sizeof(float) <=
-                                    device_->info().max_storage_buffer_range);
+      return node.heads.k_dim <= kMaxKDim && (node.rows == 1 || node.chunk == 0 ||
+                                              delta_scratch_floats(node) * sizeof(float) <=
+                                                  device_->info().max_storage_buffer_range);
     default:
       return true;
   }
@@ -550,7 +550,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
                                    u32(node.rows),     u32(h.n_k_heads),   u32(h.n_v_heads),
                                    u32(h.k_dim),       u32(h.v_dim),       u32(delta_chunk(node))};
       const std::span<const uint32_t> push(operands);
-      if (node.rows == 1) {
+      if (node.rows == 1 || node.chunk == 0) {
         return dispatch("delta_rule", {&arena, &recurrent}, push.first(11),
                         h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
       }

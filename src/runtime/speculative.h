@@ -1,0 +1,35 @@
+// Speculative decoding's drafts: guesses of the next few tokens, which one forward pass then
+// verifies (Session::generate, LogitsFor::kEveryStep), keeping the longest prefix the model itself
+// would have chosen. With greedy decoding the output is exactly that of decoding one token at a
+// time; a wrong draft costs only time.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace qhx {
+
+enum class DraftKind {
+  kNone,
+  kNgram,  // prompt lookup: what followed the last earlier occurrence of the context's suffix
+};
+
+struct SpeculativeOptions {
+  DraftKind kind = DraftKind::kNone;
+  int64_t draft_max = 4;  // tokens per draft (verified in one pass of draft_max + 1 tokens)
+  // Prompt lookup: suffixes of ngram_max tokens down to ngram_min are looked for.
+  int64_t ngram_max = 3;
+  int64_t ngram_min = 2;
+};
+
+// "none" or "ngram"; Error naming `where` on anything else.
+DraftKind parse_draft_kind(const std::string& name, const std::string& where);
+
+// The continuation (at most max_tokens) after the most recent earlier occurrence of the longest
+// suffix of `context` of ngram_max down to ngram_min tokens; empty when none occurs.
+std::vector<int32_t> ngram_draft(std::span<const int32_t> context, int64_t ngram_max,
+                                 int64_t ngram_min, int64_t max_tokens);
+
+}  // namespace qhx
