@@ -198,4 +198,73 @@ std::vector<ChatBenchTurn> run_chat_bench(const Model& model, const ChatBenchCon
   return turns;
 }
 
+SpeculativeBenchResult run_speculative_bench(const Model& model,
+                                             const SpeculativeBenchConfig& config) {
+  if (config.prompt.empty() || config.n_gen < 2 || config.repetitions < 1) {
+    fail("bench", "a speculative run needs a prompt, at least 2 new tokens and 1 repetition");
+  }
+  SpeculativeBenchResult result;
+  std::vector<double> plain, speculative;
+  std::vector<int32_t> first_reply;
+  const auto run = [&](bool speculate) {
+    Session session(model);
+    TurnOptions options;
+    options.max_new_tokens = config.n_gen;
+    if (speculate) options.speculative = config.speculative;
+    std::vector<int32_t> reply;
+    const TurnStats stats = session.generate(config.prompt, options, [&](int32_t id) {
+      reply.push_back(id);
+      return true;
+    });
+    if (first_reply.empty()) first_reply = reply;
+    result.same_tokens = result.same_tokens && reply == first_reply;
+    result.n_generated = stats.n_generated;
+    if (speculate) {
+      result.verify_passes = stats.verify_passes;
+      result.drafted = stats.drafted;
+      result.accepted = stats.accepted;
+      result.decode_passes = stats.decode_passes;
+      result.rollbacks = stats.rollbacks;
+    }
+    return static_cast<double>(stats.n_generated - 1) / std::max(stats.decode_seconds, 1e-9);
+  };
+  run(false);  // warm-up, untimed
+  for (int64_t r = 0; r < config.repetitions; ++r) {
+    plain.push_back(run(false));
+    speculative.push_back(run(true));
+  }
+  result.plain_tok_s = Spread::of(plain);
+  result.speculative_tok_s = Spread::of(speculative);
+
+  // The parts, at the prompt's depth, each the best of the rounds.
+  const auto at_prompt = model.new_state();
+  std::vector<float> logits;
+  model.forward(config.prompt, *at_prompt, LogitsFor::kLastToken, logits);
+  const auto best_ms = [&](int64_t n_tokens, LogitsFor which) {
+    double best = 1e300;
+    const std::vector<int32_t> ids(n_tokens, config.prompt.back());
+    for (int64_t r = 0; r < std::max<int64_t>(config.repetitions, 3); ++r) {
+      const auto state = at_prompt->clone();
+      const auto start = Clock::now();
+      model.forward(ids, *state, which, logits);
+      best = std::min(best, seconds_since(start) * 1e3);
+    }
+    return best;
+  };
+  result.step_ms = best_ms(1, LogitsFor::kLastToken);
+  for (int64_t k = 1; k <= config.speculative.draft_max; ++k) {
+    result.verify_ms.push_back(best_ms(k + 1, LogitsFor::kEveryStep));
+  }
+  if (!at_prompt->can_truncate()) {
+    double best = 1e300;
+    for (int r = 0; r < 5; ++r) {
+      const auto start = Clock::now();
+      const StateCheckpoint c = at_prompt->checkpoint();
+      best = std::min(best, seconds_since(start) * 1e3);
+    }
+    result.checkpoint_ms = best;
+  }
+  return result;
+}
+
 }  // namespace qhx

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "runtime/speculative.h"
 
 namespace qhx {
 
@@ -27,9 +28,9 @@ struct Spread {
 
 struct BenchResult {
   BenchConfig config;
-  Spread prefill_tok_s;     // n_prompt tokens from an empty state, in one forward call
-  Spread ttft_ms;           // prefill + the first token's logits and greedy pick
-  Spread decode_tok_s;      // n_gen greedy single-token steps after `depth` context tokens
+  Spread prefill_tok_s;  // n_prompt tokens from an empty state, in one forward call
+  Spread ttft_ms;        // prefill + the first token's logits and greedy pick
+  Spread decode_tok_s;   // n_gen greedy single-token steps after `depth` context tokens
   // The decode step right after a timed prefill: with the prompt read on a device and the reply
   // written elsewhere, what the hand-off costs shows as its excess over a steady step.
   Spread first_step_ms;
@@ -71,5 +72,31 @@ struct ChatBenchTurn {
 };
 
 std::vector<ChatBenchTurn> run_chat_bench(const Model& model, const ChatBenchConfig& config);
+
+// Speculative decoding on one task (a prompt, n_gen greedy tokens): decode speed through a
+// session with and without drafts, rounds interleaved, what the drafts achieved, and what its
+// parts cost at the prompt's depth: a verify pass of k = 1..draft_max drafts against one decode
+// step, and the recurrent-state checkpoint a verify pass takes.
+struct SpeculativeBenchConfig {
+  std::vector<int32_t> prompt;
+  int64_t n_gen = 128;
+  SpeculativeOptions speculative;
+  int64_t repetitions = 3;
+};
+
+struct SpeculativeBenchResult {
+  Spread plain_tok_s, speculative_tok_s;  // decode: tokens after the first, per second
+  bool same_tokens = true;                // the two replies agree (greedy: they must)
+  int64_t n_generated = 0;
+  // Of the last speculative round: verify passes, draft tokens verified and accepted, passes of
+  // the decode in all (plain steps and verify passes), rollbacks of a recurrent state.
+  int64_t verify_passes = 0, drafted = 0, accepted = 0, decode_passes = 0, rollbacks = 0;
+  double step_ms = 0;             // one decode step at the prompt's depth (best of the rounds)
+  std::vector<double> verify_ms;  // [k − 1]: a pass over k drafts (k + 1 tokens), the same way
+  double checkpoint_ms = 0;       // the checkpoint of the recurrent states (0: none needed)
+};
+
+SpeculativeBenchResult run_speculative_bench(const Model& model,
+                                             const SpeculativeBenchConfig& config);
 
 }  // namespace qhx

@@ -273,6 +273,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     }
     if (draft.empty()) {
       model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
+      ++stats.decode_passes;
       history_.push_back(token);
       token = sampler.sample(logits_, tokens, generated());
       continue;
@@ -283,6 +284,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     if (!state_->can_truncate()) before = state_->checkpoint();
     model_.forward(batch, *state_, LogitsFor::kEveryStep, rows);
     ++stats.verify_passes;
+    ++stats.decode_passes;
     stats.drafted += static_cast<int64_t>(draft.size());
     seen.assign(history_.begin() + n_tokens, history_.end());
     size_t accepted = 0;

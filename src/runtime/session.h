@@ -66,6 +66,7 @@ struct TurnStats {
   int64_t drafted = 0;
   int64_t accepted = 0;
   int64_t rollbacks = 0;
+  int64_t decode_passes = 0;  // forward passes of the decode (plain steps and verify passes)
 };
 
 class Session {

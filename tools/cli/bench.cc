@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "qhx_version.h"
 #include "runtime/bench.h"
+#include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/json_file.h"
 
@@ -131,6 +132,77 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
   return 0;
 }
 
+// Speculative decoding on one task: decode speed with and without drafts, their acceptance, and
+// the cost of a verify pass of k drafts in decode steps.
+int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
+                          const std::string& weights) {
+  if (args.prompt_file.empty()) qhx::fail("--speculative", "needs --prompt-file");
+  std::ifstream in(args.prompt_file, std::ios::binary);
+  if (!in) qhx::fail(args.prompt_file, "cannot be read");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  qhx::SpeculativeBenchConfig config;
+  config.prompt = qhx::Tokenizer::load(dir).encode(text);
+  config.n_gen = args.n_gen;
+  config.repetitions = args.repetitions;
+  config.speculative.kind = qhx::parse_draft_kind(args.speculative, "--speculative");
+  config.speculative.draft_max = args.draft_max;
+  const qhx::SpeculativeBenchResult r = qhx::run_speculative_bench(model, config);
+  const double speedup = r.speculative_tok_s.mean / std::max(r.plain_tok_s.mean, 1e-9);
+  const double acceptance = r.drafted > 0 ? static_cast<double>(r.accepted) / r.drafted : 0.0;
+  const double per_pass =
+      static_cast<double>(r.n_generated - 1) / std::max<int64_t>(r.decode_passes, 1);
+  qhx::Json verify = qhx::Json::array();
+  for (const double ms : r.verify_ms) verify.push_back(ms / r.step_ms);
+  if (args.json) {
+    std::cout << qhx::Json{{"model", args.model},
+                           {"weights", weights},
+                           {"threads", model.context().threads()},
+                           {"speculative", args.speculative},
+                           {"draft_max", args.draft_max},
+                           {"prompt_file", args.prompt_file},
+                           {"n_prompt", config.prompt.size()},
+                           {"n_gen", args.n_gen},
+                           {"repetitions", args.repetitions},
+                           {"plain_decode_tok_s", r.plain_tok_s.mean},
+                           {"speculative_decode_tok_s", r.speculative_tok_s.mean},
+                           {"speedup", speedup},
+                           {"same_tokens", r.same_tokens},
+                           {"acceptance", acceptance},
+                           {"tokens_per_pass", per_pass},
+                           {"verify_passes", r.verify_passes},
+                           {"rollbacks", r.rollbacks},
+                           {"step_ms", r.step_ms},
+                           {"verify_pass_in_steps", verify},
+                           {"checkpoint_ms", r.checkpoint_ms},
+                           {"cpu", cpu_model_name()},
+                           {"commit", QHX_GIT_COMMIT},
+                           {"date", utc_date()}}
+                     .dump()
+              << std::endl;
+    return 0;
+  }
+  std::printf(
+      "model %s | weights %s | threads %d | %s, drafts of up to %d | prompt %zu tokens "
+      "(%s) | %lld generated, same tokens: %s\n",
+      args.model.c_str(), weights.c_str(), model.context().threads(), args.speculative.c_str(),
+      args.draft_max, config.prompt.size(), args.prompt_file.c_str(),
+      static_cast<long long>(r.n_generated), r.same_tokens ? "yes" : "NO");
+  std::printf(
+      "decode tok/s: plain %.2f ± %.2f, speculative %.2f ± %.2f: %.2fx | acceptance %.3f "
+      "(%lld of %lld) | %.2f tokens per pass | %lld verify passes, %lld rollbacks\n",
+      r.plain_tok_s.mean, r.plain_tok_s.stddev, r.speculative_tok_s.mean,
+      r.speculative_tok_s.stddev, speedup, acceptance, static_cast<long long>(r.accepted),
+      static_cast<long long>(r.drafted), per_pass, static_cast<long long>(r.verify_passes),
+      static_cast<long long>(r.rollbacks));
+  std::printf("at depth %zu: a decode step %.2f ms; a verify pass of k drafts, in steps:",
+              config.prompt.size(), r.step_ms);
+  for (size_t k = 0; k < r.verify_ms.size(); ++k) {
+    std::printf(" k=%zu %.2f", k + 1, r.verify_ms[k] / r.step_ms);
+  }
+  std::printf(" | recurrent-state checkpoint %.3f ms\n", r.checkpoint_ms);
+  return r.same_tokens ? 0 : 1;
+}
+
 }  // namespace
 
 int run_bench(const BenchArgs& args) {
@@ -155,6 +227,7 @@ int run_bench(const BenchArgs& args) {
                                   qhx::attention_kernel_path(kernels, model->config().head_dim);
   const int threads = model->context().threads();
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
+  if (args.speculative != "none") return run_speculative_bench(args, dir, *model, weights);
   if (!args.json) {
     std::printf(
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | "

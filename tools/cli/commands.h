@@ -101,6 +101,10 @@ struct BenchArgs {
   int64_t repetitions = 5;
   int64_t turns = 0;  // > 0: the multi-turn chat benchmark instead
   bool json = false;
+  // Not "none": the speculative-decoding benchmark instead, on the text of prompt_file.
+  std::string speculative = "none";
+  int draft_max = 4;
+  std::string prompt_file;
 };
 
 // qhx bench: prefill and decode speed, TTFT and memory; with --turns, the multi-turn chat bench.

@@ -184,6 +184,15 @@ int main(int argc, char** argv) {
                    "TTFT with the state kept vs. a fresh session")
       ->check(CLI::PositiveNumber);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
+  bench
+      ->add_option("--speculative", bench_args.speculative,
+                   "Speculative decoding instead: -n greedy tokens after --prompt-file's text, "
+                   "with and without drafts (ngram), and what a verify pass costs")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  bench->add_option("--draft-max", bench_args.draft_max, "Tokens per speculative draft")
+      ->check(CLI::Range(1, 32));
+  bench->add_option("--prompt-file", bench_args.prompt_file,
+                    "With --speculative: the prompt, a UTF-8 text file");
   add_threads_option(bench, bench_args.threads);
   add_device_options(bench, bench_args.devices);
 
