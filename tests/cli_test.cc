@@ -454,6 +454,17 @@ TEST(Cli, ChatReusesTurnsAndSavesAndLoads) {
   EXPECT_NE(missing.err.find(saved + "-missing"), std::string::npos) << missing.err;
 }
 
+// Greedy chat replies are the same with prompt-lookup speculation, turn after turn.
+TEST(Cli, ChatWithSpeculationGivesTheSameReplies) {
+  const std::string chat = "chat --model " + kDefaultModel.string() + " --greedy -n 24";
+  const std::string turns = "And it came to pass\nAnd it came to pass\nWho begat whom?\n";
+  const CliRun plain = qhx(chat, turns), spec = qhx(chat + " --speculative ngram --stats", turns);
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_FALSE(plain.out.empty());
+  EXPECT_EQ(spec.out, plain.out);
+  EXPECT_NE(spec.err.find("drafted accepted"), std::string::npos) << spec.err;  // drafts ran
+}
+
 // Errors the chat can recover from leave the conversation as it was: a refused /load, a failed
 // /save (which leaves no file), a line that is not UTF-8. The next turn still reuses the first;
 // read from a script, the exit status says something failed.

@@ -78,6 +78,8 @@ class Chat {
     check(qhx_generate_options_default(model_, &generate_));
     generate_.max_new_tokens = args.max_new_tokens;
     if (args.greedy) generate_.sampling.greedy = 1;
+    generate_.speculative = args_.speculative.c_str();
+    generate_.draft_max = args.draft_max;
     generate_.sampling.seed = args.seed.value_or(std::random_device{}());
     start_over();
   }
@@ -224,12 +226,19 @@ class Chat {
     if (stats_) {
       const double decode_tps =
           result.n_generated > 1 ? (result.n_generated - 1) / (result.decode_ms / 1e3) : 0.0;
+      std::string speculation;
+      if (result.verify_passes > 0) {
+        speculation = " | speculative: " + std::to_string(result.verify_passes) + " passes, " +
+                      std::to_string(result.accepted) + " of " + std::to_string(result.drafted) +
+                      " drafted accepted";
+      }
       std::fprintf(stderr,
                    "[prompt %lld tokens: %lld reused, %lld processed in %.0f ms | reply %lld "
-                   "tokens, %.1f tok/s | TTFT %.0f ms]\n",
+                   "tokens, %.1f tok/s | TTFT %.0f ms%s]\n",
                    static_cast<long long>(result.n_prompt), static_cast<long long>(result.n_reused),
                    static_cast<long long>(result.n_processed), result.prefill_ms,
-                   static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms);
+                   static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms,
+                   speculation.c_str());
     }
     qhx_string_free(result.text);
   }

@@ -101,6 +101,12 @@ int main(int argc, char** argv) {
           "--no-think", [&] { chat_args.thinking = false; }, "Thinking off")
       ->excludes(think);
   chat->add_flag("--greedy", chat_args.greedy, "Most likely tokens instead of sampling");
+  chat->add_option(
+          "--speculative", chat_args.speculative,
+          "Speculative decoding: none, or ngram (prompt lookup; greedy only, same replies)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  chat->add_option("--draft-max", chat_args.draft_max, "Tokens per speculative draft")
+      ->check(CLI::Range(1, 32));
   chat->add_option("--seed", chat_args.seed, "Random seed");
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
   add_threads_option(chat, chat_args.threads);
