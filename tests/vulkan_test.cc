@@ -40,7 +40,8 @@ std::unique_ptr<Model> on_device(const fs::path& dir, std::shared_ptr<VulkanDevi
 
 // Greedy replies to `turns` prompts in one session (each turn continues the last).
 std::vector<std::vector<int32_t>> chat(const Model& model, int turns, int64_t tokens,
-                                       const SessionOptions& options = {}) {
+                                       const SessionOptions& options = {},
+                                       DraftKind drafts = DraftKind::kNone) {
   Session session(model, options);
   std::vector<std::vector<int32_t>> replies;
   std::vector<int32_t> history;
@@ -48,6 +49,7 @@ std::vector<std::vector<int32_t>> chat(const Model& model, int turns, int64_t to
     for (int32_t i = 0; i < 6; ++i) history.push_back((turn * 37 + i * 11 + 5) % 300);
     TurnOptions t;
     t.max_new_tokens = tokens;
+    t.speculative.kind = drafts;
     std::vector<int32_t>& reply = replies.emplace_back();
     session.generate(history, t, [&](int32_t id) {
       reply.push_back(id);
@@ -247,7 +249,15 @@ TEST(DeviceChat, FiveTurnsGiveTheCpusReplies) {
                          (std::string(name).starts_with("qwen3_5") ? "qwen3.5-kjv" : "qwen3-kjv");
     const auto cpu = load_model(dir);
     const auto model = on_device(dir, device, {});
-    EXPECT_EQ(chat(*model, 5, 8), chat(*cpu, 5, 8));
+    const auto replies = chat(*cpu, 5, 8);
+    const int64_t start = model->device_traffic().passes;
+    EXPECT_EQ(chat(*model, 5, 8), replies);
+    const int64_t prompt_passes = model->device_traffic().passes - start;
+    EXPECT_GT(prompt_passes, 0);
+    // Speculation's verify passes run where decoding does (the CPU), not where prompts do: the
+    // device runs the same prompt passes and nothing more.
+    EXPECT_EQ(chat(*model, 5, 8, {}, DraftKind::kNgram), replies);
+    EXPECT_EQ(model->device_traffic().passes - start, 2 * prompt_passes);
   }
 }
 

@@ -108,6 +108,7 @@ class Decoder final : public Model {
   // That plan placed, fused and laid out for this model's backends (or the CPU alone), cached.
   // Call on the turn.
   Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices) const;
+  bool decodes_on_devices() const;  // whether a decode step's plan puts nodes on a device
   std::span<Backend* const> backends(bool devices) const {
     return std::span<Backend* const>(backends_).first(devices ? backends_.size() : 1);
   }
@@ -251,6 +252,12 @@ Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices)
   return schedules_.back().schedule;
 }
 
+bool Decoder::decodes_on_devices() const {
+  const Plan& step = schedule_for(1, LogitsFor::kLastToken, true).plan;
+  return std::any_of(step.nodes.begin(), step.nodes.end(),
+                     [](const Node& n) { return n.backend > 0; });
+}
+
 int64_t Decoder::activation_bytes(int64_t n_tokens) const {
   const CpuContext::Turn turn(*context_);
   return schedule_for(n_tokens, LogitsFor::kLastToken, devices_enabled_).arena_bytes() +
@@ -285,6 +292,9 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   const RunInputs inputs{
       .ids = ids, .first_pos = first_pos, .layers = state.layers, .external = outputs};
   bool devices = devices_enabled_;
+  // A step-exact pass (verifying a draft) must compute what decoding computes: it runs where a
+  // decode step runs, not where prompts do.
+  if (devices && which == LogitsFor::kEveryStep) devices = decodes_on_devices();
   Schedule* s = &schedule_for(n_tokens, which, devices);
   if (devices && s->plan.nodes.end() == std::find_if(s->plan.nodes.begin(), s->plan.nodes.end(),
                                                      [](const Node& n) { return n.backend > 0; })) {
