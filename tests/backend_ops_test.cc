@@ -396,25 +396,13 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
   return cases;
 }
 
-std::vector<fs::path> fixture_configs() {
-  std::vector<fs::path> configs;
-  for (const char* family : {"qwen3", "qwen3_5"}) {
-    for (const auto& entry :
-         fs::directory_iterator(test::source_dir() / "tests" / "fixtures" / family)) {
-      if (fs::exists(entry.path() / "config.json")) configs.push_back(entry.path());
-    }
-  }
-  std::sort(configs.begin(), configs.end());
-  return configs;
-}
-
 TEST(BackendOps, EveryOpOnEveryBackendMatchesTheReferenceOnEveryFixturesShapes) {
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
   CpuContext one(1, CpuKernels::from_environment()), two(2, CpuKernels::from_environment());
   CpuBackend fast_one(one), fast_two(two), unfused(one, /*fusion=*/false);
   std::set<Op> covered;
-  const std::vector<fs::path> configs = fixture_configs();
+  const std::vector<fs::path> configs = test::fixture_checkpoints();
   ASSERT_GE(configs.size(), 7u);
   for (const fs::path& dir : configs) {
     const ModelConfig config = load_model_config(dir / "config.json");
@@ -445,7 +433,7 @@ TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
   constrained.portable = true;
   constrained.max_matrix_part_bytes = 1000;
   std::set<Op> covered;
-  for (const fs::path& dir : fixture_configs()) {
+  for (const fs::path& dir : test::fixture_checkpoints()) {
     const ModelConfig config = load_model_config(dir / "config.json");
     // Backends per configuration: they keep the weights they uploaded by their host address,
     // and the cases' weights live as long as `cases`.
@@ -516,15 +504,12 @@ TEST(Scheduler, PlacesClaimedNodesOnADeviceWithCopiesAndFallsBackToTheCpu) {
   }
 }
 
-// Placement rules on a small plan: a claimed matmul moves to the device with a copy of its input;
-// a node the device does not run falls back to the CPU with a copy back; the logits come home.
-TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
-  CpuContext cx(1, CpuKernels::from_environment());
-  CpuBackend cpu(cx);
-  test::SubsetBackend device({Op::kMatmul}, 2);
-  Backend* const backends[] = {&cpu, &device};
-  OpCase c;
-  const int64_t n = 3, H = 8, V = 16;
+// The scheduler tests' small plan, n = 3 tokens: embed (on the host), a claimed H×H matmul
+// into h, what `middle` adds on h, then an lm-head matmul whose logits come back to the caller.
+constexpr int64_t kSmallTokens = 3, kSmallHidden = 8, kSmallVocab = 16;
+
+void small_plan(OpCase& c, const std::function<void(OpCase&, ValueId)>& middle) {
+  const int64_t n = kSmallTokens, H = kSmallHidden, V = kSmallVocab;
   c.plan.n_tokens = n;
   const ValueId x = c.plan.add_value(n, H), h = c.plan.add_value(n, H);
   Node& e = c.node(Op::kEmbed, n);
@@ -535,34 +520,56 @@ TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
   m.in[0] = {x};
   m.out = {h};
   m.matrix = c.matrix(DType::kF32, H, H, 2);
-  Node& r = c.node(Op::kRmsNorm, n);  // not supported there: back on the CPU
-  r.in[0] = r.out = {h};
-  r.width = H;
-  r.vector = c.vector(H, 3, 0.5f, 1.0f);
-  r.eps = 1e-6f;
+  middle(c, h);
   const ValueId logits = c.plan.add_value(n, V, /*binding=*/0);
   Node& head = c.node(Op::kMatmul, n);  // claimed; its output must come back to the caller
   head.in[0] = {h};
   head.out = {logits};
   head.matrix = c.matrix(DType::kF32, V, H, 4);
+}
 
-  Schedule s = schedule(c.plan, backends);
+// "op@backend" for each node of the schedule.
+std::vector<std::string> placement(const Schedule& s) {
   std::vector<std::string> placed;
   for (const Node& node : s.plan.nodes) {
     placed.push_back(std::string(op_name(node.op)) + "@" + std::to_string(node.backend));
   }
-  EXPECT_EQ(placed, (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "copy@0",
-                                              "rms_norm@0", "copy@1", "matmul@1", "copy@0"}));
-  EXPECT_EQ(s.copies, 4);
-  EXPECT_GT(s.arena_floats[1], 0);
+  return placed;
+}
 
-  std::vector<float> got(n * V), want(n * V);
+// The schedule's logits are the CPU's alone (within float tolerance).
+void expect_cpu_logits(Schedule& s, std::span<Backend* const> backends, const OpCase& c,
+                       Backend& cpu) {
+  std::vector<float> got(kSmallTokens * kSmallVocab), want(got.size());
   execute_into(s, backends, c.ids, got);
   Backend* const cpu_only[] = {&cpu};
   Schedule alone = schedule(c.plan, cpu_only);
   EXPECT_EQ(alone.copies, 0);
   execute_into(alone, cpu_only, c.ids, want);
   expect_close(got, want, "logits");
+}
+
+// Placement rules on a small plan: a claimed matmul moves to the device with a copy of its input;
+// a node the device does not run falls back to the CPU with a copy back; the logits come home.
+TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  test::SubsetBackend device({Op::kMatmul}, 2);
+  Backend* const backends[] = {&cpu, &device};
+  OpCase c;
+  small_plan(c, [](OpCase& k, ValueId h) {
+    Node& r = k.node(Op::kRmsNorm, kSmallTokens);  // not supported there: back on the CPU
+    r.in[0] = r.out = {h};
+    r.width = kSmallHidden;
+    r.vector = k.vector(kSmallHidden, 3, 0.5f, 1.0f);
+    r.eps = 1e-6f;
+  });
+  Schedule s = schedule(c.plan, backends);
+  EXPECT_EQ(placement(s), (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "copy@0",
+                                                    "rms_norm@0", "copy@1", "matmul@1", "copy@0"}));
+  EXPECT_EQ(s.copies, 4);
+  EXPECT_GT(s.arena_floats[1], 0);
+  expect_cpu_logits(s, backends, c, cpu);
 }
 
 // A node that updates its value in place (RoPE, the q/k norms, the delta-rule gates: no input
@@ -573,40 +580,17 @@ TEST(Scheduler, RunsAnInPlaceNodeWhereItsValueIs) {
   test::SubsetBackend device({Op::kMatmul, Op::kL2Norm}, 2);
   Backend* const backends[] = {&cpu, &device};
   OpCase c;
-  const int64_t n = 3, H = 8, V = 16;
-  c.plan.n_tokens = n;
-  const ValueId x = c.plan.add_value(n, H), h = c.plan.add_value(n, H);
-  Node& e = c.node(Op::kEmbed, n);
-  e.matrix = c.matrix(DType::kF32, V, H, 1);
-  e.out = {x};
-  c.ids = {1, 2, 3};
-  Node& m = c.node(Op::kMatmul, n);
-  m.in[0] = {x};
-  m.out = {h};
-  m.matrix = c.matrix(DType::kF32, H, H, 2);
-  Node& norm = c.node(Op::kL2Norm, n);  // in place, on the matmul's output
-  norm.out = {h};
-  norm.width = H;
-  norm.scale = 1.0f;
-  const ValueId logits = c.plan.add_value(n, V, /*binding=*/0);
-  Node& head = c.node(Op::kMatmul, n);
-  head.in[0] = {h};
-  head.out = {logits};
-  head.matrix = c.matrix(DType::kF32, V, H, 4);
-
+  small_plan(c, [](OpCase& k, ValueId h) {
+    Node& norm = k.node(Op::kL2Norm, kSmallTokens);  // in place, on the matmul's output
+    norm.out = {h};
+    norm.width = kSmallHidden;
+    norm.scale = 1.0f;
+  });
   Schedule s = schedule(c.plan, backends);
-  std::vector<std::string> placed;
-  for (const Node& node : s.plan.nodes) {
-    placed.push_back(std::string(op_name(node.op)) + "@" + std::to_string(node.backend));
-  }
-  EXPECT_EQ(placed, (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "l2_norm@1",
-                                              "matmul@1", "copy@0"}));
-  std::vector<float> got(n * V), want(n * V);
-  execute_into(s, backends, c.ids, got);
-  Backend* const cpu_only[] = {&cpu};
-  Schedule alone = schedule(c.plan, cpu_only);
-  execute_into(alone, cpu_only, c.ids, want);
-  expect_close(got, want, "logits");
+  EXPECT_EQ(placement(s), (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "l2_norm@1",
+                                                    "matmul@1", "copy@0"}));
+  EXPECT_EQ(s.copies, 2);
+  expect_cpu_logits(s, backends, c, cpu);
 }
 
 // Values whose lifetimes do not overlap share arena memory: a 28-layer plan's arena is the size

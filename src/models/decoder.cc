@@ -15,6 +15,12 @@
 namespace qhx {
 namespace {
 
+// Whether any node of the schedule runs on a device (backend 0 is the CPU).
+bool uses_devices(const Schedule& s) {
+  return std::any_of(s.plan.nodes.begin(), s.plan.nodes.end(),
+                     [](const Node& n) { return n.backend > 0; });
+}
+
 class Decoder final : public Model {
  public:
   Decoder(const ModelConfig& config, Checkpoint checkpoint, DecoderWeights weights,
@@ -253,9 +259,7 @@ Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices)
 }
 
 bool Decoder::decodes_on_devices() const {
-  const Plan& step = schedule_for(1, LogitsFor::kLastToken, true).plan;
-  return std::any_of(step.nodes.begin(), step.nodes.end(),
-                     [](const Node& n) { return n.backend > 0; });
+  return uses_devices(schedule_for(1, LogitsFor::kLastToken, true));
 }
 
 int64_t Decoder::activation_bytes(int64_t n_tokens) const {
@@ -296,8 +300,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   // decode step runs, not where prompts do.
   if (devices && which == LogitsFor::kEveryStep) devices = decodes_on_devices();
   Schedule* s = &schedule_for(n_tokens, which, devices);
-  if (devices && s->plan.nodes.end() == std::find_if(s->plan.nodes.begin(), s->plan.nodes.end(),
-                                                     [](const Node& n) { return n.backend > 0; })) {
+  if (devices && !uses_devices(*s)) {
     devices = false;  // nothing of this pass runs on a device (a decode step, say)
   }
   if (!devices) {
@@ -308,9 +311,7 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
     const StateCheckpoint start = state.checkpoint();
     try {
       execute(*s, backends(true), inputs);
-      ++traffic_.passes;
-      traffic_.copies += s->copies;
-      traffic_.copy_bytes += s->copy_bytes;
+      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes};
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kDeviceFailed) throw;
       devices_enabled_ = false;

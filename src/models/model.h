@@ -73,6 +73,12 @@ struct DeviceTraffic {
   DeviceTraffic operator-(const DeviceTraffic& o) const {
     return {passes - o.passes, copies - o.copies, copy_bytes - o.copy_bytes};
   }
+  DeviceTraffic& operator+=(const DeviceTraffic& o) {
+    passes += o.passes;
+    copies += o.copies;
+    copy_bytes += o.copy_bytes;
+    return *this;
+  }
 };
 
 class Model {

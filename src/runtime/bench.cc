@@ -24,12 +24,6 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, std::mt19937_64& rng) 
   return ids;
 }
 
-void accumulate(DeviceTraffic& total, const DeviceTraffic& more) {
-  total.passes += more.passes;
-  total.copies += more.copies;
-  total.copy_bytes += more.copy_bytes;
-}
-
 }  // namespace
 
 Spread Spread::of(const std::vector<double>& samples) {
@@ -84,7 +78,7 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
       int32_t token = argmax(logits);
       ttft.push_back(seconds_since(start) * 1e3);
       prefill.push_back(static_cast<double>(config.n_prompt) / prefill_s);
-      accumulate(result.prefill_traffic, model.device_traffic() - before);
+      result.prefill_traffic += model.device_traffic() - before;
       ++result.prefill_passes;
       if (config.n_gen > 0 && config.n_prompt < context) {
         const auto step = Clock::now();
@@ -105,7 +99,7 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
         token = argmax(logits);
       }
       decode.push_back(static_cast<double>(config.n_gen) / seconds_since(start));
-      accumulate(result.decode_traffic, model.device_traffic() - before);
+      result.decode_traffic += model.device_traffic() - before;
       result.decode_steps += config.n_gen;
     }
   }

@@ -2,11 +2,24 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 namespace qhx::test {
+
+std::vector<std::filesystem::path> fixture_checkpoints() {
+  std::vector<std::filesystem::path> dirs;
+  for (const char* family : {"qwen3", "qwen3_5"}) {
+    for (const auto& e :
+         std::filesystem::directory_iterator(source_dir() / "tests" / "fixtures" / family)) {
+      if (std::filesystem::exists(e.path() / "config.json")) dirs.push_back(e.path());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -44,6 +44,10 @@ inline std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1
   return v;
 }
 
+// Every fixture checkpoint directory (tests/fixtures/{qwen3,qwen3_5}/* with a config.json),
+// sorted.
+std::vector<std::filesystem::path> fixture_checkpoints();
+
 // The whole file as bytes ("" if it cannot be read).
 std::string read_file(const std::filesystem::path& path);
 

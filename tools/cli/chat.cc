@@ -79,6 +79,11 @@ class Chat {
     generate_.max_new_tokens = args.max_new_tokens;
     if (args.greedy) generate_.sampling.greedy = 1;
     generate_.speculative = args_.speculative.c_str();
+    if (args.speculative != "none" && !generate_.sampling.greedy) {
+      std::fprintf(stderr,
+                   "qhx: --speculative applies to greedy decoding (--greedy); replies are "
+                   "sampled one token at a time\n");
+    }
     generate_.draft_max = args.draft_max;
     generate_.sampling.seed = args.seed.value_or(std::random_device{}());
     start_over();

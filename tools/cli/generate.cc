@@ -148,6 +148,11 @@ int run_generate(const GenerateArgs& args) {
   options.stop_strings = stops.data();
   options.n_stop_strings = stops.size();
   options.speculative = args.speculative.c_str();
+  if (args.speculative != "none" && !s.greedy) {
+    std::fprintf(stderr,
+                 "qhx: --speculative applies to greedy decoding; this sampled reply "
+                 "decodes one token at a time\n");
+  }
   options.draft_max = args.draft_max;
   check(qhx_generate_options_check(m.model, &options));
 

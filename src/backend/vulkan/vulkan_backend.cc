@@ -55,8 +55,15 @@ const char* weight_suffix(DType dtype) {
   }
 }
 
+// A buffer this backend allocated, as the Vulkan buffer it is.
 const VulkanBuffer* as_device(const std::unique_ptr<Buffer>& b) {
   return static_cast<const VulkanBuffer*>(b.get());
+}
+
+// A matrix part's scales, or (unquantized: the shader reads none) any valid buffer.
+const VulkanBuffer* scales_or(const std::unique_ptr<Buffer>& scales,
+                              const VulkanBuffer& otherwise) {
+  return scales ? as_device(scales) : &otherwise;
 }
 
 // The chunk of the device's chunked delta rule: the plan's, at most what the shader holds. Any
@@ -405,7 +412,8 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       const uint32_t ids = upload(inputs.ids.data(), node.rows * sizeof(int32_t));
       const std::string shader = std::string("embed_") + weight_suffix(m.dtype);
       for (const MatrixPart& part : matrix(m).parts) {
-        dispatch(shader.c_str(), {ring(), as_device(part.data), scales_of(part, arena), &arena},
+        dispatch(shader.c_str(),
+                 {ring(), as_device(part.data), scales_or(part.scales, arena), &arena},
                  {ids, offset(node.out), u32(m.cols), u32(node.rows), u32(m.group_size),
                   u32(part.first_row), u32(part.rows)},
                  groups_of(node.rows * m.cols));
@@ -456,7 +464,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       for (const MatrixPart& part : matrix(m).parts) {
         const uint32_t out = offset(node.out) + u32(part.first_row);
         const int64_t row_groups = (part.rows + rows_per_group - 1) / rows_per_group;
-        const VulkanBuffer *data = as_device(part.data), *scales = scales_of(part, arena);
+        const VulkanBuffer *data = as_device(part.data), *scales = scales_or(part.scales, arena);
         if (int8) {
           dispatch(
               shader.c_str(), {quantized, activation_scales, data, scales, &arena},

@@ -81,10 +81,6 @@ class VulkanBackend final : public Backend {
   std::string shader(const char* name) const;
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
   const DeviceMatrix& matrix(const MatrixRef& m);
-  // A part's scales, or (unquantized: the shader reads none) any valid buffer.
-  static const VulkanBuffer* scales_of(const MatrixPart& part, const VulkanBuffer& otherwise) {
-    return part.scales ? static_cast<const VulkanBuffer*>(part.scales.get()) : &otherwise;
-  }
   const VulkanBuffer& vector(const float* values, int64_t floats);
   Location at(const NodeArgs& args, const Operand& o) const;
   const VulkanBuffer& state(const StateBuffer& s, const char* what, int layer) const;
