@@ -71,21 +71,35 @@ std::vector<std::string> ids_of(const CliRun& r) {
 
 // The contract of issue 21: prompt-lookup speculation prints the same one line of ids, on both
 // families' trained models (the drafts are verified, some kept); a bad --speculative is refused.
-TEST(Cli, SpeculativeNgramPrintsTheSameIds) {
+TEST(Cli, SpeculativeDecodingPrintsTheSameIds) {
+  const fs::path models = test::source_dir() / "models";
   for (const char* name : {"qwen3-kjv", "qwen3.5-kjv"}) {
-    const std::string run = "generate --model " + (test::source_dir() / "models" / name).string() +
+    const std::string run = "generate --model " + (models / name).string() +
                             " --prompt-ids 1,2,3 -n 48 --greedy --print-ids";
-    const CliRun plain = qhx(run), spec = qhx(run + " --speculative ngram --draft-max 4");
-    ASSERT_EQ(spec.exit_code, 0) << spec.err;
-    EXPECT_EQ(std::count(spec.out.begin(), spec.out.end(), '\n'), 1) << spec.out;
-    EXPECT_EQ(spec.out, plain.out) << name;
-    EXPECT_EQ(ids_of(spec).size(), 48u);
-    EXPECT_NE(spec.err.find("speculative ngram"), std::string::npos) << spec.err;
+    const CliRun plain = qhx(run);
+    // Prompt lookup, and the other trained model as the draft model.
+    const std::string other = std::string(name) == "qwen3-kjv" ? "qwen3.5-kjv" : "qwen3-kjv";
+    for (const std::string& spec_flag :
+         {std::string("ngram"), "draft:" + (models / other).string()}) {
+      const CliRun spec = qhx(run + " --speculative " + spec_flag + " --draft-max 4");
+      ASSERT_EQ(spec.exit_code, 0) << spec.err;
+      EXPECT_EQ(std::count(spec.out.begin(), spec.out.end(), '\n'), 1) << spec.out;
+      EXPECT_EQ(spec.out, plain.out) << name << " " << spec_flag;
+      EXPECT_EQ(ids_of(spec).size(), 48u);
+      EXPECT_NE(spec.err.find("speculative " + spec_flag.substr(0, 5)), std::string::npos)
+          << spec.err;
+    }
   }
   const CliRun bad =
       qhx("generate --model " + kSmallModel.string() + " --prompt-ids 1 --speculative guess");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--speculative"), std::string::npos) << bad.err;
+  // A draft model of another tokenizer is refused, naming it.
+  const fs::path qwen35_random = models / "qwen3.5-tiny-random";
+  expect_user_error(
+      qhx("generate --model " + kSmallModel.string() +
+          " --prompt-ids 1 --print-ids --speculative draft:" + qwen35_random.string()),
+      {qwen35_random.string(), "vocab_size"});
 }
 
 TEST(Cli, StopStringEndsTheTextBeforeIt) {
@@ -458,11 +472,15 @@ TEST(Cli, ChatReusesTurnsAndSavesAndLoads) {
 TEST(Cli, ChatWithSpeculationGivesTheSameReplies) {
   const std::string chat = "chat --model " + kDefaultModel.string() + " --greedy -n 24";
   const std::string turns = "And it came to pass\nAnd it came to pass\nWho begat whom?\n";
-  const CliRun plain = qhx(chat, turns), spec = qhx(chat + " --speculative ngram --stats", turns);
-  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  const CliRun plain = qhx(chat, turns);
   EXPECT_FALSE(plain.out.empty());
-  EXPECT_EQ(spec.out, plain.out);
-  EXPECT_NE(spec.err.find("drafted accepted"), std::string::npos) << spec.err;  // drafts ran
+  const fs::path draft = test::source_dir() / "models/qwen3-kjv";
+  for (const std::string& spec_flag : {std::string("ngram"), "draft:" + draft.string()}) {
+    const CliRun spec = qhx(chat + " --speculative " + spec_flag + " --stats", turns);
+    ASSERT_EQ(spec.exit_code, 0) << spec.err;
+    EXPECT_EQ(spec.out, plain.out) << spec_flag;
+    EXPECT_NE(spec.err.find("drafted accepted"), std::string::npos) << spec.err;  // drafts ran
+  }
 }
 
 // Errors the chat can recover from leave the conversation as it was: a refused /load, a failed

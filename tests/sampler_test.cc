@@ -160,12 +160,13 @@ TEST(Sampler, NegativeInfiniteBiasBansAToken) {
   for (int i = 0; i < 100; ++i) EXPECT_NE(s.sample(logits, {}, {}), 0);
 }
 
-// Each frequency within 5 standard deviations of its probability (a false alarm once in ~10^6).
-void expect_frequencies(Sampler& s, const std::vector<float>& logits,
-                        const std::map<int32_t, double>& expected) {
+// Each frequency of `draw()`'s ids within 5 standard deviations of its probability (a false
+// alarm once in ~10^6).
+template <typename Draw>
+void expect_frequencies_of(Draw draw, const std::map<int32_t, double>& expected) {
   const int n = 20000;
   std::map<int32_t, int> seen;
-  for (int i = 0; i < n; ++i) ++seen[s.sample(logits, {}, {})];
+  for (int i = 0; i < n; ++i) ++seen[draw()];
   for (const auto& [id, count] : seen) {
     EXPECT_TRUE(expected.count(id)) << "id " << id << " drawn " << count << " times";
   }
@@ -173,6 +174,11 @@ void expect_frequencies(Sampler& s, const std::vector<float>& logits,
     const double sigma = std::sqrt(prob * (1 - prob) / n);
     EXPECT_NEAR(static_cast<double>(seen[id]) / n, prob, 5 * sigma + 1e-12) << "id " << id;
   }
+}
+
+void expect_frequencies(Sampler& s, const std::vector<float>& logits,
+                        const std::map<int32_t, double>& expected) {
+  expect_frequencies_of([&] { return s.sample(logits, {}, {}); }, expected);
 }
 
 TEST(Sampler, DrawsFollowTheDistribution) {
@@ -190,6 +196,38 @@ TEST(Sampler, DrawsFollowTheDistribution) {
   expect_frequencies(
       cold, logits,
       {{0, 0.25 / 0.365}, {1, 0.09 / 0.365}, {2, 0.0225 / 0.365}, {3, 0.0025 / 0.365}});
+}
+
+// Speculative sampling: whatever the draft (likely, unlikely, filtered out, the only survivor),
+// the token kept or drawn instead follows the distribution sample() draws from, and the draft is
+// kept as often as its probability.
+TEST(Sampler, DraftKeptOrReplacedFollowsTheDistribution) {
+  const std::vector<float> logits = logits_of({0.5, 0.3, 0.15, 0.05, 1e-4});
+  SamplingParams p = sampling();
+  p.top_k = 4;  // id 4 is filtered out
+  p.seed = 5;
+  const std::map<int32_t, double> expected = {{0, 0.5}, {1, 0.3}, {2, 0.15}, {3, 0.05}};
+  for (const int32_t draft : {0, 1, 3, 4, 7}) {
+    SCOPED_TRACE("draft " + std::to_string(draft));
+    Sampler s(p);
+    int kept = 0, draws = 0;
+    expect_frequencies_of(
+        [&] {
+          const int32_t id = s.sample_with_draft(logits, {}, {}, draft);
+          kept += id == draft;
+          ++draws;
+          return id;
+        },
+        expected);
+    const double p_draft = expected.count(draft) ? expected.at(draft) : 0.0;
+    EXPECT_NEAR(static_cast<double>(kept) / draws, p_draft,
+                5 * std::sqrt(p_draft * (1 - p_draft) / draws) + 1e-12);
+  }
+  p.top_k = 1;  // the draft is the only survivor: always kept
+  Sampler only(p);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(only.sample_with_draft(logits, {}, {}, 0), 0);
+  SamplingParams greedy;  // greedy: the argmax, whatever the draft
+  EXPECT_EQ(Sampler(greedy).sample_with_draft(logits, {}, {}, 2), 0);
 }
 
 TEST(Sampler, DrawFollowsTheDocumentedRule) {

@@ -90,6 +90,44 @@ TEST_F(ServerTest, StopStringsAndSeeds) {
   EXPECT_EQ(first.second["choices"][0]["text"], again.second["choices"][0]["text"]);
 }
 
+// With speculative decoding on, a greedy answer is the C API's without it, whole or streamed; the
+// timings count the drafts; a sampled request is served too.
+TEST_F(ServerTest, SpeculativeDecodingAnswersAsWithout) {
+  ServerOptions o;
+  o.speculative = "ngram";
+  o.draft_max = 4;
+  start(o);
+  const std::string prompt =
+      "And God said, Let there be light: and there was light. And God said, Let there be";
+  const qhx_generate_result want = direct(tokenize(prompt), 24);
+  const Json request = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}};
+  const auto [status, body] = post("/v1/completions", request);
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["text"], text_of(want));
+  const Json& t = body["timings"];
+  EXPECT_GT(t["draft_n"].get<int64_t>(), 0) << t;
+  EXPECT_GT(t["draft_n_accepted"].get<int64_t>(), 0) << t;
+  EXPECT_LE(t["draft_n_accepted"].get<int64_t>(), t["draft_n"].get<int64_t>()) << t;
+  EXPECT_EQ(t["predicted_n"], want.n_generated);
+  Json streamed = request;
+  streamed["stream"] = true;
+  std::string text;
+  for (const std::string& event : stream("/v1/completions", streamed)) {
+    if (event == "[DONE]") break;
+    const Json chunk = Json::parse(event);
+    if (!chunk["choices"].empty()) text += chunk["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, text_of(want));
+  qhx_string_free(want.text);
+  const auto sampled =
+      post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 1.0}});
+  EXPECT_EQ(sampled.first, 200) << sampled.second;
+  // "draft" needs a model opened with a draft model.
+  ServerOptions without_draft;
+  without_draft.speculative = "draft";
+  EXPECT_THROW(Server(model_, without_draft), std::runtime_error);
+}
+
 TEST_F(ServerTest, StreamedCompletionCarriesTheSameText) {
   start();
   const Json request = {{"prompt", "In the beginning"}, {"max_tokens", 10}, {"temperature", 0}};

@@ -1,16 +1,20 @@
-// Speculative decoding: with greedy decoding, drafts verified several tokens per pass give exactly
-// the tokens of decoding one at a time, and leave the session's state exactly as that would have
-// (KV caches cut back, Gated DeltaNet states rolled back), across turns, stops in the middle of a
-// draft, and a save and load.
+// Speculative decoding: with greedy decoding, drafts (prompt lookup, a draft model) verified
+// several tokens per pass give exactly the tokens of decoding one at a time, and leave the
+// session's state exactly as that would have (KV caches cut back, Gated DeltaNet states rolled
+// back), across turns, stops in the middle of a draft, and a save and load. Sampled, the output
+// follows the distribution of sampling without drafts.
 #include "runtime/speculative.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 #include "forge/convert.h"
 #include "models/model.h"
 #include "runtime/session.h"
+#include "support/expect_error.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,15 +41,15 @@ struct Conversation {
   std::vector<std::vector<int32_t>> replies;
   std::vector<int32_t> tokens;  // what the session holds at the end
   std::string saved;            // the session saved at the end: tokens, logits and state
-  int64_t verify_passes = 0, accepted = 0, rollbacks = 0;
+  int64_t verify_passes = 0, drafted = 0, accepted = 0, rollbacks = 0;
 };
 
 // Three turns, each continuing the conversation with a user part that repeats earlier text (so
 // prompt lookup finds drafts), greedy; `stop_after` ends each reply by callback after that many
 // tokens (0: never), `stop_id` is a stop id (-1: none). With `save_to`, the session is saved after
 // the first turn and the rest runs in a new session loaded from it.
-Conversation converse(const Model& model, DraftKind kind, int64_t max_new, int64_t stop_after = 0,
-                      int32_t stop_id = -1, const fs::path& save_to = {}) {
+Conversation converse(const Model& model, const SpeculativeOptions& spec, int64_t max_new,
+                      int64_t stop_after = 0, int32_t stop_id = -1, const fs::path& save_to = {}) {
   const int64_t vocab = model.config().vocab_size;
   auto session = std::make_unique<Session>(model);
   Conversation c;
@@ -56,7 +60,7 @@ Conversation converse(const Model& model, DraftKind kind, int64_t max_new, int64
                    history.begin() + std::min<size_t>(history.size(), 8));
     TurnOptions options;
     options.max_new_tokens = max_new;
-    options.speculative.kind = kind;
+    options.speculative = spec;
     if (stop_id >= 0) options.stop_ids = {stop_id};
     std::vector<int32_t> reply;
     const TurnStats stats = session->generate(history, options, [&](int32_t id) {
@@ -64,6 +68,7 @@ Conversation converse(const Model& model, DraftKind kind, int64_t max_new, int64
       return stop_after == 0 || static_cast<int64_t>(reply.size()) < stop_after;
     });
     c.verify_passes += stats.verify_passes;
+    c.drafted += stats.drafted;
     c.accepted += stats.accepted;
     c.rollbacks += stats.rollbacks;
     history.insert(history.end(), reply.begin(), reply.end());
@@ -80,6 +85,16 @@ Conversation converse(const Model& model, DraftKind kind, int64_t max_new, int64
   c.saved = test::read_file(dir.path() / "end.qhxt");
   return c;
 }
+
+SpeculativeOptions drafts(DraftKind kind, const Model* draft_model = nullptr) {
+  SpeculativeOptions spec;
+  spec.kind = kind;
+  spec.draft_model = draft_model;
+  return spec;
+}
+
+const SpeculativeOptions kPlain = drafts(DraftKind::kNone);
+const SpeculativeOptions kNgram = drafts(DraftKind::kNgram);
 
 // The models: every fixture checkpoint and the trained models.
 std::vector<fs::path> model_dirs() {
@@ -101,8 +116,8 @@ TEST(Speculative, NgramGivesTheTokensOfPlainGreedyDecodingOnEveryModel) {
   for (const fs::path& dir : model_dirs()) {
     SCOPED_TRACE(dir.filename().string());
     const auto model = load_model(dir);
-    const Conversation plain = converse(*model, DraftKind::kNone, 20);
-    const Conversation spec = converse(*model, DraftKind::kNgram, 20);
+    const Conversation plain = converse(*model, kPlain, 20);
+    const Conversation spec = converse(*model, kNgram, 20);
     expect_same(spec, plain, "20 tokens a turn");
     EXPECT_EQ(plain.verify_passes, 0);
     passes += spec.verify_passes;
@@ -123,8 +138,8 @@ TEST(Speculative, StopsInsideADraftLeaveTheStateAsPlainDecodingDoes) {
     const auto model = load_model(test::source_dir() / "models" / name);
     int64_t passes = 0, rollbacks = 0;
     for (const int64_t stop_after : {1, 2, 3, 5, 7}) {
-      const Conversation spec = converse(*model, DraftKind::kNgram, 16, stop_after);
-      expect_same(spec, converse(*model, DraftKind::kNone, 16, stop_after),
+      const Conversation spec = converse(*model, kNgram, 16, stop_after);
+      expect_same(spec, converse(*model, kPlain, 16, stop_after),
                   "stopped after " + std::to_string(stop_after));
       passes += spec.verify_passes;
       rollbacks += spec.rollbacks;
@@ -132,16 +147,15 @@ TEST(Speculative, StopsInsideADraftLeaveTheStateAsPlainDecodingDoes) {
     EXPECT_GT(passes, 0);  // the stops came while drafts were in play
     EXPECT_GT(rollbacks, 0);
     for (const int64_t max_new : {1, 2, 3, 6}) {
-      expect_same(converse(*model, DraftKind::kNgram, max_new),
-                  converse(*model, DraftKind::kNone, max_new),
+      expect_same(converse(*model, kNgram, max_new), converse(*model, kPlain, max_new),
                   "max_new_tokens " + std::to_string(max_new));
     }
     // A stop id the plain replies produce part-way.
-    const Conversation plain = converse(*model, DraftKind::kNone, 16);
+    const Conversation plain = converse(*model, kPlain, 16);
     ASSERT_EQ(plain.replies[0].size(), 16u);
     const int32_t stop_id = plain.replies[0][4];
-    expect_same(converse(*model, DraftKind::kNgram, 16, 0, stop_id),
-                converse(*model, DraftKind::kNone, 16, 0, stop_id), "stop id");
+    expect_same(converse(*model, kNgram, 16, 0, stop_id), converse(*model, kPlain, 16, 0, stop_id),
+                "stop id");
   }
 }
 
@@ -150,8 +164,8 @@ TEST(Speculative, ASavedAndLoadedSessionGoesOnAsPlainDecodingDoes) {
   for (const char* name : {"qwen3-kjv", "qwen3.5-kjv"}) {
     SCOPED_TRACE(name);
     const auto model = load_model(test::source_dir() / "models" / name);
-    expect_same(converse(*model, DraftKind::kNgram, 12, 0, -1, dir.path() / "spec.qhxt"),
-                converse(*model, DraftKind::kNone, 12, 0, -1, dir.path() / "plain.qhxt"),
+    expect_same(converse(*model, kNgram, 12, 0, -1, dir.path() / "spec.qhxt"),
+                converse(*model, kPlain, 12, 0, -1, dir.path() / "plain.qhxt"),
                 "saved after the first turn");
   }
 }
@@ -168,8 +182,146 @@ TEST(Speculative, QuantizedBundlesGiveTheTokensOfPlainGreedyDecoding) {
     const fs::path bundle = dir.path() / dtype_name(weights);
     forge_convert(test::source_dir() / "models" / "qwen3.5-kjv", bundle, o);
     const auto model = load_model(bundle);
-    expect_same(converse(*model, DraftKind::kNgram, 20), converse(*model, DraftKind::kNone, 20),
-                "20 tokens a turn");
+    expect_same(converse(*model, kNgram, 20), converse(*model, kPlain, 20), "20 tokens a turn");
+  }
+}
+
+// A draft model with the same vocabulary: the other trained model, a random one, and the model
+// itself (every draft kept); across turns, stops inside drafts and a save and load.
+TEST(Speculative, DraftModelGivesTheTokensOfPlainGreedyDecoding) {
+  const fs::path models = test::source_dir() / "models";
+  const auto qwen3 = load_model(models / "qwen3-kjv");
+  const auto qwen35 = load_model(models / "qwen3.5-kjv");
+  const auto random = load_model(models / "qwen3-tiny-random");
+  struct Case {
+    const Model* target;
+    const Model* draft;
+    std::string what;
+  };
+  int64_t accepted = 0, rollbacks = 0;
+  for (const Case& c :
+       {Case{qwen35.get(), qwen3.get(), "qwen3.5-kjv drafted by qwen3-kjv"},
+        Case{qwen3.get(), qwen35.get(), "qwen3-kjv drafted by qwen3.5-kjv"},
+        Case{qwen35.get(), random.get(), "qwen3.5-kjv drafted by a random model"}}) {
+    const Conversation spec = converse(*c.target, drafts(DraftKind::kModel, c.draft), 20);
+    expect_same(spec, converse(*c.target, kPlain, 20), c.what);
+    EXPECT_GT(spec.verify_passes, 10) << c.what;
+    accepted += spec.accepted;
+    rollbacks += spec.rollbacks;
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rollbacks, 0);
+
+  const Conversation self = converse(*qwen35, drafts(DraftKind::kModel, qwen35.get()), 20);
+  expect_same(self, converse(*qwen35, kPlain, 20), "drafted by itself");
+  EXPECT_EQ(self.accepted, self.drafted);  // greedy drafts of the model itself are its own picks
+
+  const SpeculativeOptions by_qwen3 = drafts(DraftKind::kModel, qwen3.get());
+  for (const int64_t stop_after : {1, 3, 6}) {
+    expect_same(converse(*qwen35, by_qwen3, 16, stop_after),
+                converse(*qwen35, kPlain, 16, stop_after),
+                "stopped after " + std::to_string(stop_after));
+  }
+  test::TempDir dir;
+  expect_same(converse(*qwen35, by_qwen3, 12, 0, -1, dir.path() / "spec.qhxt"),
+              converse(*qwen35, kPlain, 12, 0, -1, dir.path() / "plain.qhxt"),
+              "saved after the first turn");
+}
+
+TEST(Speculative, ADraftModelOfAnotherVocabularyIsRefused) {
+  const auto target =
+      load_model(test::source_dir() / "tests" / "fixtures" / "qwen3_5" / "gva2_tied");
+  const auto other = load_model(test::source_dir() / "models" / "qwen3-kjv");
+  Session session(*target);
+  TurnOptions options;
+  options.speculative = drafts(DraftKind::kModel, other.get());
+  test::expect_error(
+      [&] {
+        session.generate(std::vector<int32_t>{1, 2, 3}, options, [](int32_t) { return true; });
+      },
+      {"speculative", "vocabulary (151936 tokens)", "(384)"});
+  options.speculative.draft_model = nullptr;
+  test::expect_error(
+      [&] {
+        session.generate(std::vector<int32_t>{1, 2, 3}, options, [](int32_t) { return true; });
+      },
+      {"speculative", "needs a draft model"});
+}
+
+// Speculative sampling: the first four tokens sampled after a prompt, with drafts (prompt lookup,
+// a draft model) and without, follow the same distribution — a two-sample chi-square test over
+// the 4-token sequences (rare ones pooled), at a threshold a correct rule exceeds once in ~10^6.
+// The prompt repeats a pattern whose tokens a logit bias makes likely, so drafts of it are kept
+// and rejected at comparable rates; top-k keeps the sequences few.
+TEST(Speculative, SampledOutputFollowsTheDistributionOfSamplingWithoutDrafts) {
+  const fs::path fixtures = test::source_dir() / "tests" / "fixtures";
+  const auto model = load_model(fixtures / "qwen3_5" / "gva2_tied");
+  const auto draft_model = load_model(fixtures / "qwen3" / "gqa2_f16");
+  ASSERT_EQ(draft_model->config().vocab_size, model->config().vocab_size);
+  const std::vector<int32_t> pattern = {17, 101, 233};
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 5; ++i) prompt.insert(prompt.end(), pattern.begin(), pattern.end());
+  prompt.resize(prompt.size() - 1);  // ends mid-pattern: a draft follows at once
+
+  constexpr int kRuns = 3000;
+  using Counts = std::map<std::vector<int32_t>, int>;
+  const auto sample_runs = [&](const SpeculativeOptions& spec, uint64_t first_seed,
+                               int64_t* drafted, int64_t* accepted) {
+    Session session(*model);
+    Counts counts;
+    for (int run = 0; run < kRuns; ++run) {
+      TurnOptions options;
+      options.max_new_tokens = 4;
+      options.sampling.greedy = false;
+      options.sampling.top_k = 3;
+      options.sampling.seed = first_seed + run;
+      for (const int32_t id : pattern) options.sampling.logit_bias.push_back({id, 6.0f});
+      options.speculative = spec;
+      std::vector<int32_t> reply;
+      const TurnStats stats = session.generate(prompt, options, [&](int32_t id) {
+        reply.push_back(id);
+        return true;
+      });
+      if (drafted != nullptr) *drafted += stats.drafted;
+      if (accepted != nullptr) *accepted += stats.accepted;
+      ++counts[reply];
+    }
+    return counts;
+  };
+  const Counts plain = sample_runs(kPlain, 1, nullptr, nullptr);
+  for (const SpeculativeOptions& spec : {kNgram, drafts(DraftKind::kModel, draft_model.get())}) {
+    SCOPED_TRACE(spec.kind == DraftKind::kNgram ? "ngram" : "draft model");
+    int64_t drafted = 0, accepted = 0;
+    const Counts with = sample_runs(spec, 1000003, &drafted, &accepted);
+    // Both kept and rejected often: the rule's two branches are exercised.
+    EXPECT_GT(accepted, drafted / 10);
+    EXPECT_LT(accepted, drafted * 9 / 10);
+    // Pearson's two-sample statistic over sequences seen at least 10 times in all, the rest pooled.
+    std::map<std::vector<int32_t>, std::pair<int, int>> cells;
+    for (const auto& [seq, n] : plain) cells[seq].first += n;
+    for (const auto& [seq, n] : with) cells[seq].second += n;
+    std::pair<int, int> rare = {0, 0};
+    double chi2 = 0;
+    int dof = -1;
+    const auto add = [&](std::pair<int, int> c) {
+      const double total = c.first + c.second;  // equal arms: expected total / 2 each
+      chi2 += (c.first - total / 2) * (c.first - total / 2) / (total / 2) +
+              (c.second - total / 2) * (c.second - total / 2) / (total / 2);
+      ++dof;
+    };
+    for (const auto& [seq, c] : cells) {
+      if (c.first + c.second >= 10) {
+        add(c);
+      } else {
+        rare.first += c.first;
+        rare.second += c.second;
+      }
+    }
+    if (rare.first + rare.second > 0) add(rare);
+    ASSERT_GE(dof, 5);
+    // The chi-square quantile at 1 - 10^-6 is below dof + 7·sqrt(2·dof) + 25 for these dofs.
+    const double threshold = dof + 7 * std::sqrt(2.0 * dof) + 25;
+    EXPECT_LT(chi2, threshold) << dof << " degrees of freedom";
   }
 }
 

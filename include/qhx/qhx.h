@@ -66,6 +66,9 @@ typedef struct qhx_model_options {
   const char* device_check;   /* before a device is used: "once" (default; NULL too) compares it
                                  with the CPU on probe prompts unless it passed before (cached
                                  under $QHX_CACHE_DIR or ~/.cache/qhx), "always", or "never" */
+  const char* draft_model;    /* NULL, or a smaller checkpoint or bundle with the same tokenizer,
+                                 opened beside the model (on the CPU, with its threads) for
+                                 speculative "draft" */
 } qhx_model_options;
 
 void qhx_model_options_default(qhx_model_options* options);
@@ -152,9 +155,11 @@ typedef struct qhx_generate_options {
   size_t n_stop_ids;
   const char* const* stop_strings; /* stop when the text contains one; it is not reported */
   size_t n_stop_strings;
-  /* Speculative decoding: NULL or "none" (default), or "ngram" (prompt lookup: drafts from what
-   * followed earlier occurrences of the text's last tokens), verified draft_max + 1 tokens per
-   * forward pass. Greedy decoding only (ignored when sampling); the output is the same. */
+  /* Speculative decoding: NULL or "none" (default), "ngram" (prompt lookup: drafts from what
+   * followed earlier occurrences of the text's last tokens) or "draft" (the model options'
+   * draft_model decodes greedily ahead), verified draft_max + 1 tokens per forward pass. Greedy
+   * output is the same as without; sampled output follows the same distribution (speculative
+   * sampling keeps each draft token with the probability the model gives it). */
   const char* speculative;
   int32_t draft_max; /* tokens per draft, 1..32; 0: 4 */
 } qhx_generate_options;

@@ -33,6 +33,7 @@ struct qhx_model {
   fs::path dir;
   std::string name, family;
   std::unique_ptr<qhx::Model> model;
+  std::unique_ptr<qhx::Model> draft_model;  // speculative "draft"
   std::optional<qhx::Tokenizer> tokenizer;
   std::optional<qhx::ChatTemplate> chat_template;
   qhx::GenerationDefaults generation;
@@ -143,9 +144,13 @@ std::vector<std::string> stop_strings(const qhx_generate_options& o) {
   return stops;
 }
 
-qhx::SpeculativeOptions speculative_options(const qhx_generate_options& o) {
+qhx::SpeculativeOptions speculative_options(const qhx_model& model, const qhx_generate_options& o) {
   qhx::SpeculativeOptions s;
   if (o.speculative != nullptr) s.kind = qhx::parse_draft_kind(o.speculative, "speculative");
+  s.draft_model = model.draft_model.get();
+  if (s.kind == qhx::DraftKind::kModel && s.draft_model == nullptr) {
+    qhx::fail("speculative", "'draft' needs a model opened with a draft_model");
+  }
   if (o.draft_max < 0 || o.draft_max > 32) {
     qhx::fail("draft_max", std::to_string(o.draft_max) + " is outside 0..32 (0: 4)");
   }
@@ -162,7 +167,40 @@ void check_generate_options(const qhx_model& model, const qhx_generate_options& 
     qhx::fail(model.dir.string(), "no tokenizer.json: stop strings need text");
   }
   qhx::StopStringMatcher{stops};  // refuses empty and invalid UTF-8 stop strings
-  speculative_options(o);
+  speculative_options(model, o);
+}
+
+// The draft model for speculative "draft": same vocabulary and, where both have one, the same
+// tokenizer (every token's bytes), computing in the model's context (their passes take turns).
+std::unique_ptr<qhx::Model> open_draft_model(const char* path, const qhx_model& model,
+                                             std::shared_ptr<qhx::CpuContext> context,
+                                             bool verify_sha256) {
+  fs::path dir(path);
+  if (qhx::is_pack(dir)) dir = qhx::select_pack_bundle(dir);
+  auto draft =
+      qhx::load_model(dir, {.verify_sha256 = verify_sha256, .context = std::move(context)});
+  const int64_t vocab = model.model->config().vocab_size;
+  if (draft->config().vocab_size != vocab) {
+    qhx::fail(dir.string() + ": vocab_size",
+              "the draft model's " + std::to_string(draft->config().vocab_size) +
+                  " tokens are not the model's " + std::to_string(vocab));
+  }
+  if (model.tokenizer && fs::exists(dir / "tokenizer.json")) {
+    const qhx::Tokenizer theirs = qhx::Tokenizer::load(dir);
+    const auto bytes_of = [](const qhx::Tokenizer& t, int32_t id) -> std::optional<std::string> {
+      try {
+        return t.token_bytes(id);
+      } catch (const qhx::Error&) {
+        return std::nullopt;  // an id the tokenizer leaves unassigned
+      }
+    };
+    bool same = theirs.size() == model.tokenizer->size();
+    for (int32_t id = 0; same && id < theirs.size(); ++id) {
+      same = bytes_of(theirs, id) == bytes_of(*model.tokenizer, id);
+    }
+    if (!same) qhx::fail((dir / "tokenizer.json").string(), "not the model's tokenizer");
+  }
+  return draft;
 }
 
 qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
@@ -185,7 +223,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     turn.sampling = sampling_params(options->sampling);
     turn.cancel = &session->cancel;
     turn.checkpoint_at = std::move(checkpoint_at);
-    turn.speculative = speculative_options(*options);
+    turn.speculative = speculative_options(*session->model, *options);
     std::set<int32_t> stops(options->stop_ids, options->stop_ids + options->n_stop_ids);
     if (options->stop_at_eos)
       stops.insert(session->model->eos_ids.begin(), session->model->eos_ids.end());
@@ -327,9 +365,10 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->decode_device = devices.decode.text();
     opened->device_note = devices.note;
     // A context of the model's own: models opened with other thread counts compute side by side.
+    const auto context =
+        std::make_shared<qhx::CpuContext>(n_threads, qhx::CpuKernels::from_environment());
     opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0,
-                                          .context = std::make_shared<qhx::CpuContext>(
-                                              n_threads, qhx::CpuKernels::from_environment()),
+                                          .context = context,
                                           .devices = std::move(devices.backends)});
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
@@ -342,6 +381,10 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
         opened->chat_template =
             qhx::ChatTemplate::from_tokenizer(*opened->tokenizer, (dir / "chat_template").string());
       }
+    }
+    if (options->draft_model != nullptr) {
+      opened->draft_model =
+          open_draft_model(options->draft_model, *opened, context, options->verify_sha256 != 0);
     }
     opened->eos_ids =
         qhx::default_stop_ids(opened->generation, bundle_stop_ids,
@@ -366,6 +409,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     if (options->check_memory) {
       qhx::MemoryRequest request;
       request.weights_bytes = opened->model->weights_bytes();
+      if (opened->draft_model) request.weights_bytes += opened->draft_model->weights_bytes();
       request.sessions = options->max_sessions;
       request.prefix_cache_bytes = options->prefix_cache_bytes;
       request.resident_bytes = resident_before + tokenizer_bytes;

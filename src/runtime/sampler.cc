@@ -227,18 +227,47 @@ std::vector<TokenProb> Sampler::distribution(std::span<const float> logits,
   return out;
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                        std::span<const int32_t> generated) {
-  const double top = process(logits, prompt, generated);
-  if (params_.greedy) return candidates_[0].id;
-  const double total = weigh(top);
-  const double target = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+double Sampler::uniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::draw(double total) {
+  const double target = uniform() * total;
   double cumulative = 0.0;
   for (size_t i = 0; i < candidates_.size(); ++i) {
     cumulative += weights_[i];
     if (cumulative > target) return candidates_[i].id;
   }
-  return candidates_.back().id;  // rounding left the target at the very top
+  // Rounding left the target at the very top: the last candidate with any weight.
+  for (size_t i = candidates_.size(); i-- > 0;) {
+    if (weights_[i] > 0.0) return candidates_[i].id;
+  }
+  return candidates_.back().id;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
+                        std::span<const int32_t> generated) {
+  const double top = process(logits, prompt, generated);
+  if (params_.greedy) return candidates_[0].id;
+  return draw(weigh(top));
+}
+
+int32_t Sampler::sample_with_draft(std::span<const float> logits, std::span<const int32_t> prompt,
+                                   std::span<const int32_t> generated, int32_t draft) {
+  const double top = process(logits, prompt, generated);
+  if (params_.greedy) return candidates_[0].id;
+  const double total = weigh(top);
+  const auto at = std::lower_bound(candidates_.begin(), candidates_.end(), draft,
+                                   [](const Candidate& c, int32_t id) { return c.id < id; });
+  if (at == candidates_.end() || at->id != draft) return draw(total);  // p(draft) = 0
+  const size_t index = static_cast<size_t>(at - candidates_.begin());
+  if (uniform() * total < weights_[index]) return draft;
+  // The residual: p without the draft. Its total is summed afresh rather than subtracted, which
+  // would cancel when the draft held nearly all the mass.
+  weights_[index] = 0.0;
+  double rest = 0.0;
+  for (const double w : weights_) rest += w;
+  return rest > 0.0 ? draw(rest) : draft;
 }
 
 }  // namespace qhx

@@ -52,6 +52,13 @@ class Sampler {
   // `prompt` and `generated` are the sequence so far (for the penalties).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> prompt,
                  std::span<const int32_t> generated);
+  // Speculative sampling's rule for a draft token proposed with certainty (prompt lookup and greedy
+  // drafts: q(draft) = 1): keeps `draft` with probability p(draft), else draws from p without it,
+  // renormalised. So the token returned is distributed exactly as sample()'s: p(draft) for the
+  // draft, (1 - p(draft))·p(y)/(1 - p(draft)) = p(y) for any other y; only the random stream
+  // differs (one draw to accept, one more on rejection). Greedy: the argmax, as sample().
+  int32_t sample_with_draft(std::span<const float> logits, std::span<const int32_t> prompt,
+                            std::span<const int32_t> generated, int32_t draft);
   // The distribution sample() draws from (ascending ids, probabilities summing to 1; greedy: the
   // argmax alone). Does not advance the random state.
   std::vector<TokenProb> distribution(std::span<const float> logits,
@@ -70,6 +77,10 @@ class Sampler {
   void keep_top_p();
   // weights_[i] = exp(logit_i - top) over candidates_; returns their sum.
   double weigh(double top);
+  // One random number in [0, 1): the top 53 bits of one mt19937_64 output / 2^53.
+  double uniform();
+  // The first candidate whose cumulative weight exceeds uniform() · total.
+  int32_t draw(double total);
 
   SamplingParams params_;
   std::mt19937_64 rng_;

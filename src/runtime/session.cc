@@ -60,6 +60,7 @@ Session::Session(const Model& model, SessionOptions options, PrefixCache* cache)
 }
 
 void Session::reset() {
+  drafter_.reset();
   state_->reset();
   history_.clear();
   logits_.clear();
@@ -71,6 +72,7 @@ int64_t Session::bytes() const {
   for (const Checkpoint& c : checkpoints_) {
     total += c.state.bytes() + static_cast<int64_t>(c.logits.size() * sizeof(float));
   }
+  if (drafter_ != nullptr) total += drafter_->bytes();
   return total;
 }
 
@@ -191,6 +193,15 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
              " new tokens exceed the context limit of " + std::to_string(context_length_),
          ErrorKind::kContextFull);
   }
+  const SpeculativeOptions& spec = options.speculative;
+  if (spec.kind == DraftKind::kModel) {
+    if (spec.draft_model == nullptr) fail("speculative", "'draft' needs a draft model");
+    if (spec.draft_model->config().vocab_size != vocab) {
+      fail("speculative", "the draft model's vocabulary (" +
+                              std::to_string(spec.draft_model->config().vocab_size) +
+                              " tokens) is not the model's (" + std::to_string(vocab) + ")");
+    }
+  }
   Sampler sampler(options.sampling);
   TurnStats stats;
   stats.n_prompt = n_tokens;
@@ -221,11 +232,10 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   int32_t token = sampler.sample(logits_, tokens, generated());
   stats.ttft_seconds = seconds_since(start);
   const auto decode_start = Clock::now();
-  // Speculation (greedy only): after a verify pass, `verified` holds the accepted draft tokens,
-  // which the state has already processed past history_, then the model's own pick after them;
-  // `rows` the pass's logits, row i those after its i-th token.
-  const SpeculativeOptions& spec = options.speculative;
-  const bool speculate = spec.kind != DraftKind::kNone && options.sampling.greedy;
+  // Speculation: after a verify pass, `verified` holds the accepted draft tokens, which the state
+  // has already processed past history_, then the model's own pick after them; `rows` the pass's
+  // logits, row i those after its i-th token.
+  const bool speculate = spec.kind != DraftKind::kNone;
   std::vector<int32_t> verified, context, seen;
   std::vector<float> rows;
   size_t next_verified = 0, token_row = 0;
@@ -269,7 +279,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       context.assign(tokens.begin(), tokens.end());
       context.insert(context.end(), history_.begin() + n_tokens, history_.end());
       context.push_back(token);
-      draft = ngram_draft(context, spec.ngram_max, spec.ngram_min, std::min(spec.draft_max, room));
+      draft = this->draft(spec, options.sampling, context, std::min(spec.draft_max, room));
     }
     if (draft.empty()) {
       model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
@@ -278,7 +288,8 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       token = sampler.sample(logits_, tokens, generated());
       continue;
     }
-    // Verify [token, draft...] in one pass; keep the draft's prefix the model would have chosen.
+    // Verify [token, draft...] in one pass; keep the draft's prefix the model would have chosen
+    // (greedy) or that speculative sampling keeps.
     std::vector<int32_t> batch = {token};
     batch.insert(batch.end(), draft.begin(), draft.end());
     if (!state_->can_truncate()) before = state_->checkpoint();
@@ -291,8 +302,13 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     int32_t next = 0;
     for (size_t i = 0; i <= draft.size(); ++i) {
       seen.push_back(batch[i]);
-      next = sampler.sample(std::span<const float>(rows).subspan(i * vocab, vocab), tokens, seen);
-      if (i == draft.size() || next != draft[i]) break;
+      const std::span<const float> row = std::span<const float>(rows).subspan(i * vocab, vocab);
+      if (i == draft.size()) {
+        next = sampler.sample(row, tokens, seen);
+        break;
+      }
+      next = sampler.sample_with_draft(row, tokens, seen, draft[i]);
+      if (next != draft[i]) break;
       ++accepted;
     }
     stats.accepted += static_cast<int64_t>(accepted);
@@ -325,6 +341,36 @@ void Session::roll_back(int64_t n, std::span<const int32_t> tokens, const StateC
     std::vector<float> unused;
     model_.forward(again, *state_, LogitsFor::kEveryStep, unused);
   }
+}
+
+std::vector<int32_t> Session::draft(const SpeculativeOptions& spec, const SamplingParams& sampling,
+                                    std::span<const int32_t> context, int64_t max_tokens) {
+  switch (spec.kind) {
+    case DraftKind::kNone:
+      return {};
+    case DraftKind::kNgram:
+      return ngram_draft(context, spec.ngram_max, spec.ngram_min, max_tokens);
+    case DraftKind::kModel:
+      break;
+  }
+  if (drafter_ == nullptr || &drafter_->model_ != spec.draft_model) {
+    drafter_ = std::make_unique<Session>(*spec.draft_model, SessionOptions{});
+  }
+  const int64_t needed = static_cast<int64_t>(context.size()) + max_tokens - 1;
+  if (needed > drafter_->context_length()) return {};  // past the draft model's context
+  TurnOptions greedy;
+  greedy.max_new_tokens = max_tokens;
+  greedy.sampling = sampling;
+  greedy.sampling.greedy = true;
+  // Presence and frequency penalties count a turn's generated tokens, and the drafter's turns
+  // begin where each draft does: left out rather than counted over the wrong tokens.
+  greedy.sampling.presence_penalty = greedy.sampling.frequency_penalty = 0.0f;
+  std::vector<int32_t> out;
+  drafter_->generate(context, greedy, [&](int32_t id) {
+    out.push_back(id);
+    return true;
+  });
+  return out;
 }
 
 void Session::save(const std::filesystem::path& path) const {

@@ -43,8 +43,8 @@ struct TurnOptions {
   // turn's rendering may differ from this one's (a chat template that re-renders earlier replies
   // differently, e.g. without their thinking, starts differing after the reply's header).
   std::vector<int64_t> checkpoint_at;
-  // Drafts verified several tokens per pass (runtime/speculative.h). Greedy decoding only, where
-  // the output is exactly that of decoding one token at a time; ignored when sampling.
+  // Drafts verified several tokens per pass (runtime/speculative.h): greedy output exactly that of
+  // decoding one token at a time; sampled output from the same distribution (not the same draws).
   SpeculativeOptions speculative;
 };
 
@@ -88,7 +88,7 @@ class Session {
   std::span<const int32_t> tokens() const { return history_; }
   void reset();
   int64_t context_length() const { return context_length_; }
-  // Bytes held: the state, checkpoints and their logits.
+  // Bytes held: the state, checkpoints and their logits, and a draft model's session.
   int64_t bytes() const;
 
   // Saves the state and its tokens to a qhx tensor file; load() refuses a file written by
@@ -114,6 +114,11 @@ class Session {
   // or, for recurrent layers, `before` (at before_n ≤ n) restored and the tokens up to n run
   // again step-exactly (LogitsFor::kEveryStep).
   void roll_back(int64_t n, std::span<const int32_t> tokens, const StateCheckpoint& before);
+  // Up to max_tokens tokens guessed to follow `context`; empty when there is no guess. A draft
+  // model picks greedily under the turn's logit bias and repetition penalty (`sampling`), as
+  // the model's own picks are made.
+  std::vector<int32_t> draft(const SpeculativeOptions& spec, const SamplingParams& sampling,
+                             std::span<const int32_t> context, int64_t max_tokens);
 
   const Model& model_;
   SessionOptions options_;
@@ -123,6 +128,9 @@ class Session {
   std::vector<int32_t> history_;
   std::vector<float> logits_;  // of the last token in history_; empty if unknown
   std::deque<Checkpoint> checkpoints_;
+  // The draft model's session (DraftKind::kModel), following this one's conversation: it reuses
+  // what it holds, as any session does, so each draft processes only the tokens since the last.
+  std::unique_ptr<Session> drafter_;
 };
 
 // States at turn boundaries shared across sessions, keyed by their exact token sequence: a new

@@ -9,7 +9,8 @@ namespace qhx {
 DraftKind parse_draft_kind(const std::string& name, const std::string& where) {
   if (name == "none") return DraftKind::kNone;
   if (name == "ngram") return DraftKind::kNgram;
-  fail(where, "unknown speculative draft '" + name + "' (none or ngram)");
+  if (name == "draft") return DraftKind::kModel;
+  fail(where, "unknown speculative draft '" + name + "' (none, ngram or draft)");
 }
 
 std::vector<int32_t> ngram_draft(std::span<const int32_t> context, int64_t ngram_max,

@@ -1,7 +1,9 @@
 // Speculative decoding's drafts: guesses of the next few tokens, which one forward pass then
 // verifies (Session::generate, LogitsFor::kEveryStep), keeping the longest prefix the model itself
 // would have chosen. With greedy decoding the output is exactly that of decoding one token at a
-// time; a wrong draft costs only time.
+// time; when sampling, each draft token is kept by speculative sampling's rule
+// (Sampler::sample_with_draft), so the output follows the same distribution. A wrong draft costs
+// only time.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +13,12 @@
 
 namespace qhx {
 
+class Model;
+
 enum class DraftKind {
   kNone,
   kNgram,  // prompt lookup: what followed the last earlier occurrence of the context's suffix
+  kModel,  // a smaller model with the same vocabulary, decoding greedily ahead of the model
 };
 
 struct SpeculativeOptions {
@@ -22,9 +27,12 @@ struct SpeculativeOptions {
   // Prompt lookup: suffixes of ngram_max tokens down to ngram_min are looked for.
   int64_t ngram_max = 3;
   int64_t ngram_min = 2;
+  // kModel: the draft model (outlives the sessions using it). It drafts greedily, on the CPU or
+  // wherever it was opened, in a session of its own that follows the conversation.
+  const Model* draft_model = nullptr;
 };
 
-// "none" or "ngram"; Error naming `where` on anything else.
+// "none", "ngram" or "draft" (kModel); Error naming `where` on anything else.
 DraftKind parse_draft_kind(const std::string& name, const std::string& where);
 
 // The continuation (at most max_tokens) after the most recent earlier occurrence of the longest

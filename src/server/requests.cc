@@ -219,13 +219,20 @@ Json template_messages(const Json& messages, bool template_takes_parts) {
 
 }  // namespace
 
-RequestRules::RequestRules(qhx_model* m, const std::string& alias) : model(m) {
+RequestRules::RequestRules(qhx_model* m, const std::string& alias, const std::string& spec,
+                           int draft_max)
+    : model(m), speculative(spec) {
   qhx_model_info info{};
   if (qhx_model_get_info(model, &info) != QHX_OK) throw std::runtime_error(qhx_last_error());
   model_id = alias.empty() ? info.name : alias;
   context_length = info.context_length;
   vocab_size = info.vocab_size;
   if (qhx_generate_options_default(model, &defaults) != QHX_OK) {
+    throw std::runtime_error(qhx_last_error());
+  }
+  defaults.speculative = speculative.c_str();
+  defaults.draft_max = draft_max;
+  if (qhx_generate_options_check(model, &defaults) != QHX_OK) {
     throw std::runtime_error(qhx_last_error());
   }
   // Does the template render content parts itself? Qwen3.5's does; Qwen3's wants a string.

@@ -66,7 +66,11 @@ struct Completion {
 
 // What a request is checked against: the model, its context and its defaults.
 struct RequestRules {
-  RequestRules(qhx_model* model, const std::string& alias);  // throws std::runtime_error
+  // Throws std::runtime_error. Speculative decoding: qhx_generate_options' values.
+  RequestRules(qhx_model* model, const std::string& alias, const std::string& speculative = "none",
+               int draft_max = 4);
+  RequestRules(const RequestRules&) = delete;  // defaults.speculative points into this
+  RequestRules& operator=(const RequestRules&) = delete;
 
   // Parses and checks a completion request (chat or not) into `c`; throws ApiError.
   void parse_completion(const Json& body, Completion& c) const;
@@ -76,6 +80,7 @@ struct RequestRules {
   int64_t context_length = 0;
   int64_t vocab_size = 0;
   qhx_generate_options defaults{};
+  std::string speculative;
   bool template_takes_parts = false;
 };
 

@@ -60,8 +60,9 @@ Json Server::Impl::usage(const Outcome& o) const {
           {"total_tokens", o.result.n_prompt + o.result.n_generated}};
 }
 
-// llama.cpp's names, so tools that read its timings read these; device_failures counts the
-// device failures the CPU made up for during the request (the reply is the same).
+// llama.cpp's names, so tools that read its timings read these (draft_n, draft_n_accepted:
+// speculative decoding's draft tokens verified and kept); device_failures counts the device
+// failures the CPU made up for during the request (the reply is the same).
 Json Server::Impl::timings(const Outcome& o) const {
   return {{"cache_n", o.result.n_reused},
           {"prompt_n", o.result.n_processed},
@@ -72,6 +73,8 @@ Json Server::Impl::timings(const Outcome& o) const {
           {"predicted_per_second",
            per_second(std::max<int64_t>(o.result.n_generated - 1, 0), o.result.decode_ms)},
           {"ttft_ms", o.result.ttft_ms},
+          {"draft_n", o.result.drafted},
+          {"draft_n_accepted", o.result.accepted},
           {"device_failures", o.result.device_failures}};
 }
 

@@ -24,7 +24,8 @@ constexpr int kPreparers = 2;
 
 }  // namespace
 
-Server::Impl::Impl(qhx_model* m, const ServerOptions& o) : options(o), rules(m, o.alias) {
+Server::Impl::Impl(qhx_model* m, const ServerOptions& o)
+    : options(o), rules(m, o.alias, o.speculative, o.draft_max) {
   if (options.parallel < 1) throw std::runtime_error("--parallel must be at least 1");
   if (options.queue < 0) throw std::runtime_error("--queue must be at least 0");
   if (options.max_connections < 1) throw std::runtime_error("--max-connections must be at least 1");

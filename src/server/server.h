@@ -38,7 +38,11 @@ struct ServerOptions {
   // Host header values answered besides the names `host` stands for; "*" turns the check off.
   std::vector<std::string> allowed_hosts;
   std::string alias;  // the model id clients see; empty: the model directory's name
-  bool log = true;    // one line per request on stderr
+  // Speculative decoding of every request (qhx_generate_options.speculative, draft_max); the
+  // timings report draft_n and draft_n_accepted.
+  std::string speculative = "none";
+  int draft_max = 4;
+  bool log = true;  // one line per request on stderr
 };
 
 // Parses and checks `body` as a POST to `path` (/v1/completions or /v1/chat/completions) would,

@@ -135,6 +135,7 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
 // Speculative decoding on one task: decode speed with and without drafts, their acceptance, and
 // the cost of a verify pass of k drafts in decode steps.
 int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
+                          const std::shared_ptr<qhx::CpuContext>& context,
                           const std::string& weights) {
   if (args.prompt_file.empty()) qhx::fail("--speculative", "needs --prompt-file");
   std::ifstream in(args.prompt_file, std::ios::binary);
@@ -144,8 +145,14 @@ int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx:
   config.prompt = qhx::Tokenizer::load(dir).encode(text);
   config.n_gen = args.n_gen;
   config.repetitions = args.repetitions;
-  config.speculative.kind = qhx::parse_draft_kind(args.speculative, "--speculative");
-  config.speculative.draft_max = args.draft_max;
+  config.speculative.kind = qhx::parse_draft_kind(args.speculative.kind(), "--speculative");
+  config.speculative.draft_max = args.speculative.draft_max;
+  std::unique_ptr<qhx::Model> draft_model;
+  if (args.speculative.draft_model() != nullptr) {
+    // On the CPU, in the model's context, as qhx_model_open opens one.
+    draft_model = qhx::load_model(args.speculative.draft_model(), {.context = context});
+    config.speculative.draft_model = draft_model.get();
+  }
   const qhx::SpeculativeBenchResult r = qhx::run_speculative_bench(model, config);
   const double speedup = r.speculative_tok_s.mean / std::max(r.plain_tok_s.mean, 1e-9);
   const double acceptance = r.drafted > 0 ? static_cast<double>(r.accepted) / r.drafted : 0.0;
@@ -157,8 +164,8 @@ int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx:
     std::cout << qhx::Json{{"model", args.model},
                            {"weights", weights},
                            {"threads", model.context().threads()},
-                           {"speculative", args.speculative},
-                           {"draft_max", args.draft_max},
+                           {"speculative", args.speculative.value},
+                           {"draft_max", args.speculative.draft_max},
                            {"prompt_file", args.prompt_file},
                            {"n_prompt", config.prompt.size()},
                            {"n_gen", args.n_gen},
@@ -184,9 +191,10 @@ int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx:
   std::printf(
       "model %s | weights %s | threads %d | %s, drafts of up to %d | prompt %zu tokens "
       "(%s) | %lld generated, same tokens: %s\n",
-      args.model.c_str(), weights.c_str(), model.context().threads(), args.speculative.c_str(),
-      args.draft_max, config.prompt.size(), args.prompt_file.c_str(),
-      static_cast<long long>(r.n_generated), r.same_tokens ? "yes" : "NO");
+      args.model.c_str(), weights.c_str(), model.context().threads(),
+      args.speculative.value.c_str(), args.speculative.draft_max, config.prompt.size(),
+      args.prompt_file.c_str(), static_cast<long long>(r.n_generated),
+      r.same_tokens ? "yes" : "NO");
   std::printf(
       "decode tok/s: plain %.2f ± %.2f, speculative %.2f ± %.2f: %.2fx | acceptance %.3f "
       "(%lld of %lld) | %.2f tokens per pass | %lld verify passes, %lld rollbacks\n",
@@ -216,8 +224,8 @@ int run_bench(const BenchArgs& args) {
   const qhx::OpenedDevices devices = open_devices(args.devices);
   qhx::Json backends = qhx::Json::array({"cpu"});
   for (const auto& b : devices.backends) backends.push_back(b->name());
-  const auto model =
-      qhx::load_model(dir, {.context = cpu_context(args.threads), .devices = devices.backends});
+  const std::shared_ptr<qhx::CpuContext> context = cpu_context(args.threads);
+  const auto model = qhx::load_model(dir, {.context = context, .devices = devices.backends});
   check_devices(*model, devices, args.devices, dir);
   const double load_s = qhx::seconds_since(load_start);
   const std::string cpu = cpu_model_name();
@@ -227,7 +235,7 @@ int run_bench(const BenchArgs& args) {
                                   qhx::attention_kernel_path(kernels, model->config().head_dim);
   const int threads = model->context().threads();
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
-  if (args.speculative != "none") return run_speculative_bench(args, dir, *model, weights);
+  if (args.speculative.on()) return run_speculative_bench(args, dir, *model, context, weights);
   if (!args.json) {
     std::printf(
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | "

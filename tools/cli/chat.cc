@@ -62,6 +62,7 @@ class Chat {
     mo.device = args.devices.device.c_str();
     mo.decode_device = args.devices.decode_or_null();
     mo.device_check = args.devices.device_check.c_str();
+    mo.draft_model = args.speculative.draft_model();
     check(qhx_model_open(args.model.c_str(), &mo, &model_));
     qhx_model_info info;
     check(qhx_model_get_info(model_, &info));
@@ -78,13 +79,8 @@ class Chat {
     check(qhx_generate_options_default(model_, &generate_));
     generate_.max_new_tokens = args.max_new_tokens;
     if (args.greedy) generate_.sampling.greedy = 1;
-    generate_.speculative = args_.speculative.c_str();
-    if (args.speculative != "none" && !generate_.sampling.greedy) {
-      std::fprintf(stderr,
-                   "qhx: --speculative applies to greedy decoding (--greedy); replies are "
-                   "sampled one token at a time\n");
-    }
-    generate_.draft_max = args.draft_max;
+    generate_.speculative = args_.speculative.kind();
+    generate_.draft_max = args.speculative.draft_max;
     generate_.sampling.seed = args.seed.value_or(std::random_device{}());
     start_over();
   }

@@ -20,8 +20,7 @@ struct ChatArgs {
   std::optional<uint64_t> seed;
   bool stats = false;  // print speed figures after every reply
   int threads = 0;
-  std::string speculative = "none";  // drafts verified several tokens per pass (greedy only)
-  int draft_max = 4;
+  SpeculativeArgs speculative;  // drafts verified several tokens per pass
 };
 
 // Reads turns from stdin until EOF or /exit. Returns the process exit code.

@@ -36,8 +36,7 @@ struct GenerateArgs {
   bool print_ids = false;
   bool ignore_eos = false;
   bool verify = false;
-  std::string speculative = "none";
-  int draft_max = 4;
+  SpeculativeArgs speculative;
 };
 
 // qhx devices: the CPU and every accelerator this build can use, one per line.
@@ -102,8 +101,7 @@ struct BenchArgs {
   int64_t turns = 0;  // > 0: the multi-turn chat benchmark instead
   bool json = false;
   // Not "none": the speculative-decoding benchmark instead, on the text of prompt_file.
-  std::string speculative = "none";
-  int draft_max = 4;
+  SpeculativeArgs speculative;
   std::string prompt_file;
 };
 
@@ -129,6 +127,7 @@ struct ServeArgs {
   int64_t ctx_size = 0;
   int64_t cache_mb = 256;
   bool verify = false;
+  SpeculativeArgs speculative;  // sets server.speculative and draft_max
   qhx::server::ServerOptions server;
 };
 

@@ -40,6 +40,19 @@ struct DeviceArgs {
   }
 };
 
+// --speculative none|ngram|draft:<dir> and --draft-max of the commands that generate.
+struct SpeculativeArgs {
+  std::string value = "none";
+  int draft_max = 4;
+  bool on() const { return value != "none"; }
+  // The C API's qhx_generate_options.speculative: "none", "ngram" or "draft".
+  const char* kind() const { return draft_model() != nullptr ? "draft" : value.c_str(); }
+  // draft:<dir>'s directory (qhx_model_options.draft_model), else nullptr.
+  const char* draft_model() const {
+    return value.rfind("draft:", 0) == 0 ? value.c_str() + 6 : nullptr;
+  }
+};
+
 // The backends they name (backend/devices.h), for commands that load a model themselves; the
 // note, if any, goes to stderr.
 qhx::OpenedDevices open_devices(const DeviceArgs& args);

@@ -79,6 +79,7 @@ int run_generate(const GenerateArgs& args) {
   model_options.device = args.devices.device.c_str();
   model_options.decode_device = args.devices.decode_or_null();
   model_options.device_check = args.devices.device_check.c_str();
+  model_options.draft_model = args.speculative.draft_model();
   OpenedModel m;
   if (qhx_model_open(dir.c_str(), &model_options, &m.model) != QHX_OK) {
     qhx::fail(dir.string(), qhx_last_error());
@@ -147,13 +148,8 @@ int run_generate(const GenerateArgs& args) {
   for (const std::string& stop : args.stop) stops.push_back(stop.c_str());
   options.stop_strings = stops.data();
   options.n_stop_strings = stops.size();
-  options.speculative = args.speculative.c_str();
-  if (args.speculative != "none" && !s.greedy) {
-    std::fprintf(stderr,
-                 "qhx: --speculative applies to greedy decoding; this sampled reply "
-                 "decodes one token at a time\n");
-  }
-  options.draft_max = args.draft_max;
+  options.speculative = args.speculative.kind();
+  options.draft_max = args.speculative.draft_max;
   check(qhx_generate_options_check(m.model, &options));
 
   struct Output {
@@ -182,7 +178,7 @@ int run_generate(const GenerateArgs& args) {
   if (result.verify_passes > 0) {
     char buf[160];
     std::snprintf(buf, sizeof buf, " | speculative %s: %lld passes, %lld of %lld drafted accepted",
-                  args.speculative.c_str(), static_cast<long long>(result.verify_passes),
+                  args.speculative.kind(), static_cast<long long>(result.verify_passes),
                   static_cast<long long>(result.accepted), static_cast<long long>(result.drafted));
     speculation = buf;
   }

@@ -33,6 +33,20 @@ void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
       ->check(CLI::IsMember({"once", "always", "never"}));
 }
 
+void add_speculative_options(CLI::App* command, qhx::cli::SpeculativeArgs& speculative,
+                             const std::string& help) {
+  command->add_option("--speculative", speculative.value, help)
+      ->check(
+          [](const std::string& value) -> std::string {
+            if (value == "none" || value == "ngram") return "";
+            if (value.rfind("draft:", 0) == 0 && value.size() > 6) return "";
+            return "'" + value + "' is not none, ngram or draft:<dir>";
+          },
+          "none|ngram|draft:DIR");
+  command->add_option("--draft-max", speculative.draft_max, "Tokens per speculative draft")
+      ->check(CLI::Range(1, 32));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,12 +89,10 @@ int main(int argc, char** argv) {
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated ids, comma-separated, on one line instead of text");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
-  generate
-      ->add_option("--speculative", gen.speculative,
-                   "Speculative decoding: none, or ngram (prompt lookup; greedy only, same output)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  generate->add_option("--draft-max", gen.draft_max, "Tokens per speculative draft")
-      ->check(CLI::Range(1, 32));
+  add_speculative_options(generate, gen.speculative,
+                          "Speculative decoding: none, ngram (prompt lookup) or draft:DIR (a "
+                          "smaller model with the same tokenizer); greedy output is the same, "
+                          "sampled output has the same distribution");
   generate->add_flag("--verify", gen.verify, "Bundles: check every file's sha256 before loading");
   add_threads_option(generate, gen.threads);
   add_device_options(generate, gen.devices);
@@ -101,12 +113,9 @@ int main(int argc, char** argv) {
           "--no-think", [&] { chat_args.thinking = false; }, "Thinking off")
       ->excludes(think);
   chat->add_flag("--greedy", chat_args.greedy, "Most likely tokens instead of sampling");
-  chat->add_option(
-          "--speculative", chat_args.speculative,
-          "Speculative decoding: none, or ngram (prompt lookup; greedy only, same replies)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  chat->add_option("--draft-max", chat_args.draft_max, "Tokens per speculative draft")
-      ->check(CLI::Range(1, 32));
+  add_speculative_options(chat, chat_args.speculative,
+                          "Speculative decoding: none, ngram (prompt lookup) or draft:DIR (a "
+                          "smaller model with the same tokenizer); replies as without");
   chat->add_option("--seed", chat_args.seed, "Random seed");
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
   add_threads_option(chat, chat_args.threads);
@@ -190,13 +199,10 @@ int main(int argc, char** argv) {
                    "TTFT with the state kept vs. a fresh session")
       ->check(CLI::PositiveNumber);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
-  bench
-      ->add_option("--speculative", bench_args.speculative,
-                   "Speculative decoding instead: -n greedy tokens after --prompt-file's text, "
-                   "with and without drafts (ngram), and what a verify pass costs")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  bench->add_option("--draft-max", bench_args.draft_max, "Tokens per speculative draft")
-      ->check(CLI::Range(1, 32));
+  add_speculative_options(bench, bench_args.speculative,
+                          "Speculative decoding instead: -n greedy tokens after --prompt-file's "
+                          "text, with and without drafts (ngram or draft:DIR), and what a verify "
+                          "pass costs");
   bench->add_option("--prompt-file", bench_args.prompt_file,
                     "With --speculative: the prompt, a UTF-8 text file");
   add_threads_option(bench, bench_args.threads);
@@ -290,6 +296,10 @@ int main(int argc, char** argv) {
                   "Bundles: check every file's sha256 before serving");
   add_threads_option(serve, serve_args.threads);
   add_device_options(serve, serve_args.devices);
+  add_speculative_options(serve, serve_args.speculative,
+                          "Speculative decoding of every request: none, ngram (prompt lookup) or "
+                          "draft:DIR (a smaller model with the same tokenizer); greedy replies "
+                          "are the same, sampled ones have the same distribution");
 
   CLI::App* devices_cmd =
       app.add_subcommand("devices", "List the devices qhx can run on (for --device)");

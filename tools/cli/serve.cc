@@ -12,7 +12,10 @@
 namespace qhx::cli {
 
 // The OpenAI-compatible server (src/server), on the C API like any other embedder of qhx.
-int run_serve(const ServeArgs& args) {
+int run_serve(const ServeArgs& serve_args) {
+  ServeArgs args = serve_args;
+  args.server.speculative = args.speculative.kind();
+  args.server.draft_max = args.speculative.draft_max;
   qhx_model_options options;
   qhx_model_options_default(&options);
   options.n_threads = args.threads;
@@ -23,6 +26,7 @@ int run_serve(const ServeArgs& args) {
   options.device = args.devices.device.c_str();
   options.decode_device = args.devices.decode_or_null();
   options.device_check = args.devices.device_check.c_str();
+  options.draft_model = args.speculative.draft_model();
   qhx_model* model = nullptr;
   if (qhx_model_open(args.model.c_str(), &options, &model) != QHX_OK) {
     std::fprintf(stderr, "qhx: error: %s\n", qhx_last_error());
