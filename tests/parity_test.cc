@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
+#include "support/expect_error.h"
 #include "support/fixtures.h"
 #include "support/vulkan_device.h"
 #include "tokenizer/tokenizer.h"
@@ -448,6 +449,97 @@ TEST_P(VulkanParity, DevicePrefillWithCpuDecodeGivesTheCpusTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VulkanParity, ::testing::ValuesIn(fixture_names()), test_name);
 #endif
+
+}  // namespace
+}  // namespace qhx
+
+namespace qhx {
+namespace {
+
+// The MTP head against tools/oracle/mtp_reference.py (mtp_golden.*): each row's logits (the
+// model's final-norm hidden at position i with the token at i + 1), row by row on the head's KV
+// cache and in one batch, then a greedy chain of drafts fed back through the head.
+TEST(Mtp, HeadMatchesTheReference) {
+  int checked = 0;
+  for (const fs::path& dir : {test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout",
+                              test::source_dir() / "models/qwen3.5-kjv"}) {
+    if (!fs::exists(dir / "mtp_golden.json")) continue;
+    SCOPED_TRACE(dir.filename().string());
+    const auto model = load_model(dir);
+    ASSERT_TRUE(model->has_mtp());
+    const int64_t H = model->config().hidden_size, vocab = model->config().vocab_size;
+    const Json meta = read_json_file(dir / "mtp_golden.json");
+    const SafetensorsFile golden = SafetensorsFile::open(dir / "mtp_golden.safetensors");
+    for (const Json& p : meta.at("prompts")) {
+      const std::string name = p.at("name");
+      SCOPED_TRACE(name);
+      const std::vector<int32_t> ids = read_tensor<int32_t>(golden, name + ".ids", DType::kI32);
+      const auto rows = read_tensor<float>(golden, name + ".row_logits", DType::kF32);
+      const auto chain = read_tensor<int32_t>(golden, name + ".chain_ids", DType::kI32);
+      const auto chain_logits = read_tensor<float>(golden, name + ".chain_logits", DType::kF32);
+      const float tolerance = 1e-4f * p.at("max_abs_logit").get<float>();
+      const auto state = model->new_state();
+      std::vector<float> logits, hidden;
+      model->forward(ids, *state, LogitsFor::kLastToken, logits, &hidden);
+      ASSERT_EQ(hidden.size(), ids.size() * H);
+      std::vector<float> plain_logits;
+      model->forward(ids, *model->new_state(), LogitsFor::kLastToken, plain_logits);
+      EXPECT_TRUE(plain_logits == logits) << "asking for the hidden rows changed the logits";
+      const int32_t next_id = argmax(logits);
+      ASSERT_EQ(next_id, p.at("next_id").get<int32_t>());
+      std::vector<int32_t> pairs(ids.begin() + 1, ids.end());
+      pairs.push_back(next_id);
+      const auto row_of = [](std::span<const float> v, size_t i, int64_t width) {
+        return v.subspan(i * width, width);
+      };
+      const auto max_diff = [](std::span<const float> a, std::span<const float> b) {
+        float worst = a.size() == b.size() ? 0.0f : INFINITY;
+        for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+          worst = std::max(worst, std::fabs(a[i] - b[i]));
+        }
+        return worst;
+      };
+      // Row by row, each on the KV cache of the rows before it.
+      const auto head = model->new_mtp_state();
+      std::vector<float> out, row_logits;
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        model->mtp_forward(row_of(hidden, i, H), std::span(pairs).subspan(i, 1), *head, out,
+                           &row_logits);
+        EXPECT_LE(max_diff(row_of(rows, i, vocab), row_logits), tolerance) << "row " << i;
+      }
+      // The same rows in one batch: the last row's logits and every row's output agree.
+      const auto batched = model->new_mtp_state();
+      std::vector<float> batch_out, batch_logits;
+      model->mtp_forward(hidden, pairs, *batched, batch_out, &batch_logits);
+      EXPECT_LE(max_diff(row_logits, batch_logits), tolerance);
+      EXPECT_LE(max_diff(std::span(out).last(H), std::span(batch_out).last(H)), 1e-4f);
+      EXPECT_EQ(batched->n_past(), static_cast<int64_t>(pairs.size()));
+      // The chain: each draft the argmax of the row before, fed back with that row's output.
+      std::vector<float> previous(out.end() - H, out.end());
+      for (size_t j = 0; j < chain.size(); ++j) {
+        EXPECT_EQ(argmax(row_logits), chain[j]) << "draft " << j;
+        model->mtp_forward(previous, std::span(chain).subspan(j, 1), *head, out, &row_logits);
+        EXPECT_LE(max_diff(row_of(chain_logits, j, vocab), row_logits), tolerance)
+            << "chained row " << j;
+        previous = out;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 3);
+}
+
+TEST(Mtp, ModelsWithoutAHeadSaySo) {
+  const auto model = load_model(test::source_dir() / "tests/fixtures/qwen3_5/gva2_tied");
+  EXPECT_FALSE(model->has_mtp());
+  EXPECT_EQ(model->new_mtp_state(), nullptr);
+  std::vector<float> out;
+  const std::vector<float> hidden(model->config().hidden_size);
+  const std::vector<int32_t> id = {1};
+  auto state = model->new_state();
+  test::expect_error([&] { model->mtp_forward(hidden, id, *state, out, nullptr); },
+                     {"no MTP head"});
+}
 
 }  // namespace
 }  // namespace qhx

@@ -156,9 +156,10 @@ typedef struct qhx_generate_options {
   const char* const* stop_strings; /* stop when the text contains one; it is not reported */
   size_t n_stop_strings;
   /* Speculative decoding: NULL or "none" (default), "ngram" (prompt lookup: drafts from what
-   * followed earlier occurrences of the text's last tokens) or "draft" (the model options'
-   * draft_model decodes greedily ahead), verified draft_max + 1 tokens per forward pass. Greedy
-   * output is the same as without; sampled output follows the same distribution (speculative
+   * followed earlier occurrences of the text's last tokens), "mtp" (the model's own
+   * multi-token-prediction head, Qwen3.5 checkpoints with mtp.* weights) or "draft" (the model
+   * options' draft_model decodes greedily ahead), verified draft_max + 1 tokens per forward pass.
+   * Greedy output is the same as without; sampled output follows the same distribution (speculative
    * sampling keeps each draft token with the probability the model gives it). */
   const char* speculative;
   int32_t draft_max; /* tokens per draft, 1..32; 0: 4 */

@@ -151,6 +151,9 @@ qhx::SpeculativeOptions speculative_options(const qhx_model& model, const qhx_ge
   if (s.kind == qhx::DraftKind::kModel && s.draft_model == nullptr) {
     qhx::fail("speculative", "'draft' needs a model opened with a draft_model");
   }
+  if (s.kind == qhx::DraftKind::kMtp && !model.model->has_mtp()) {
+    qhx::fail("speculative", "'mtp' needs a model with an MTP head (mtp.* weights)");
+  }
   if (o.draft_max < 0 || o.draft_max > 32) {
     qhx::fail("draft_max", std::to_string(o.draft_max) + " is outside 0..32 (0: 4)");
   }

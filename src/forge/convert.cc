@@ -205,8 +205,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
                                   ? std::min(options.max_context, config.max_position_embeddings)
                                   : config.max_position_embeddings;
 
-  // Encode every tensor of the text decoder under its canonical name; vision and
-  // multi-token-prediction tensors are not part of the plan.
+  // Encode every tensor of the text decoder under its canonical name, and the multi-token-
+  // prediction head's (mtp.*, a drafter) under its own; vision tensors are not part of the plan.
   std::vector<TensorToWrite> embed, output;
   std::map<int64_t, std::vector<TensorToWrite>> by_layer;
   std::map<int64_t, uint64_t> layer_bytes;
@@ -226,7 +226,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       std::string name;
       if (source_name.starts_with(prefix)) {
         name = "model." + source_name.substr(prefix.size());
-      } else if (source_name == "lm_head.weight") {
+      } else if (source_name == "lm_head.weight" || source_name.starts_with("mtp.")) {
         name = source_name;
       } else {
         ++skipped;
@@ -239,6 +239,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
           output.push_back(encode(view, "lm_head.weight", tables.head, options.group_size));
         }
         embed.push_back(std::move(t));
+      } else if (name.starts_with("mtp.")) {
+        output.push_back(std::move(t));  // with the lm_head it drafts through
       } else if (const int64_t layer = layer_of_tensor(name); layer >= 0) {
         layer_bytes[layer] += t.data.size() + t.scales.size();
         by_layer[layer].push_back(std::move(t));

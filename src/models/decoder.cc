@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <tuple>
 
 #include "backend/cpu_backend.h"
@@ -105,15 +106,34 @@ class Decoder final : public Model {
   }
 
   void forward(std::span<const int32_t> ids, ModelState& base_state, LogitsFor which,
-               std::vector<float>& logits) const override;
+               std::vector<float>& logits, std::vector<float>* hidden) const override;
   int64_t activation_bytes(int64_t n_tokens) const override;
 
+  bool has_mtp() const override { return weights_.mtp.has_value(); }
+  std::unique_ptr<ModelState> new_mtp_state() const override {
+    if (!weights_.mtp) return nullptr;
+    std::vector<LayerState> layers(1);
+    layers[0].kv_width = attention_.shape.n_kv_heads * attention_.shape.head_dim;
+    layers[0].keys = StateBuffer(cpu_->buffer_type());
+    layers[0].values = StateBuffer(cpu_->buffer_type());
+    return std::make_unique<DecoderState>(std::move(layers));
+  }
+  void mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,
+                   ModelState& mtp_state, std::vector<float>& out,
+                   std::vector<float>* logits) const override;
+
  private:
+  // The plans a model runs: the forward pass (with every row's final-norm output bound as
+  // output 1, or not), and the MTP head (with the last row's logits, or not).
+  enum class PlanKind { kForward, kForwardWithHidden, kMtp, kMtpWithLogits };
   // The forward pass over n_tokens new tokens as the spec reads (models/blocks.h).
-  Plan build_plan(int64_t n_tokens, LogitsFor which) const;
+  Plan build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const;
+  // The MTP head over n_tokens rows (MtpWeights): input 1 the hidden rows, output 2 the head's.
+  Plan build_mtp_plan(int64_t n_tokens, bool logits) const;
   // That plan placed, fused and laid out for this model's backends (or the CPU alone), cached.
   // Call on the turn.
-  Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices) const;
+  Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
+                         PlanKind kind = PlanKind::kForward) const;
   bool decodes_on_devices() const;  // whether a decode step's plan puts nodes on a device
   std::span<Backend* const> backends(bool devices) const {
     return std::span<Backend* const>(backends_).first(devices ? backends_.size() : 1);
@@ -127,6 +147,21 @@ class Decoder final : public Model {
     for (size_t b = backends_.size(); b-- > 0;) backends_[b]->prepare_weights(matrices);
     MatrixRef& embed = weights_.embed_tokens;
     if (embed.data == weights_.lm_head.data) embed.packed = weights_.lm_head.packed;
+    // The MTP head drafts on the CPU.
+    if (weights_.mtp) {
+      MtpWeights& m = *weights_.mtp;
+      AttentionWeights& a = m.layer.attention;
+      const std::vector<MatrixRef*> head = {&m.fc_embedding,
+                                            &m.fc_hidden,
+                                            &a.q_proj,
+                                            &a.k_proj,
+                                            &a.v_proj,
+                                            &a.o_proj,
+                                            &m.layer.mlp.gate_proj,
+                                            &m.layer.mlp.up_proj,
+                                            &m.layer.mlp.down_proj};
+      cpu_->prepare_weights(head);
+    }
   }
 
   // Every matrix of the model but the embedding table, the lm_head first (the largest: it starts
@@ -150,7 +185,7 @@ class Decoder final : public Model {
   std::vector<std::shared_ptr<Backend>> devices_;
   std::vector<Backend*> backends_;  // the CPU, then the devices
   struct CachedSchedule {
-    std::tuple<int64_t, LogitsFor, bool> key;
+    std::tuple<int64_t, LogitsFor, bool, PlanKind> key;
     Schedule schedule;
     uint64_t last_used = 0;
   };
@@ -169,7 +204,7 @@ class Decoder final : public Model {
   mutable std::string device_failure_;  // on the turn
 };
 
-Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
+Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {
   const int64_t H = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   Plan plan;
@@ -197,6 +232,8 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
   // h = embed[ids]; per layer h += mixer(norm(h)); h += mlp(norm(h)).
   const int64_t first_out = which == LogitsFor::kLastToken ? n_tokens - 1 : 0;
   const int64_t n_out = n_tokens - first_out;
+  // Rows that go through the final norm: all of them when their outputs are asked for.
+  const int64_t first_normed = hidden ? 0 : first_out, n_normed = n_tokens - first_normed;
   const ValueId h = plan.add_value(n_tokens, H), x = plan.add_value(n_tokens, H);
   const ValueId y = plan.add_value(n_tokens, H);
   Node& embed = plan.add(Op::kEmbed);
@@ -220,24 +257,86 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which) const {
     if (i + 1 < weights_.layers.size()) {
       add_to(h, 0, n_tokens, y);
     } else {
-      add_to(h, first_out, n_out, y);
+      add_to(h, first_normed, n_normed, y);
     }
   }
 
   // logits = lm_head(norm(h)).
-  const ValueId last = plan.add_value(n_out, H);
-  norm_of(h, first_out, n_out, weights_.final_norm, last);
+  const ValueId last = plan.add_value(n_normed, H, hidden ? 1 : -1);
+  norm_of(h, first_normed, n_normed, weights_.final_norm, last);
   const ValueId logits = plan.add_value(n_out, config_.vocab_size, /*binding=*/0);
   Node& head = plan.add(Op::kMatmul);
-  head.in[0] = {last};
+  head.in[0] = {last, first_out - first_normed};
   head.out = {logits};
   head.rows = n_out;
   head.matrix = &weights_.lm_head;
   return plan;
 }
 
-Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices) const {
-  const auto key = std::tuple{n_tokens, which, devices};
+Plan Decoder::build_mtp_plan(int64_t n_tokens, bool logits) const {
+  const MtpWeights& m = *weights_.mtp;
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  Plan plan;
+  plan.n_tokens = n_tokens;
+  const auto norm_of = [&](ValueId in, const std::vector<float>& scale, ValueId out) {
+    Node& n = plan.add(Op::kRmsNorm);
+    n.in[0] = {in};
+    n.out = {out};
+    n.rows = n_tokens;
+    n.width = H;
+    n.vector = scale.data();
+    n.eps = eps;
+  };
+  const auto matmul = [&](ValueId in, const MatrixRef& w, ValueId out) {
+    Node& n = plan.add(Op::kMatmul);
+    n.in[0] = {in};
+    n.out = {out};
+    n.rows = n_tokens;
+    n.matrix = &w;
+  };
+  const auto add_to = [&](ValueId sum, ValueId term) {
+    Node& n = plan.add(Op::kAdd);
+    n.in[0] = {term};
+    n.out = {sum};
+    n.rows = n_tokens;
+  };
+  const ValueId hidden = plan.add_value(n_tokens, H, /*binding=*/1);
+  const ValueId out = plan.add_value(n_tokens, H, /*binding=*/2);
+  const ValueId e = plan.add_value(n_tokens, H), x = plan.add_value(n_tokens, H);
+  const ValueId h = plan.add_value(n_tokens, H), y = plan.add_value(n_tokens, H);
+  // h = fc([norm_e(embed[ids]) ; norm_h(hidden)]), as its two halves.
+  Node& embed = plan.add(Op::kEmbed);
+  embed.out = {e};
+  embed.rows = n_tokens;
+  embed.matrix = &weights_.embed_tokens;
+  norm_of(e, m.embedding_norm, x);
+  matmul(x, m.fc_embedding, h);
+  norm_of(hidden, m.hidden_norm, x);
+  matmul(x, m.fc_hidden, y);
+  add_to(h, y);
+  // One full-attention decoder layer, on the head's own KV cache (layer 0 of its state).
+  norm_of(h, m.layer.input_norm, x);
+  add_attention(plan, m.layer.attention, attention_, 0, x, y);
+  add_to(h, y);
+  norm_of(h, m.layer.post_attention_norm, x);
+  add_mlp(plan, m.layer.mlp, x, y);
+  add_to(h, y);
+  norm_of(h, m.final_norm, out);
+  if (logits) {
+    const ValueId row_logits = plan.add_value(1, config_.vocab_size, /*binding=*/0);
+    Node& head = plan.add(Op::kMatmul);
+    head.in[0] = {out, n_tokens - 1};
+    head.out = {row_logits};
+    head.rows = 1;
+    head.matrix = &weights_.lm_head;
+  }
+  return plan;
+}
+
+Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
+                                PlanKind kind) const {
+  const auto key = std::tuple{n_tokens, which, devices, kind};
   ++schedule_clock_;
   for (CachedSchedule& c : schedules_) {
     if (c.key == key) {
@@ -253,8 +352,10 @@ Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices)
                                         return a.last_used < b.last_used;
                                       }));
   }
-  schedules_.push_back(
-      {key, schedule(build_plan(n_tokens, which), backends(devices)), schedule_clock_});
+  Plan plan = kind == PlanKind::kMtp || kind == PlanKind::kMtpWithLogits
+                  ? build_mtp_plan(n_tokens, kind == PlanKind::kMtpWithLogits)
+                  : build_plan(n_tokens, which, kind == PlanKind::kForwardWithHidden);
+  schedules_.push_back({key, schedule(std::move(plan), backends(devices)), schedule_clock_});
   return schedules_.back().schedule;
 }
 
@@ -269,7 +370,7 @@ int64_t Decoder::activation_bytes(int64_t n_tokens) const {
 }
 
 void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, LogitsFor which,
-                      std::vector<float>& logits) const {
+                      std::vector<float>& logits, std::vector<float>* hidden) const {
   auto& state = dynamic_cast<DecoderState&>(base_state);
   const int64_t n_tokens = static_cast<int64_t>(ids.size());
   const int64_t first_pos = state.n_past();
@@ -287,19 +388,28 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
     }
   }
   logits.resize((which == LogitsFor::kLastToken ? 1 : n_tokens) * vocab);
+  if (hidden != nullptr) hidden->resize(n_tokens * config_.hidden_size);
+  const PlanKind kind = hidden != nullptr ? PlanKind::kForwardWithHidden : PlanKind::kForward;
   // The sessions of the models on this context take turns; the schedules and arenas are theirs
   // for the pass.
   const CpuContext::Turn turn(*context_);
   BorrowedBuffer logits_memory(BufferKind::kHost, logits.data(), logits.size() * sizeof(float),
                                BorrowedBuffer::kWritable);
-  Buffer* const outputs[] = {&logits_memory};
-  const RunInputs inputs{
-      .ids = ids, .first_pos = first_pos, .layers = state.layers, .external = outputs};
+  std::optional<BorrowedBuffer> hidden_memory;
+  if (hidden != nullptr) {
+    hidden_memory.emplace(BufferKind::kHost, hidden->data(), hidden->size() * sizeof(float),
+                          BorrowedBuffer::kWritable);
+  }
+  Buffer* const outputs[] = {&logits_memory, hidden_memory ? &*hidden_memory : nullptr};
+  const RunInputs inputs{.ids = ids,
+                         .first_pos = first_pos,
+                         .layers = state.layers,
+                         .external = std::span<Buffer* const>(outputs).first(hidden ? 2 : 1)};
   bool devices = devices_enabled_;
   // A step-exact pass (verifying a draft) must compute what decoding computes: it runs where a
   // decode step runs, not where prompts do.
   if (devices && which == LogitsFor::kEveryStep) devices = decodes_on_devices();
-  Schedule* s = &schedule_for(n_tokens, which, devices);
+  Schedule* s = &schedule_for(n_tokens, which, devices, kind);
   if (devices && !uses_devices(*s)) {
     devices = false;  // nothing of this pass runs on a device (a decode step, say)
   }
@@ -318,9 +428,41 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
       ++device_failures_;
       device_failure_ = e.what();
       state.rewind(first_pos, &start);
-      execute(schedule_for(n_tokens, which, false), backends(false), inputs);
+      execute(schedule_for(n_tokens, which, false, kind), backends(false), inputs);
     }
   }
+  state.advance(n_tokens);
+}
+
+void Decoder::mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,
+                          ModelState& base_state, std::vector<float>& out,
+                          std::vector<float>* logits) const {
+  if (!weights_.mtp) Model::mtp_forward(hidden, ids, base_state, out, logits);
+  auto& state = dynamic_cast<DecoderState&>(base_state);
+  const int64_t n_tokens = static_cast<int64_t>(ids.size()), H = config_.hidden_size;
+  if (n_tokens == 0 || static_cast<int64_t>(hidden.size()) != n_tokens * H) {
+    fail("mtp", "expected one hidden row per id");
+  }
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= config_.vocab_size) {
+      fail("mtp: token ids", "id " + std::to_string(id) + " is outside the vocabulary");
+    }
+  }
+  out.resize(n_tokens * H);
+  if (logits != nullptr) logits->resize(config_.vocab_size);
+  const CpuContext::Turn turn(*context_);
+  BorrowedBuffer logits_memory(BufferKind::kHost, logits != nullptr ? logits->data() : nullptr,
+                               logits != nullptr ? logits->size() * sizeof(float) : 0,
+                               BorrowedBuffer::kWritable);
+  BorrowedBuffer hidden_memory(BufferKind::kHost, hidden.data(), hidden.size_bytes(),
+                               BorrowedBuffer::kReadOnly);
+  BorrowedBuffer out_memory(BufferKind::kHost, out.data(), out.size() * sizeof(float),
+                            BorrowedBuffer::kWritable);
+  Buffer* const external[] = {&logits_memory, &hidden_memory, &out_memory};
+  const RunInputs inputs{
+      .ids = ids, .first_pos = state.n_past(), .layers = state.layers, .external = external};
+  const PlanKind kind = logits != nullptr ? PlanKind::kMtpWithLogits : PlanKind::kMtp;
+  execute(schedule_for(n_tokens, LogitsFor::kLastToken, false, kind), backends(false), inputs);
   state.advance(n_tokens);
 }
 

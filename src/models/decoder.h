@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "graph/backend.h"
@@ -23,10 +24,23 @@ struct DecoderLayer {
   MlpWeights mlp;
 };
 
+// Qwen3.5's multi-token-prediction head (as vLLM's Qwen3_5MultiTokenPredictor computes it):
+//   x = fc([norm_e(embed[next id]) ; norm_h(hidden)])
+//   x = a full-attention decoder layer of x (its own KV cache)
+//   out = norm(x); logits = lm_head(out)              (embedding and lm_head are the model's)
+// mtp.fc [H, 2H] is held as its two [H, H] halves, widened to f32 (they multiply the two norms).
+struct MtpWeights {
+  std::vector<float> embedding_norm, hidden_norm, final_norm;  // effective scales
+  std::vector<float> fc_embedding_rows, fc_hidden_rows;        // storage of the halves
+  MatrixRef fc_embedding, fc_hidden;
+  DecoderLayer layer;
+};
+
 struct DecoderWeights {
   MatrixRef embed_tokens, lm_head;
   std::vector<float> final_norm;
   std::vector<DecoderLayer> layers;
+  std::optional<MtpWeights> mtp;
 };
 
 class WeightReader;

@@ -12,6 +12,7 @@
 #include "graph/backend.h"
 #include "io/hf_config.h"
 #include "kernels/cpu_context.h"
+#include "util/error.h"
 
 namespace qhx {
 
@@ -99,10 +100,27 @@ class Model {
   virtual int64_t decode_step_bytes(int64_t context) const = 0;
   virtual std::unique_ptr<ModelState> new_state() const = 0;
   // Processes `ids` at positions n_past(), n_past()+1, ... and appends them to `state`.
-  // `logits` receives [1 or ids.size(), vocab_size] floats. Throws Error on an id outside the
-  // vocabulary or a context longer than max_position_embeddings.
+  // `logits` receives [1 or ids.size(), vocab_size] floats; `hidden`, if given, every row's
+  // final-norm output (what the lm_head reads), [ids.size(), hidden_size]: the MTP head's input.
+  // Throws Error on an id outside the vocabulary or a context longer than
+  // max_position_embeddings.
   virtual void forward(std::span<const int32_t> ids, ModelState& state, LogitsFor which,
-                       std::vector<float>& logits) const = 0;
+                       std::vector<float>& logits, std::vector<float>* hidden = nullptr) const = 0;
+
+  // Qwen3.5's multi-token-prediction head (checkpoints with mtp.* weights), a drafter for
+  // speculative decoding. Row r pairs hidden[r], the model's final-norm output at some position,
+  // with ids[r], the token after that position; the head predicts the token after ids[r]. Its
+  // own state (new_mtp_state(): a KV cache) gains one row per pair, at its positions n_past()...
+  // `out` receives each row's output [rows, hidden_size] (the next step's hidden), `logits`, if
+  // given, the last row's logits.
+  virtual bool has_mtp() const { return false; }
+  virtual std::unique_ptr<ModelState> new_mtp_state() const { return nullptr; }
+  virtual void mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,
+                           ModelState& mtp_state, std::vector<float>& out,
+                           std::vector<float>* logits) const {
+    (void)hidden, (void)ids, (void)mtp_state, (void)out, (void)logits;
+    fail("speculative", "this model has no MTP head (mtp.* weights)");
+  }
   // Bytes of activations a forward call over n_tokens new tokens uses (its arenas, reserved from
   // its plan, and the logits): what memory admission counts per session for a prefill chunk.
   virtual int64_t activation_bytes(int64_t n_tokens) const = 0;

@@ -5,13 +5,66 @@
 #include "models/families.h"
 #include "models/weights.h"
 
+#include <algorithm>
+
+#include "kernels/kernels.h"
+
 namespace qhx {
+namespace {
+
+// A gated full-attention layer's attention weights under `p` (q_proj yields query and gate).
+AttentionWeights read_gated_attention(const WeightReader& r, const std::string& p,
+                                      const ModelConfig& c) {
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  AttentionWeights a;
+  a.q_proj = r.matrix(p + "self_attn.q_proj.weight", 2 * q_width, H);  // query + gate
+  a.k_proj = r.matrix(p + "self_attn.k_proj.weight", kv_width, H);
+  a.v_proj = r.matrix(p + "self_attn.v_proj.weight", kv_width, H);
+  a.o_proj = r.matrix(p + "self_attn.o_proj.weight", H, q_width);
+  a.q_norm = r.one_plus(p + "self_attn.q_norm.weight", hd);
+  a.k_norm = r.one_plus(p + "self_attn.k_norm.weight", hd);
+  return a;
+}
+
+// The multi-token-prediction head, where the checkpoint has one (top-level mtp.*, in text and
+// multimodal layouts alike). Only its first layer is read: one draft step per layer is how the
+// serving engines use it, and Qwen3.5 checkpoints carry one (mtp_num_hidden_layers: 1).
+std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
+  const WeightReader mtp(checkpoint, "mtp.", c.int8_activations);
+  if (!mtp.contains("fc.weight")) return std::nullopt;
+  const int64_t H = c.hidden_size;
+  MtpWeights w;
+  w.embedding_norm = mtp.one_plus("pre_fc_norm_embedding.weight", H);
+  w.hidden_norm = mtp.one_plus("pre_fc_norm_hidden.weight", H);
+  w.final_norm = mtp.one_plus("norm.weight", H);
+  // fc · [e ; h] = fc[:, :H] · e + fc[:, H:] · h: the halves, row by row, in f32.
+  const MatrixRef fc = mtp.matrix("fc.weight", H, 2 * H);
+  w.fc_embedding_rows.resize(H * H);
+  w.fc_hidden_rows.resize(H * H);
+  std::vector<float> row(2 * H);
+  for (int64_t r = 0; r < H; ++r) {
+    ref::read_row(fc, r, row.data());
+    std::copy_n(row.begin(), H, w.fc_embedding_rows.begin() + r * H);
+    std::copy_n(row.begin() + H, H, w.fc_hidden_rows.begin() + r * H);
+  }
+  w.fc_embedding = {DType::kF32, w.fc_embedding_rows.data(), H, H};
+  w.fc_hidden = {DType::kF32, w.fc_hidden_rows.data(), H, H};
+  DecoderLayer& l = w.layer;
+  l.kind = LayerKind::kFullAttention;
+  l.input_norm = mtp.one_plus("layers.0.input_layernorm.weight", H);
+  l.post_attention_norm = mtp.one_plus("layers.0.post_attention_layernorm.weight", H);
+  l.attention = read_gated_attention(mtp, "layers.0.", c);
+  l.mlp = read_mlp(mtp, "layers.0.", c);
+  return w;
+}
+
+}  // namespace
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
                                     std::vector<std::shared_ptr<Backend>> devices) {
-  const int64_t H = c.hidden_size, hd = c.head_dim;
-  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  const int64_t H = c.hidden_size;
   GatedDeltaNetParams deltanet;
   deltanet.heads = {c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
                     c.linear_value_head_dim};
@@ -33,13 +86,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
     l.input_norm = model.one_plus(p + "input_layernorm.weight", H);
     l.post_attention_norm = model.one_plus(p + "post_attention_layernorm.weight", H);
     if (l.kind == LayerKind::kFullAttention) {
-      AttentionWeights& a = l.attention;
-      a.q_proj = model.matrix(p + "self_attn.q_proj.weight", 2 * q_width, H);  // query + gate
-      a.k_proj = model.matrix(p + "self_attn.k_proj.weight", kv_width, H);
-      a.v_proj = model.matrix(p + "self_attn.v_proj.weight", kv_width, H);
-      a.o_proj = model.matrix(p + "self_attn.o_proj.weight", H, q_width);
-      a.q_norm = model.one_plus(p + "self_attn.q_norm.weight", hd);
-      a.k_norm = model.one_plus(p + "self_attn.k_norm.weight", hd);
+      l.attention = read_gated_attention(model, p, c);
     } else {
       GatedDeltaNetWeights& d = l.deltanet;
       const std::string q = p + "linear_attn.";
@@ -56,6 +103,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
     l.mlp = read_mlp(model, p, c);
     w.layers.push_back(std::move(l));
   }
+  w.mtp = read_mtp(checkpoint, c);
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
                       attention_params(c, /*output_gate=*/true), deltanet, std::move(context),

@@ -28,11 +28,11 @@ class CpuAlone final : public Model {
   }
   std::unique_ptr<ModelState> new_state() const override { return model_.new_state(); }
   void forward(std::span<const int32_t> ids, ModelState& state, LogitsFor which,
-               std::vector<float>& logits) const override {
+               std::vector<float>& logits, std::vector<float>* hidden) const override {
     const bool enabled = model_.devices_enabled();
     model_.set_devices_enabled(false);
     try {
-      model_.forward(ids, state, which, logits);
+      model_.forward(ids, state, which, logits, hidden);
     } catch (...) {
       model_.set_devices_enabled(enabled);
       throw;

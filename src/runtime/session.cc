@@ -61,6 +61,7 @@ Session::Session(const Model& model, SessionOptions options, PrefixCache* cache)
 
 void Session::reset() {
   drafter_.reset();
+  mtp_stop();
   state_->reset();
   history_.clear();
   logits_.clear();
@@ -73,6 +74,7 @@ int64_t Session::bytes() const {
     total += c.state.bytes() + static_cast<int64_t>(c.logits.size() * sizeof(float));
   }
   if (drafter_ != nullptr) total += drafter_->bytes();
+  if (mtp_state_ != nullptr) total += mtp_state_->bytes();
   return total;
 }
 
@@ -111,11 +113,13 @@ void Session::rewind_for(std::span<const int32_t> tokens) {
 
   if (cache_ != nullptr &&
       cache_->restore(tokens, target + 1, *state_, logits_) > 0) {  // replaces the whole state
+    mtp_stop();
     history_.assign(tokens.begin(), tokens.begin() + state_->n_past());
     std::erase_if(checkpoints_, [&](const Checkpoint& c) { return c.state.n_past > shared; });
     return;
   }
   if (target == held) return;
+  mtp_stop();
   if (target == 0 && from == nullptr) {
     state_->reset();
     logits_.clear();
@@ -167,7 +171,7 @@ void Session::forward(std::span<const int32_t> tokens, std::span<const int64_t> 
         if (at > begin && at < stop) stop = at;
       }
     }
-    model_.forward(tokens.subspan(begin, stop - begin), *state_, LogitsFor::kLastToken, logits_);
+    run(tokens.subspan(begin, stop - begin), LogitsFor::kLastToken, logits_);
     history_.insert(history_.end(), tokens.begin() + begin, tokens.begin() + stop);
     if (std::find(checkpoint_at.begin(), checkpoint_at.end(), stop) != checkpoint_at.end()) {
       remember_checkpoint();
@@ -194,6 +198,12 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
          ErrorKind::kContextFull);
   }
   const SpeculativeOptions& spec = options.speculative;
+  if (spec.kind == DraftKind::kMtp && !model_.has_mtp()) {
+    fail("speculative", "'mtp' needs a model with an MTP head (mtp.* weights)");
+  }
+  // The head follows the conversation from this turn's first pass, or goes on following it.
+  mtp_on_ = spec.kind == DraftKind::kMtp;
+  if (!mtp_on_) mtp_stop();
   if (spec.kind == DraftKind::kModel) {
     if (spec.draft_model == nullptr) fail("speculative", "'draft' needs a draft model");
     if (spec.draft_model->config().vocab_size != vocab) {
@@ -260,6 +270,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       // Accepted drafts not emitted leave the state: it holds history_ and no more.
       if (state_->n_past() > static_cast<int64_t>(history_.size())) {
         roll_back(static_cast<int64_t>(history_.size()), {}, before);
+        if (mtp_on_) mtp_cut(static_cast<int64_t>(history_.size()));
         ++stats.rollbacks;
       }
       break;
@@ -282,7 +293,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       draft = this->draft(spec, options.sampling, context, std::min(spec.draft_max, room));
     }
     if (draft.empty()) {
-      model_.forward(std::span<const int32_t>(&token, 1), *state_, LogitsFor::kLastToken, logits_);
+      run(std::span<const int32_t>(&token, 1), LogitsFor::kLastToken, logits_);
       ++stats.decode_passes;
       history_.push_back(token);
       token = sampler.sample(logits_, tokens, generated());
@@ -293,7 +304,8 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     std::vector<int32_t> batch = {token};
     batch.insert(batch.end(), draft.begin(), draft.end());
     if (!state_->can_truncate()) before = state_->checkpoint();
-    model_.forward(batch, *state_, LogitsFor::kEveryStep, rows);
+    model_.forward(batch, *state_, LogitsFor::kEveryStep, rows,
+                   mtp_on_ ? &verify_hidden_ : nullptr);
     ++stats.verify_passes;
     ++stats.decode_passes;
     stats.drafted += static_cast<int64_t>(draft.size());
@@ -313,6 +325,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     }
     stats.accepted += static_cast<int64_t>(accepted);
     const int64_t keep = static_cast<int64_t>(history_.size() + accepted + 1);
+    if (mtp_on_) mtp_after_verify(static_cast<int64_t>(history_.size()), batch, accepted);
     if (accepted < draft.size()) {
       roll_back(keep, std::span<const int32_t>(batch).first(accepted + 1), before);
       ++stats.rollbacks;
@@ -350,6 +363,8 @@ std::vector<int32_t> Session::draft(const SpeculativeOptions& spec, const Sampli
       return {};
     case DraftKind::kNgram:
       return ngram_draft(context, spec.ngram_max, spec.ngram_min, max_tokens);
+    case DraftKind::kMtp:
+      return mtp_draft(context.back(), max_tokens);
     case DraftKind::kModel:
       break;
   }
@@ -371,6 +386,79 @@ std::vector<int32_t> Session::draft(const SpeculativeOptions& spec, const Sampli
     return true;
   });
   return out;
+}
+
+void Session::run(std::span<const int32_t> ids, LogitsFor which, std::vector<float>& logits) {
+  if (!mtp_on_) {
+    model_.forward(ids, *state_, which, logits);
+    return;
+  }
+  model_.forward(ids, *state_, which, logits, &hidden_);
+  mtp_follow(ids, hidden_);
+}
+
+void Session::mtp_follow(std::span<const int32_t> ids, std::span<const float> hidden) {
+  const int64_t H = model_.config().hidden_size, n = static_cast<int64_t>(ids.size());
+  // Rows: the held row with ids[0], then row i with ids[i + 1]; without a held row the head
+  // starts afresh (attention is the same under a shift of every position).
+  std::vector<float> rows;
+  std::span<const int32_t> next = ids;
+  if (mtp_pending_.empty()) {
+    if (mtp_state_ == nullptr) mtp_state_ = model_.new_mtp_state();
+    mtp_state_->reset();
+    mtp_offset_ = state_->n_past() - n;  // the position of the head's row 0
+    next = ids.subspan(1);
+    rows.assign(hidden.begin(), hidden.end() - H);
+  } else {
+    rows = mtp_pending_;
+    rows.insert(rows.end(), hidden.begin(), hidden.end() - H);
+  }
+  if (!next.empty()) model_.mtp_forward(rows, next, *mtp_state_, mtp_out_, nullptr);
+  mtp_pending_.assign(hidden.begin() + (n - 1) * H, hidden.end());
+}
+
+std::vector<int32_t> Session::mtp_draft(int32_t token, int64_t max_tokens) {
+  if (mtp_pending_.empty() || max_tokens <= 0) return {};
+  const int64_t H = model_.config().hidden_size;
+  std::vector<int32_t> draft;
+  std::vector<float> logits;
+  std::vector<float> row = mtp_pending_;
+  int32_t id = token;
+  while (true) {
+    model_.mtp_forward(row, std::span<const int32_t>(&id, 1), *mtp_state_, mtp_out_, &logits);
+    id = argmax(logits);
+    draft.push_back(id);
+    if (static_cast<int64_t>(draft.size()) == max_tokens) break;
+    row.assign(mtp_out_.end() - H, mtp_out_.end());
+  }
+  return draft;
+}
+
+void Session::mtp_after_verify(int64_t n0, std::span<const int32_t> batch, size_t accepted) {
+  const int64_t H = model_.config().hidden_size;
+  // Row n0 - 1 (the last position before the pass with its first token) is the model's own
+  // pairing; the rows drafted after it paired the head's outputs with its guesses.
+  mtp_state_->rewind(n0 - mtp_offset_, nullptr);
+  if (accepted > 0) {
+    model_.mtp_forward(std::span<const float>(verify_hidden_).first(accepted * H),
+                       batch.subspan(1, accepted), *mtp_state_, mtp_out_, nullptr);
+  }
+  mtp_pending_.assign(verify_hidden_.begin() + accepted * H,
+                      verify_hidden_.begin() + (accepted + 1) * H);
+  verify_from_ = n0;
+}
+
+void Session::mtp_cut(int64_t n) {
+  const int64_t H = model_.config().hidden_size;
+  if (mtp_pending_.empty() || n - 1 < verify_from_) return mtp_stop();
+  mtp_state_->rewind(n - 1 - mtp_offset_, nullptr);
+  const int64_t row = n - 1 - verify_from_;
+  mtp_pending_.assign(verify_hidden_.begin() + row * H, verify_hidden_.begin() + (row + 1) * H);
+}
+
+void Session::mtp_stop() {
+  mtp_pending_.clear();
+  if (mtp_state_ != nullptr) mtp_state_->reset();
 }
 
 void Session::save(const std::filesystem::path& path) const {
@@ -434,6 +522,7 @@ void Session::load(const std::filesystem::path& path) {
   history_.assign(tokens.begin(), tokens.end());
   logits_.assign(logits.begin(), logits.end());
   checkpoints_.clear();
+  mtp_stop();
 }
 
 void PrefixCache::insert(std::span<const int32_t> tokens, const ModelState& state,

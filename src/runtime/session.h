@@ -114,6 +114,21 @@ class Session {
   // or, for recurrent layers, `before` (at before_n ≤ n) restored and the tokens up to n run
   // again step-exactly (LogitsFor::kEveryStep).
   void roll_back(int64_t n, std::span<const int32_t> tokens, const StateCheckpoint& before);
+  // The model's forward pass over `ids`; when the MTP head follows the conversation, it then
+  // takes the new rows (mtp_follow), else it stops following.
+  void run(std::span<const int32_t> ids, LogitsFor which, std::vector<float>& logits);
+  // Pairs the model's final-norm rows `hidden` of a pass over `ids` with the tokens after them
+  // and runs the head over the pairs it can form (the first with the row held from before).
+  void mtp_follow(std::span<const int32_t> ids, std::span<const float> hidden);
+  // Up to max_tokens greedy drafts of the MTP head after `token` (the next token, not yet
+  // processed): its first row is the true pairing of the last processed position with `token`.
+  std::vector<int32_t> mtp_draft(int32_t token, int64_t max_tokens);
+  // After a verify pass from n0 tokens that kept `accepted` drafts of `batch`: the head's
+  // drafted rows go, the accepted pairs come in from the pass's rows (verify_hidden_).
+  void mtp_after_verify(int64_t n0, std::span<const int32_t> batch, size_t accepted);
+  // The head back to following history_ of n ≤ what the verify pass from verify_from_ kept.
+  void mtp_cut(int64_t n);
+  void mtp_stop();  // stops following (after a rewind, a load): starts afresh at the next pass
   // Up to max_tokens tokens guessed to follow `context`; empty when there is no guess. A draft
   // model picks greedily under the turn's logit bias and repetition penalty (`sampling`), as
   // the model's own picks are made.
@@ -131,6 +146,15 @@ class Session {
   // The draft model's session (DraftKind::kModel), following this one's conversation: it reuses
   // what it holds, as any session does, so each draft processes only the tokens since the last.
   std::unique_ptr<Session> drafter_;
+  // The MTP head (DraftKind::kMtp): its KV cache, following history_ one row behind, and the
+  // model's final-norm output at the last position of history_, which its next row pairs with
+  // the next token (empty: not following). verify_hidden_: the last verify pass's rows, from
+  // position verify_from_.
+  bool mtp_on_ = false;
+  std::unique_ptr<ModelState> mtp_state_;
+  std::vector<float> mtp_pending_, mtp_out_, verify_hidden_, hidden_;
+  int64_t verify_from_ = 0;
+  int64_t mtp_offset_ = 0;  // the position of the head's row 0 (it may start mid-conversation)
 };
 
 // States at turn boundaries shared across sessions, keyed by their exact token sequence: a new

@@ -10,7 +10,8 @@ DraftKind parse_draft_kind(const std::string& name, const std::string& where) {
   if (name == "none") return DraftKind::kNone;
   if (name == "ngram") return DraftKind::kNgram;
   if (name == "draft") return DraftKind::kModel;
-  fail(where, "unknown speculative draft '" + name + "' (none, ngram or draft)");
+  if (name == "mtp") return DraftKind::kMtp;
+  fail(where, "unknown speculative draft '" + name + "' (none, ngram, draft or mtp)");
 }
 
 std::vector<int32_t> ngram_draft(std::span<const int32_t> context, int64_t ngram_max,

@@ -19,6 +19,7 @@ enum class DraftKind {
   kNone,
   kNgram,  // prompt lookup: what followed the last earlier occurrence of the context's suffix
   kModel,  // a smaller model with the same vocabulary, decoding greedily ahead of the model
+  kMtp,    // the model's own multi-token-prediction head (Qwen3.5 checkpoints with mtp.*)
 };
 
 struct SpeculativeOptions {
@@ -32,7 +33,7 @@ struct SpeculativeOptions {
   const Model* draft_model = nullptr;
 };
 
-// "none", "ngram" or "draft" (kModel); Error naming `where` on anything else.
+// "none", "ngram", "draft" (kModel) or "mtp"; Error naming `where` on anything else.
 DraftKind parse_draft_kind(const std::string& name, const std::string& where);
 
 // The continuation (at most max_tokens) after the most recent earlier occurrence of the longest

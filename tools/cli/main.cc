@@ -38,11 +38,11 @@ void add_speculative_options(CLI::App* command, qhx::cli::SpeculativeArgs& specu
   command->add_option("--speculative", speculative.value, help)
       ->check(
           [](const std::string& value) -> std::string {
-            if (value == "none" || value == "ngram") return "";
+            if (value == "none" || value == "ngram" || value == "mtp") return "";
             if (value.rfind("draft:", 0) == 0 && value.size() > 6) return "";
-            return "'" + value + "' is not none, ngram or draft:<dir>";
+            return "'" + value + "' is not none, ngram, mtp or draft:<dir>";
           },
-          "none|ngram|draft:DIR");
+          "none|ngram|mtp|draft:DIR");
   command->add_option("--draft-max", speculative.draft_max, "Tokens per speculative draft")
       ->check(CLI::Range(1, 32));
 }
