@@ -16,6 +16,40 @@
 namespace qhx {
 namespace {
 
+// Nodes both plans (the forward pass, the MTP head) are made of, over rows from `in.row`.
+void add_embed(Plan& plan, const MatrixRef& table, ValueId out) {
+  Node& n = plan.add(Op::kEmbed);
+  n.out = {out};
+  n.rows = plan.n_tokens;
+  n.matrix = &table;
+}
+
+void add_norm(Plan& plan, Operand in, int64_t rows, const std::vector<float>& scale, float eps,
+              ValueId out) {
+  Node& n = plan.add(Op::kRmsNorm);
+  n.in[0] = in;
+  n.out = {out};
+  n.rows = rows;
+  n.width = plan.values[out].cols;
+  n.vector = scale.data();
+  n.eps = eps;
+}
+
+void add_sum(Plan& plan, ValueId sum, int64_t row, int64_t rows, ValueId term) {
+  Node& n = plan.add(Op::kAdd);
+  n.in[0] = {term, row};
+  n.out = {sum, row};
+  n.rows = rows;
+}
+
+void add_product(Plan& plan, Operand in, int64_t rows, const MatrixRef& w, ValueId out) {
+  Node& n = plan.add(Op::kMatmul);
+  n.in[0] = in;
+  n.out = {out};
+  n.rows = rows;
+  n.matrix = &w;
+}
+
 // Whether any node of the schedule runs on a device (backend 0 is the CPU).
 bool uses_devices(const Schedule& s) {
   return std::any_of(s.plan.nodes.begin(), s.plan.nodes.end(),
@@ -130,6 +164,10 @@ class Decoder final : public Model {
   Plan build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const;
   // The MTP head over n_tokens rows (MtpWeights): input 1 the hidden rows, output 2 the head's.
   Plan build_mtp_plan(int64_t n_tokens, bool logits) const;
+  // A decoder layer over every row: h += mixer(norm(h)), then y = mlp(norm(h)), which the
+  // caller adds to the rows of h it goes on with.
+  void add_layer(Plan& plan, const DecoderLayer& layer, int index,
+                 const GatedDeltaNetParams& deltanet, ValueId h, ValueId x, ValueId y) const;
   // That plan placed, fused and laid out for this model's backends (or the CPU alone), cached.
   // Call on the turn.
   Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
@@ -209,23 +247,6 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   Plan plan;
   plan.n_tokens = n_tokens;
-  const auto norm_of = [&](ValueId in, int64_t row, int64_t rows, const std::vector<float>& scale,
-                           ValueId out) {
-    Node& n = plan.add(Op::kRmsNorm);
-    n.in[0] = {in, row};
-    n.out = {out};
-    n.rows = rows;
-    n.width = H;
-    n.vector = scale.data();
-    n.eps = eps;
-  };
-  const auto add_to = [&](ValueId sum, int64_t row, int64_t rows, ValueId term) {
-    Node& n = plan.add(Op::kAdd);
-    n.in[0] = {term, row};
-    n.out = {sum, row};
-    n.rows = rows;
-  };
-
   GatedDeltaNetParams stepwise = deltanet_;
   stepwise.chunk = 0;  // the recurrent form over every row
 
@@ -236,41 +257,40 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {
   const int64_t first_normed = hidden ? 0 : first_out, n_normed = n_tokens - first_normed;
   const ValueId h = plan.add_value(n_tokens, H), x = plan.add_value(n_tokens, H);
   const ValueId y = plan.add_value(n_tokens, H);
-  Node& embed = plan.add(Op::kEmbed);
-  embed.out = {h};
-  embed.rows = n_tokens;
-  embed.matrix = &weights_.embed_tokens;
+  add_embed(plan, weights_.embed_tokens, h);
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    const DecoderLayer& layer = weights_.layers[i];
-    const int index = static_cast<int>(i);
-    norm_of(h, 0, n_tokens, layer.input_norm, x);
-    if (layer.kind == LayerKind::kFullAttention) {
-      add_attention(plan, layer.attention, attention_, index, x, y);
-    } else {
-      add_gated_deltanet(plan, layer.deltanet,
-                         which == LogitsFor::kEveryStep ? stepwise : deltanet_, index, x, y);
-    }
-    add_to(h, 0, n_tokens, y);
-    norm_of(h, 0, n_tokens, layer.post_attention_norm, x);
-    add_mlp(plan, layer.mlp, x, y);
-    // The last block's output joins only the rows whose logits are asked for.
+    add_layer(plan, weights_.layers[i], static_cast<int>(i),
+              which == LogitsFor::kEveryStep ? stepwise : deltanet_, h, x, y);
+    // The last block's output joins only the rows whose logits (or outputs) are asked for.
     if (i + 1 < weights_.layers.size()) {
-      add_to(h, 0, n_tokens, y);
+      add_sum(plan, h, 0, n_tokens, y);
     } else {
-      add_to(h, first_normed, n_normed, y);
+      add_sum(plan, h, first_normed, n_normed, y);
     }
   }
 
   // logits = lm_head(norm(h)).
   const ValueId last = plan.add_value(n_normed, H, hidden ? 1 : -1);
-  norm_of(h, first_normed, n_normed, weights_.final_norm, last);
+  add_norm(plan, {h, first_normed}, n_normed, weights_.final_norm, eps, last);
   const ValueId logits = plan.add_value(n_out, config_.vocab_size, /*binding=*/0);
-  Node& head = plan.add(Op::kMatmul);
-  head.in[0] = {last, first_out - first_normed};
-  head.out = {logits};
-  head.rows = n_out;
-  head.matrix = &weights_.lm_head;
+  add_product(plan, {last, first_out - first_normed}, n_out, weights_.lm_head, logits);
   return plan;
+}
+
+void Decoder::add_layer(Plan& plan, const DecoderLayer& layer, int index,
+                        const GatedDeltaNetParams& deltanet, ValueId h, ValueId x,
+                        ValueId y) const {
+  const int64_t n = plan.n_tokens;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  add_norm(plan, {h}, n, layer.input_norm, eps, x);
+  if (layer.kind == LayerKind::kFullAttention) {
+    add_attention(plan, layer.attention, attention_, index, x, y);
+  } else {
+    add_gated_deltanet(plan, layer.deltanet, deltanet, index, x, y);
+  }
+  add_sum(plan, h, 0, n, y);
+  add_norm(plan, {h}, n, layer.post_attention_norm, eps, x);
+  add_mlp(plan, layer.mlp, x, y);
 }
 
 Plan Decoder::build_mtp_plan(int64_t n_tokens, bool logits) const {
@@ -279,57 +299,24 @@ Plan Decoder::build_mtp_plan(int64_t n_tokens, bool logits) const {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   Plan plan;
   plan.n_tokens = n_tokens;
-  const auto norm_of = [&](ValueId in, const std::vector<float>& scale, ValueId out) {
-    Node& n = plan.add(Op::kRmsNorm);
-    n.in[0] = {in};
-    n.out = {out};
-    n.rows = n_tokens;
-    n.width = H;
-    n.vector = scale.data();
-    n.eps = eps;
-  };
-  const auto matmul = [&](ValueId in, const MatrixRef& w, ValueId out) {
-    Node& n = plan.add(Op::kMatmul);
-    n.in[0] = {in};
-    n.out = {out};
-    n.rows = n_tokens;
-    n.matrix = &w;
-  };
-  const auto add_to = [&](ValueId sum, ValueId term) {
-    Node& n = plan.add(Op::kAdd);
-    n.in[0] = {term};
-    n.out = {sum};
-    n.rows = n_tokens;
-  };
   const ValueId hidden = plan.add_value(n_tokens, H, /*binding=*/1);
   const ValueId out = plan.add_value(n_tokens, H, /*binding=*/2);
   const ValueId e = plan.add_value(n_tokens, H), x = plan.add_value(n_tokens, H);
   const ValueId h = plan.add_value(n_tokens, H), y = plan.add_value(n_tokens, H);
   // h = fc([norm_e(embed[ids]) ; norm_h(hidden)]), as its two halves.
-  Node& embed = plan.add(Op::kEmbed);
-  embed.out = {e};
-  embed.rows = n_tokens;
-  embed.matrix = &weights_.embed_tokens;
-  norm_of(e, m.embedding_norm, x);
-  matmul(x, m.fc_embedding, h);
-  norm_of(hidden, m.hidden_norm, x);
-  matmul(x, m.fc_hidden, y);
-  add_to(h, y);
+  add_embed(plan, weights_.embed_tokens, e);
+  add_norm(plan, {e}, n_tokens, m.embedding_norm, eps, x);
+  add_product(plan, {x}, n_tokens, m.fc_embedding, h);
+  add_norm(plan, {hidden}, n_tokens, m.hidden_norm, eps, x);
+  add_product(plan, {x}, n_tokens, m.fc_hidden, y);
+  add_sum(plan, h, 0, n_tokens, y);
   // One full-attention decoder layer, on the head's own KV cache (layer 0 of its state).
-  norm_of(h, m.layer.input_norm, x);
-  add_attention(plan, m.layer.attention, attention_, 0, x, y);
-  add_to(h, y);
-  norm_of(h, m.layer.post_attention_norm, x);
-  add_mlp(plan, m.layer.mlp, x, y);
-  add_to(h, y);
-  norm_of(h, m.final_norm, out);
+  add_layer(plan, m.layer, 0, deltanet_, h, x, y);
+  add_sum(plan, h, 0, n_tokens, y);
+  add_norm(plan, {h}, n_tokens, m.final_norm, eps, out);
   if (logits) {
     const ValueId row_logits = plan.add_value(1, config_.vocab_size, /*binding=*/0);
-    Node& head = plan.add(Op::kMatmul);
-    head.in[0] = {out, n_tokens - 1};
-    head.out = {row_logits};
-    head.rows = 1;
-    head.matrix = &weights_.lm_head;
+    add_product(plan, {out, n_tokens - 1}, 1, weights_.lm_head, row_logits);
   }
   return plan;
 }

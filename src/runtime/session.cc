@@ -401,7 +401,7 @@ void Session::mtp_follow(std::span<const int32_t> ids, std::span<const float> hi
   const int64_t H = model_.config().hidden_size, n = static_cast<int64_t>(ids.size());
   // Rows: the held row with ids[0], then row i with ids[i + 1]; without a held row the head
   // starts afresh (attention is the same under a shift of every position).
-  std::vector<float> rows;
+  std::vector<float>& rows = mtp_rows_;
   std::span<const int32_t> next = ids;
   if (mtp_pending_.empty()) {
     if (mtp_state_ == nullptr) mtp_state_ = model_.new_mtp_state();
@@ -421,15 +421,15 @@ std::vector<int32_t> Session::mtp_draft(int32_t token, int64_t max_tokens) {
   if (mtp_pending_.empty() || max_tokens <= 0) return {};
   const int64_t H = model_.config().hidden_size;
   std::vector<int32_t> draft;
-  std::vector<float> logits;
-  std::vector<float> row = mtp_pending_;
+  mtp_rows_ = mtp_pending_;
   int32_t id = token;
   while (true) {
-    model_.mtp_forward(row, std::span<const int32_t>(&id, 1), *mtp_state_, mtp_out_, &logits);
-    id = argmax(logits);
+    model_.mtp_forward(mtp_rows_, std::span<const int32_t>(&id, 1), *mtp_state_, mtp_out_,
+                       &mtp_logits_);
+    id = argmax(mtp_logits_);
     draft.push_back(id);
     if (static_cast<int64_t>(draft.size()) == max_tokens) break;
-    row.assign(mtp_out_.end() - H, mtp_out_.end());
+    mtp_rows_.assign(mtp_out_.end() - H, mtp_out_.end());
   }
   return draft;
 }

@@ -152,7 +152,10 @@ class Session {
   // position verify_from_.
   bool mtp_on_ = false;
   std::unique_ptr<ModelState> mtp_state_;
-  std::vector<float> mtp_pending_, mtp_out_, verify_hidden_, hidden_;
+  std::vector<float> mtp_pending_, verify_hidden_;
+  // Scratch of the passes (kept: a decode step allocates nothing): the model's rows, the head's
+  // input and output rows, its logits.
+  std::vector<float> hidden_, mtp_rows_, mtp_out_, mtp_logits_;
   int64_t verify_from_ = 0;
   int64_t mtp_offset_ = 0;  // the position of the head's row 0 (it may start mid-conversation)
 };
