@@ -9,14 +9,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 
 #include "forge/convert.h"
+#include "io/draft_vocab.h"
 #include "models/model.h"
 #include "runtime/session.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_file.h"
 
 namespace qhx {
 namespace {
@@ -228,31 +231,39 @@ TEST(Speculative, DraftModelGivesTheTokensOfPlainGreedyDecoding) {
               "saved after the first turn");
 }
 
-// The MTP head of a Qwen3.5 checkpoint (random mtp.* weights; multimodal layout) and of its W8
-// and W4 bundles: the same tokens and saved sessions as plain decoding, across turns, stops
-// inside drafts, and a save and load.
+// The MTP heads of a Qwen3.5 checkpoint (random mtp.* weights; multimodal layout) and of the
+// trained KJV model (its draft vocabulary too), and of their W8 and W4 bundles: the same tokens and
+// saved sessions as plain decoding, across turns, stops inside drafts, and a save and load.
 TEST(Speculative, MtpHeadGivesTheTokensOfPlainGreedyDecoding) {
-  const fs::path checkpoint = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
   test::TempDir dir;
-  std::vector<fs::path> models = {checkpoint};
-  for (const DType weights : {DType::kW8, DType::kW4}) {
-    ConvertOptions o;
-    o.weights = weights;
-    o.int8_activations = true;
-    o.gate = false;
-    models.push_back(dir.path() / dtype_name(weights));
-    forge_convert(checkpoint, models.back(), o);
+  std::vector<fs::path> models;
+  for (const fs::path& checkpoint :
+       {test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout",
+        test::source_dir() / "models/qwen3.5-kjv"}) {
+    models.push_back(checkpoint);
+    for (const DType weights : {DType::kW8, DType::kW4}) {
+      ConvertOptions o;
+      o.weights = weights;
+      o.int8_activations = true;
+      o.gate = false;
+      models.push_back(dir.path() /
+                       (checkpoint.filename().string() + "-" + std::string(dtype_name(weights))));
+      forge_convert(checkpoint, models.back(), o);
+    }
   }
   const SpeculativeOptions mtp = drafts(DraftKind::kMtp);
-  int64_t passes = 0, rollbacks = 0;
+  int64_t passes = 0, rollbacks = 0, kjv_accepted = 0;
   for (const fs::path& path : models) {
     SCOPED_TRACE(path.filename().string());
     const auto model = load_model(path);
     ASSERT_TRUE(model->has_mtp());
+    const bool kjv = path.filename().string().starts_with("qwen3.5-kjv");
+    EXPECT_EQ(model->mtp_vocab().empty(), !kjv);  // the bundles carry its draft vocabulary
     const Conversation spec = converse(*model, mtp, 20);
     expect_same(spec, converse(*model, kPlain, 20), "20 tokens a turn");
     passes += spec.verify_passes;
     rollbacks += spec.rollbacks;
+    if (kjv) kjv_accepted += spec.accepted;
     for (const int64_t stop_after : {1, 3, 6}) {
       expect_same(converse(*model, mtp, 16, stop_after), converse(*model, kPlain, 16, stop_after),
                   "stopped after " + std::to_string(stop_after));
@@ -261,6 +272,7 @@ TEST(Speculative, MtpHeadGivesTheTokensOfPlainGreedyDecoding) {
                 converse(*model, kPlain, 12, 0, -1, dir.path() / "plain.qhxt"),
                 "saved after the first turn");
   }
+  EXPECT_GT(kjv_accepted, 0);  // the trained head's drafts are kept sometimes
   EXPECT_GT(passes, 30);
   EXPECT_GT(rollbacks, 0);  // random weights: the head's guesses are seldom right
   // A model without a head refuses 'mtp'.
@@ -273,6 +285,95 @@ TEST(Speculative, MtpHeadGivesTheTokensOfPlainGreedyDecoding) {
         session.generate(std::vector<int32_t>{1, 2}, options, [](int32_t) { return true; });
       },
       {"speculative", "MTP head"});
+}
+
+// A draft vocabulary (draft_vocab.json) narrows the head's logits to the lm_head's rows of its
+// tokens, in its order: in every weight format (the bundles carry the list) they are exactly those
+// columns of the whole vocabulary's logits; mtp_vocab_size keeps the list's first tokens.
+TEST(Mtp, ADraftVocabularyKeepsThoseColumnsOfTheLogits) {
+  const fs::path fixture = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+  test::TempDir dir;
+  const fs::path checkpoint = dir.path() / "checkpoint";
+  fs::create_directory(checkpoint);
+  for (const auto& entry : fs::directory_iterator(fixture)) {
+    fs::create_symlink(entry.path(), checkpoint / entry.path().filename());
+  }
+  std::vector<int32_t> vocab;  // every third token, last first
+  for (int32_t t = 383; t >= 0; t -= 3) vocab.push_back(t);
+  std::ofstream(checkpoint / kDraftVocabFile)
+      << Json{{"format", "qhx-draft-vocab"}, {"version", 1}, {"vocab_size", 384}, {"ids", vocab}};
+  std::vector<fs::path> models = {checkpoint};
+  for (const DType weights : {DType::kW8, DType::kW4}) {
+    ConvertOptions o;
+    o.weights = weights;
+    o.int8_activations = true;
+    o.gate = false;
+    models.push_back(dir.path() / dtype_name(weights));
+    forge_convert(checkpoint, models.back(), o);
+  }
+  const std::vector<int32_t> prompt = {5, 77, 300, 12, 9, 250, 41};
+  for (const fs::path& path : models) {
+    SCOPED_TRACE(path.filename().string());
+    const auto full = load_model(path, {.mtp_vocab_size = LoadOptions::kFullVocabulary});
+    const auto narrow = load_model(path);
+    EXPECT_TRUE(full->mtp_vocab().empty());
+    ASSERT_EQ(std::vector<int32_t>(narrow->mtp_vocab().begin(), narrow->mtp_vocab().end()), vocab);
+    std::vector<float> logits, hidden;
+    full->forward(prompt, *full->new_state(), LogitsFor::kLastToken, logits, &hidden);
+    const auto full_state = full->new_mtp_state(), narrow_state = narrow->new_mtp_state();
+    std::vector<float> out, full_logits, narrow_logits;
+    const int64_t H = full->config().hidden_size;
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      const std::span<const float> row = std::span(hidden).subspan(i * H, H);
+      const std::span<const int32_t> next = std::span(prompt).subspan(i + 1, 1);
+      full->mtp_forward(row, next, *full_state, out, &full_logits);
+      narrow->mtp_forward(row, next, *narrow_state, out, &narrow_logits);
+      ASSERT_EQ(narrow_logits.size(), vocab.size());
+      for (size_t j = 0; j < vocab.size(); ++j) {
+        EXPECT_EQ(narrow_logits[j], full_logits[vocab[j]]) << "row " << i << ", token " << vocab[j];
+      }
+    }
+  }
+  const auto first = load_model(checkpoint, {.mtp_vocab_size = 10});
+  EXPECT_EQ(std::vector<int32_t>(first->mtp_vocab().begin(), first->mtp_vocab().end()),
+            std::vector<int32_t>(vocab.begin(), vocab.begin() + 10));
+}
+
+TEST(Mtp, ABadDraftVocabularyIsRefusedByName) {
+  const fs::path fixture = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+  test::TempDir dir;
+  for (const auto& entry : fs::directory_iterator(fixture)) {
+    fs::create_symlink(entry.path(), dir.path() / entry.path().filename());
+  }
+  const fs::path file = dir.path() / kDraftVocabFile;
+  const auto refused = [&](const Json& doc, const std::vector<std::string>& words) {
+    std::ofstream(file, std::ios::trunc) << doc;
+    std::vector<std::string> expected = {file.string()};
+    expected.insert(expected.end(), words.begin(), words.end());
+    test::expect_error([&] { load_model(dir.path()); }, expected);
+    ConvertOptions o;
+    o.gate = false;
+    test::expect_error([&] { forge_convert(dir.path(), dir.path() / "bundle", o); }, expected);
+  };
+  const Json good = {
+      {"format", "qhx-draft-vocab"}, {"version", 1}, {"vocab_size", 384}, {"ids", {3, 1}}};
+  Json doc = good;
+  doc["ids"] = {3, 384};
+  refused(doc, {"ids[1]", "outside the vocabulary"});
+  doc["ids"] = {3, 7, 3};
+  refused(doc, {"ids[2]", "listed twice"});
+  doc["ids"] = Json::array();
+  refused(doc, {"ids", "non-empty"});
+  doc = good;
+  doc["vocab_size"] = 151936;
+  refused(doc, {"vocab_size", "151936", "384"});
+  doc = good;
+  doc["version"] = 2;
+  refused(doc, {"version"});
+  // The whole vocabulary asked for: the list is not read.
+  EXPECT_TRUE(load_model(dir.path(), {.mtp_vocab_size = LoadOptions::kFullVocabulary})
+                  ->mtp_vocab()
+                  .empty());
 }
 
 TEST(Speculative, ADraftModelOfAnotherVocabularyIsRefused) {

@@ -69,6 +69,9 @@ typedef struct qhx_model_options {
   const char* draft_model;    /* NULL, or a smaller checkpoint or bundle with the same tokenizer,
                                  opened beside the model (on the CPU, with its threads) for
                                  speculative "draft" */
+  int64_t mtp_vocab_size;     /* speculative "mtp": the head drafts from the first N tokens of the
+                                 model's draft_vocab.json; 0 (default): all of them; -1: from the
+                                 whole vocabulary. Without the file it always uses the whole one */
 } qhx_model_options;
 
 void qhx_model_options_default(qhx_model_options* options);

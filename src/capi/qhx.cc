@@ -372,7 +372,8 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
         std::make_shared<qhx::CpuContext>(n_threads, qhx::CpuKernels::from_environment());
     opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0,
                                           .context = context,
-                                          .devices = std::move(devices.backends)});
+                                          .devices = std::move(devices.backends),
+                                          .mtp_vocab_size = options->mtp_vocab_size});
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
     opened->generation = qhx::load_generation_config(dir, config);

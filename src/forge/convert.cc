@@ -13,6 +13,7 @@
 #include "forge/model_card.h"
 #include "io/bundle.h"
 #include "io/checkpoint.h"
+#include "io/draft_vocab.h"
 #include "io/hf_config.h"
 #include "io/qhxt.h"
 #include "kernels/kernels.h"
@@ -315,6 +316,12 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   if (fs::exists(hf_dir / "generation_config.json")) {
     fs::copy_file(hf_dir / "generation_config.json", temp / "generation_config.json");
     extra_files.push_back("generation_config.json");
+  }
+  // The MTP head's draft vocabulary goes with it (checked first: a bad list fails here).
+  if (fs::exists(hf_dir / kDraftVocabFile)) {
+    read_draft_vocab(hf_dir / kDraftVocabFile, config.vocab_size);
+    fs::copy_file(hf_dir / kDraftVocabFile, temp / kDraftVocabFile);
+    extra_files.push_back(kDraftVocabFile);
   }
   std::set<int32_t> stops(generation.eos_ids.begin(), generation.eos_ids.end());
   stops.insert(config.eos_token_ids.begin(), config.eos_token_ids.end());

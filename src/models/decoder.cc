@@ -144,6 +144,10 @@ class Decoder final : public Model {
   int64_t activation_bytes(int64_t n_tokens) const override;
 
   bool has_mtp() const override { return weights_.mtp.has_value(); }
+  std::span<const int32_t> mtp_vocab() const override {
+    return weights_.mtp ? std::span<const int32_t>(weights_.mtp->vocab)
+                        : std::span<const int32_t>();
+  }
   std::unique_ptr<ModelState> new_mtp_state() const override {
     if (!weights_.mtp) return nullptr;
     std::vector<LayerState> layers(1);
@@ -189,15 +193,16 @@ class Decoder final : public Model {
     if (weights_.mtp) {
       MtpWeights& m = *weights_.mtp;
       AttentionWeights& a = m.layer.attention;
-      const std::vector<MatrixRef*> head = {&m.fc_embedding,
-                                            &m.fc_hidden,
-                                            &a.q_proj,
-                                            &a.k_proj,
-                                            &a.v_proj,
-                                            &a.o_proj,
-                                            &m.layer.mlp.gate_proj,
-                                            &m.layer.mlp.up_proj,
-                                            &m.layer.mlp.down_proj};
+      std::vector<MatrixRef*> head = {&m.fc_embedding,
+                                      &m.fc_hidden,
+                                      &a.q_proj,
+                                      &a.k_proj,
+                                      &a.v_proj,
+                                      &a.o_proj,
+                                      &m.layer.mlp.gate_proj,
+                                      &m.layer.mlp.up_proj,
+                                      &m.layer.mlp.down_proj};
+      if (m.vocab_head) head.push_back(&m.vocab_head->matrix);
       cpu_->prepare_weights(head);
     }
   }
@@ -315,8 +320,9 @@ Plan Decoder::build_mtp_plan(int64_t n_tokens, bool logits) const {
   add_sum(plan, h, 0, n_tokens, y);
   add_norm(plan, {h}, n_tokens, m.final_norm, eps, out);
   if (logits) {
-    const ValueId row_logits = plan.add_value(1, config_.vocab_size, /*binding=*/0);
-    add_product(plan, {out, n_tokens - 1}, 1, weights_.lm_head, row_logits);
+    const MatrixRef& head = m.vocab_head ? m.vocab_head->matrix : weights_.lm_head;
+    const ValueId row_logits = plan.add_value(1, head.rows, /*binding=*/0);
+    add_product(plan, {out, n_tokens - 1}, 1, head, row_logits);
   }
   return plan;
 }
@@ -436,7 +442,9 @@ void Decoder::mtp_forward(std::span<const float> hidden, std::span<const int32_t
     }
   }
   out.resize(n_tokens * H);
-  if (logits != nullptr) logits->resize(config_.vocab_size);
+  if (logits != nullptr) {
+    logits->resize(weights_.mtp->vocab.empty() ? config_.vocab_size : weights_.mtp->vocab.size());
+  }
   const CpuContext::Turn turn(*context_);
   BorrowedBuffer logits_memory(BufferKind::kHost, logits != nullptr ? logits->data() : nullptr,
                                logits != nullptr ? logits->size() * sizeof(float) : 0,

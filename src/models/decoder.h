@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/matrix_rows.h"
 #include "graph/backend.h"
 #include "io/checkpoint.h"
 #include "models/blocks.h"
@@ -29,11 +30,15 @@ struct DecoderLayer {
 //   x = a full-attention decoder layer of x (its own KV cache)
 //   out = norm(x); logits = lm_head(out)              (embedding and lm_head are the model's)
 // mtp.fc [H, 2H] is held as its two [H, H] halves, widened to f32 (they multiply the two norms).
+// With a draft vocabulary (io/draft_vocab.h) the logits are those of its tokens only: lm_head's
+// rows of `vocab`, in its order.
 struct MtpWeights {
   std::vector<float> embedding_norm, hidden_norm, final_norm;  // effective scales
   std::vector<float> fc_embedding_rows, fc_hidden_rows;        // storage of the halves
   MatrixRef fc_embedding, fc_hidden;
   DecoderLayer layer;
+  std::vector<int32_t> vocab;            // empty: the whole vocabulary
+  std::optional<MatrixRows> vocab_head;  // the lm_head's rows of vocab
 };
 
 struct DecoderWeights {

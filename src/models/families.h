@@ -10,12 +10,14 @@
 
 namespace qhx {
 
-// The model computes on `context`, and on `devices` where the scheduler places nodes there.
+// The model computes on `context`, and on `devices` where the scheduler places nodes there. A
+// Qwen3.5 MTP head drafts over mtp_vocab (token ids), or the whole vocabulary when it is empty.
 std::unique_ptr<Model> load_qwen3(const ModelConfig& config, Checkpoint checkpoint,
                                   std::shared_ptr<CpuContext> context,
                                   std::vector<std::shared_ptr<Backend>> devices);
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
-                                    std::vector<std::shared_ptr<Backend>> devices);
+                                    std::vector<std::shared_ptr<Backend>> devices,
+                                    std::vector<int32_t> mtp_vocab);
 
 }  // namespace qhx

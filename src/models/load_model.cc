@@ -1,10 +1,25 @@
 #include "io/bundle.h"
 #include "io/checkpoint.h"
+#include "io/draft_vocab.h"
 #include "io/pack.h"
 #include "models/families.h"
 #include "models/model.h"
+#include "util/error.h"
 
 namespace qhx {
+namespace {
+
+std::vector<int32_t> mtp_vocab(const std::filesystem::path& dir, const ModelConfig& config,
+                               int64_t size) {
+  const std::filesystem::path file = dir / kDraftVocabFile;
+  if (size == LoadOptions::kFullVocabulary || !std::filesystem::exists(file)) return {};
+  if (size < 0) fail("mtp_vocab_size", "expected a token count, 0 (all) or -1 (every token)");
+  std::vector<int32_t> ids = read_draft_vocab(file, config.vocab_size);
+  if (size > 0 && size < static_cast<int64_t>(ids.size())) ids.resize(size);
+  return ids;
+}
+
+}  // namespace
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   if (is_pack(dir)) return load_model(select_pack_bundle(dir), options);
@@ -25,7 +40,8 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
     case Family::kQwen3:
       return load_qwen3(config, std::move(checkpoint), std::move(context), options.devices);
     case Family::kQwen3_5:
-      return load_qwen3_5(config, std::move(checkpoint), std::move(context), options.devices);
+      return load_qwen3_5(config, std::move(checkpoint), std::move(context), options.devices,
+                          mtp_vocab(dir, config, options.mtp_vocab_size));
   }
   return nullptr;
 }

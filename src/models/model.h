@@ -112,8 +112,10 @@ class Model {
   // with ids[r], the token after that position; the head predicts the token after ids[r]. Its
   // own state (new_mtp_state(): a KV cache) gains one row per pair, at its positions n_past()...
   // `out` receives each row's output [rows, hidden_size] (the next step's hidden), `logits`, if
-  // given, the last row's logits.
+  // given, the last row's logits: over mtp_vocab()'s tokens, in its order, or over the whole
+  // vocabulary when it is empty.
   virtual bool has_mtp() const { return false; }
+  virtual std::span<const int32_t> mtp_vocab() const { return {}; }
   virtual std::unique_ptr<ModelState> new_mtp_state() const { return nullptr; }
   virtual void mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,
                            ModelState& mtp_state, std::vector<float>& out,
@@ -151,6 +153,11 @@ struct LoadOptions {
   // Backends besides the CPU that may run nodes of the model's plans (graph/schedule.h says
   // which): where a GPU or NPU backend plugs in.
   std::vector<std::shared_ptr<Backend>> devices = {};
+  // The MTP head's draft vocabulary (io/draft_vocab.h: draft_vocab.json beside the weights):
+  // its first mtp_vocab_size tokens, all of them when 0. kFullVocabulary, or no such file:
+  // the head's logits cover every token.
+  static constexpr int64_t kFullVocabulary = -1;
+  int64_t mtp_vocab_size = 0;
 };
 
 // Opens a Hugging Face checkpoint directory (config.json + safetensors) or a qhx bundle

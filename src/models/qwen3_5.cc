@@ -29,8 +29,10 @@ AttentionWeights read_gated_attention(const WeightReader& r, const std::string& 
 
 // The multi-token-prediction head, where the checkpoint has one (top-level mtp.*, in text and
 // multimodal layouts alike). Only its first layer is read: one draft step per layer is how the
-// serving engines use it, and Qwen3.5 checkpoints carry one (mtp_num_hidden_layers: 1).
-std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
+// serving engines use it, and Qwen3.5 checkpoints carry one (mtp_num_hidden_layers: 1). Its
+// logits are over `vocab` when given (the lm_head's rows copied before packing releases them).
+std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConfig& c,
+                                   const MatrixRef& lm_head, std::vector<int32_t> vocab) {
   const WeightReader mtp(checkpoint, "mtp.", c.int8_activations);
   if (!mtp.contains("fc.weight")) return std::nullopt;
   const int64_t H = c.hidden_size;
@@ -56,6 +58,10 @@ std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConf
   l.post_attention_norm = mtp.one_plus("layers.0.post_attention_layernorm.weight", H);
   l.attention = read_gated_attention(mtp, "layers.0.", c);
   l.mlp = read_mlp(mtp, "layers.0.", c);
+  if (!vocab.empty()) {
+    w.vocab_head.emplace(lm_head, vocab);
+    w.vocab = std::move(vocab);
+  }
   return w;
 }
 
@@ -63,7 +69,8 @@ std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConf
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
-                                    std::vector<std::shared_ptr<Backend>> devices) {
+                                    std::vector<std::shared_ptr<Backend>> devices,
+                                    std::vector<int32_t> mtp_vocab) {
   const int64_t H = c.hidden_size;
   GatedDeltaNetParams deltanet;
   deltanet.heads = {c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
@@ -103,7 +110,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
     l.mlp = read_mlp(model, p, c);
     w.layers.push_back(std::move(l));
   }
-  w.mtp = read_mtp(checkpoint, c);
+  w.mtp = read_mtp(checkpoint, c, w.lm_head, std::move(mtp_vocab));
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
                       attention_params(c, /*output_gate=*/true), deltanet, std::move(context),

@@ -421,12 +421,14 @@ std::vector<int32_t> Session::mtp_draft(int32_t token, int64_t max_tokens) {
   if (mtp_pending_.empty() || max_tokens <= 0) return {};
   const int64_t H = model_.config().hidden_size;
   std::vector<int32_t> draft;
+  const std::span<const int32_t> vocab = model_.mtp_vocab();  // the logits' tokens (or all)
   mtp_rows_ = mtp_pending_;
   int32_t id = token;
   while (true) {
     model_.mtp_forward(mtp_rows_, std::span<const int32_t>(&id, 1), *mtp_state_, mtp_out_,
                        &mtp_logits_);
     id = argmax(mtp_logits_);
+    if (!vocab.empty()) id = vocab[id];
     draft.push_back(id);
     if (static_cast<int64_t>(draft.size()) == max_tokens) break;
     mtp_rows_.assign(mtp_out_.end() - H, mtp_out_.end());

@@ -3,15 +3,15 @@
 
 #include <gtest/gtest.h>
 
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "util/error.h"
 
 namespace qhx::test {
 
 template <typename F>
-void expect_error(F f, std::initializer_list<std::string> parts) {
+void expect_error(F f, const std::vector<std::string>& parts) {
   try {
     f();
     ADD_FAILURE() << "no error thrown";

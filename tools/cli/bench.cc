@@ -160,12 +160,16 @@ int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx:
       static_cast<double>(r.n_generated - 1) / std::max<int64_t>(r.decode_passes, 1);
   qhx::Json verify = qhx::Json::array();
   for (const double ms : r.verify_ms) verify.push_back(ms / r.step_ms);
+  // The tokens the MTP head drafts from (0: the whole vocabulary).
+  const size_t draft_vocab =
+      config.speculative.kind == qhx::DraftKind::kMtp ? model.mtp_vocab().size() : 0;
   if (args.json) {
     std::cout << qhx::Json{{"model", args.model},
                            {"weights", weights},
                            {"threads", model.context().threads()},
                            {"speculative", args.speculative.value},
                            {"draft_max", args.speculative.draft_max},
+                           {"draft_vocab", draft_vocab},
                            {"prompt_file", args.prompt_file},
                            {"n_prompt", config.prompt.size()},
                            {"n_gen", args.n_gen},
@@ -189,11 +193,12 @@ int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx:
     return 0;
   }
   std::printf(
-      "model %s | weights %s | threads %d | %s, drafts of up to %d | prompt %zu tokens "
+      "model %s | weights %s | threads %d | %s, drafts of up to %d%s | prompt %zu tokens "
       "(%s) | %lld generated, same tokens: %s\n",
       args.model.c_str(), weights.c_str(), model.context().threads(),
-      args.speculative.value.c_str(), args.speculative.draft_max, config.prompt.size(),
-      args.prompt_file.c_str(), static_cast<long long>(r.n_generated),
+      args.speculative.value.c_str(), args.speculative.draft_max,
+      draft_vocab > 0 ? (" from " + std::to_string(draft_vocab) + " tokens").c_str() : "",
+      config.prompt.size(), args.prompt_file.c_str(), static_cast<long long>(r.n_generated),
       r.same_tokens ? "yes" : "NO");
   std::printf(
       "decode tok/s: plain %.2f ± %.2f, speculative %.2f ± %.2f: %.2fx | acceptance %.3f "
@@ -225,7 +230,9 @@ int run_bench(const BenchArgs& args) {
   qhx::Json backends = qhx::Json::array({"cpu"});
   for (const auto& b : devices.backends) backends.push_back(b->name());
   const std::shared_ptr<qhx::CpuContext> context = cpu_context(args.threads);
-  const auto model = qhx::load_model(dir, {.context = context, .devices = devices.backends});
+  const auto model = qhx::load_model(dir, {.context = context,
+                                           .devices = devices.backends,
+                                           .mtp_vocab_size = args.speculative.mtp_vocab});
   check_devices(*model, devices, args.devices, dir);
   const double load_s = qhx::seconds_since(load_start);
   const std::string cpu = cpu_model_name();

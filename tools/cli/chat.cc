@@ -63,6 +63,7 @@ class Chat {
     mo.decode_device = args.devices.decode_or_null();
     mo.device_check = args.devices.device_check.c_str();
     mo.draft_model = args.speculative.draft_model();
+    mo.mtp_vocab_size = args.speculative.mtp_vocab;
     check(qhx_model_open(args.model.c_str(), &mo, &model_));
     qhx_model_info info;
     check(qhx_model_get_info(model_, &info));

@@ -44,6 +44,7 @@ struct DeviceArgs {
 struct SpeculativeArgs {
   std::string value = "none";
   int draft_max = 4;
+  int64_t mtp_vocab = 0;  // LoadOptions::mtp_vocab_size: 0 the whole draft_vocab.json, -1 none
   bool on() const { return value != "none"; }
   // The C API's qhx_generate_options.speculative: "none", "ngram" or "draft".
   const char* kind() const { return draft_model() != nullptr ? "draft" : value.c_str(); }

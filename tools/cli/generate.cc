@@ -80,6 +80,7 @@ int run_generate(const GenerateArgs& args) {
   model_options.decode_device = args.devices.decode_or_null();
   model_options.device_check = args.devices.device_check.c_str();
   model_options.draft_model = args.speculative.draft_model();
+  model_options.mtp_vocab_size = args.speculative.mtp_vocab;
   OpenedModel m;
   if (qhx_model_open(dir.c_str(), &model_options, &m.model) != QHX_OK) {
     qhx::fail(dir.string(), qhx_last_error());

@@ -45,6 +45,11 @@ void add_speculative_options(CLI::App* command, qhx::cli::SpeculativeArgs& specu
           "none|ngram|mtp|draft:DIR");
   command->add_option("--draft-max", speculative.draft_max, "Tokens per speculative draft")
       ->check(CLI::Range(1, 32));
+  command
+      ->add_option("--draft-vocab", speculative.mtp_vocab,
+                   "mtp: draft from the first N tokens of the model's draft_vocab.json (0: all "
+                   "of them, -1: from the whole vocabulary)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 31));
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ int run_serve(const ServeArgs& serve_args) {
   options.decode_device = args.devices.decode_or_null();
   options.device_check = args.devices.device_check.c_str();
   options.draft_model = args.speculative.draft_model();
+  options.mtp_vocab_size = args.speculative.mtp_vocab;
   qhx_model* model = nullptr;
   if (qhx_model_open(args.model.c_str(), &options, &model) != QHX_OK) {
     std::fprintf(stderr, "qhx: error: %s\n", qhx_last_error());
