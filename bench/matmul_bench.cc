@@ -118,6 +118,17 @@ BENCHMARK_CAPTURE(BM_Matmul, w4_int8act_packed, DType::kW4, Activations::kInt8, 
     ->Apply(shapes);
 BENCHMARK_CAPTURE(BM_Matmul, bf16, DType::kBF16, Activations::kF32, false)->Apply(shapes);
 
+// A speculative verify pass's matmuls: the KJV models' lm_head (151,936 × 128) over 1 to 5 tokens
+// and a 0.6B-sized projection, where a pass of k + 1 tokens should cost about one token's weight
+// traffic.
+void verify_shapes(benchmark::internal::Benchmark* b) {
+  for (const int64_t tokens : {1, 2, 3, 4, 5}) b->Args({tokens, 151936, 128});
+  for (const int64_t tokens : {1, 3, 5, 8}) b->Args({tokens, 3072, 1024});
+  b->Unit(benchmark::kMicrosecond)->ArgNames({"tokens", "rows", "cols"});
+}
+BENCHMARK_CAPTURE(BM_Matmul, verify_w8_int8act_packed, DType::kW8, Activations::kInt8, true)
+    ->Apply(verify_shapes);
+
 }  // namespace
 }  // namespace qhx
 

@@ -202,6 +202,9 @@ constexpr int kPanelTokens = 4;
 // idle (whole 0.6B model, 2 threads, alternated: W4 84-87 → 89-93 tok/s, W8 67-68 → 69-70;
 // four streams measured the same as two).
 constexpr int kDecodeStreams = 2;
+// Up to this many tokens (decode, verifying a speculative draft) a matmul is bound by memory, not
+// by multiply-adds: it walks the streams above, every token of a panel while it is in L1.
+constexpr int kStreamedTokens = 8;
 
 int64_t panel_count(int64_t rows) {
   return (rows + kPanelRows - 1) / kPanelRows;
@@ -352,18 +355,25 @@ QHX_AVX512 void run_panel_tile(const MatrixRef& w, const Int8Activations& a, con
   }
 }
 
-// Panels [p, p + NP) for all tokens, kPanelTokens at a time (the last tile holds the rest).
+// Panels p[0..NP) for all tokens, kPanelTokens at a time (the last tile holds the rest).
 template <bool kW4, int NP, int... NR>
-void run_panels_all_tokens(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
-                           int64_t p, std::integer_sequence<int, NR...>) {
+void run_panel_tokens(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
+                      const int64_t (&p)[NP], std::integer_sequence<int, NR...>) {
   using Tile =
       void (*)(const MatrixRef&, const Int8Activations&, const int64_t(&)[NP], int64_t, float*);
   static constexpr Tile tiles[] = {run_panel_tile<kW4, NP, NR + 1>...};
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
+    tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, p, t0, y);
+  }
+}
+
+// Panels [p, p + NP), adjacent, for all tokens.
+template <bool kW4, int NP, int... NR>
+void run_panels_all_tokens(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
+                           int64_t p, std::integer_sequence<int, NR...> tokens) {
   int64_t ps[NP];
   for (int i = 0; i < NP; ++i) ps[i] = p + i;
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
-    tiles[std::min<int64_t>(kPanelTokens, n_tokens - t0) - 1](w, a, ps, t0, y);
-  }
+  run_panel_tokens<kW4, NP>(w, a, n_tokens, y, ps, tokens);
 }
 
 // Panels [panel_begin, panel_end) for all tokens, kPanelTokens tokens at a time: W8 in tiles of 3
@@ -372,19 +382,19 @@ void run_panels_all_tokens(const MatrixRef& w, const Int8Activations& a, int64_t
 template <bool kW4>
 void run_panels(const MatrixRef& w, const Int8Activations& a, int64_t n_tokens, float* y,
                 int64_t panel_begin, int64_t panel_end) {
-  if (n_tokens == 1) {
+  constexpr auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
+  if (n_tokens <= kStreamedTokens) {
     const int64_t part = (panel_end - panel_begin) / kDecodeStreams;
     int64_t p[kDecodeStreams];
     for (int64_t j = 0; j < part; ++j) {
       for (int i = 0; i < kDecodeStreams; ++i) p[i] = panel_begin + i * part + j;
-      run_panel_tile<kW4, kDecodeStreams, 1>(w, a, p, 0, y);
+      run_panel_tokens<kW4, kDecodeStreams>(w, a, n_tokens, y, p, tokens);
     }
     for (int64_t rest = panel_begin + kDecodeStreams * part; rest < panel_end; ++rest) {
-      run_panel_tile<kW4, 1, 1>(w, a, {rest}, 0, y);
+      run_panel_tokens<kW4, 1>(w, a, n_tokens, y, {rest}, tokens);
     }
     return;
   }
-  constexpr auto tokens = std::make_integer_sequence<int, kPanelTokens>{};
   // W8: n = 3k + 2j panels with as few tiles of 2 as can be (j = 0, 2, 1 for n % 3 = 0, 1, 2).
   const int64_t n = panel_end - panel_begin;
   const int64_t threes = kW4 || n < 3 ? 0 : n / 3 - (n % 3 == 1 ? 1 : 0);

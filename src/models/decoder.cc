@@ -172,6 +172,9 @@ class Decoder final : public Model {
   // caller adds to the rows of h it goes on with.
   void add_layer(Plan& plan, const DecoderLayer& layer, int index,
                  const GatedDeltaNetParams& deltanet, ValueId h, ValueId x, ValueId y) const;
+  // y = the layer's mixer (attention or Gated DeltaNet) of x, updating its state.
+  void add_mixer(Plan& plan, const DecoderLayer& layer, int index,
+                 const GatedDeltaNetParams& deltanet, ValueId x, ValueId y) const;
   // That plan placed, fused and laid out for this model's backends (or the CPU alone), cached.
   // Call on the turn.
   Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
@@ -256,6 +259,7 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {
   stepwise.chunk = 0;  // the recurrent form over every row
 
   // h = embed[ids]; per layer h += mixer(norm(h)); h += mlp(norm(h)).
+  const bool step_exact = which == LogitsFor::kEveryStep || which == LogitsFor::kNoneStepwise;
   const int64_t first_out = which == LogitsFor::kLastToken ? n_tokens - 1 : 0;
   const int64_t n_out = n_tokens - first_out;
   // Rows that go through the final norm: all of them when their outputs are asked for.
@@ -264,10 +268,17 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {
   const ValueId y = plan.add_value(n_tokens, H);
   add_embed(plan, weights_.embed_tokens, h);
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    add_layer(plan, weights_.layers[i], static_cast<int>(i),
-              which == LogitsFor::kEveryStep ? stepwise : deltanet_, h, x, y);
+    const bool final_layer = i + 1 == weights_.layers.size();
+    if (final_layer && which == LogitsFor::kNoneStepwise) {
+      // Only the states matter: the last layer's mixer updates them; its MLP feeds the logits.
+      add_norm(plan, {h}, n_tokens, weights_.layers[i].input_norm, eps, x);
+      add_mixer(plan, weights_.layers[i], static_cast<int>(i), stepwise, x, y);
+      return plan;
+    }
+    add_layer(plan, weights_.layers[i], static_cast<int>(i), step_exact ? stepwise : deltanet_, h,
+              x, y);
     // The last block's output joins only the rows whose logits (or outputs) are asked for.
-    if (i + 1 < weights_.layers.size()) {
+    if (!final_layer) {
       add_sum(plan, h, 0, n_tokens, y);
     } else {
       add_sum(plan, h, first_normed, n_normed, y);
@@ -288,14 +299,19 @@ void Decoder::add_layer(Plan& plan, const DecoderLayer& layer, int index,
   const int64_t n = plan.n_tokens;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   add_norm(plan, {h}, n, layer.input_norm, eps, x);
+  add_mixer(plan, layer, index, deltanet, x, y);
+  add_sum(plan, h, 0, n, y);
+  add_norm(plan, {h}, n, layer.post_attention_norm, eps, x);
+  add_mlp(plan, layer.mlp, x, y);
+}
+
+void Decoder::add_mixer(Plan& plan, const DecoderLayer& layer, int index,
+                        const GatedDeltaNetParams& deltanet, ValueId x, ValueId y) const {
   if (layer.kind == LayerKind::kFullAttention) {
     add_attention(plan, layer.attention, attention_, index, x, y);
   } else {
     add_gated_deltanet(plan, layer.deltanet, deltanet, index, x, y);
   }
-  add_sum(plan, h, 0, n, y);
-  add_norm(plan, {h}, n, layer.post_attention_norm, eps, x);
-  add_mlp(plan, layer.mlp, x, y);
 }
 
 Plan Decoder::build_mtp_plan(int64_t n_tokens, bool logits) const {
@@ -338,7 +354,7 @@ Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
     }
   }
   // A bounded cache: a decode step and the prefill chunks stay; odd tails come and go.
-  constexpr size_t kMaxSchedules = 8;
+  constexpr size_t kMaxSchedules = 32;
   if (schedules_.size() == kMaxSchedules) {
     schedules_.erase(std::min_element(schedules_.begin(), schedules_.end(),
                                       [](const CachedSchedule& a, const CachedSchedule& b) {
@@ -369,6 +385,9 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   const int64_t first_pos = state.n_past();
   const int64_t vocab = config_.vocab_size;
   if (n_tokens == 0) fail("forward", "no tokens to process");
+  if (which == LogitsFor::kNoneStepwise && hidden != nullptr) {
+    fail("forward", "final-norm rows are computed only with logits");
+  }
   if (first_pos + n_tokens > config_.max_position_embeddings) {
     fail("context", std::to_string(first_pos + n_tokens) +
                         " tokens exceed the model's max_position_embeddings (" +
@@ -380,7 +399,10 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
                             std::to_string(vocab) + ")");
     }
   }
-  logits.resize((which == LogitsFor::kLastToken ? 1 : n_tokens) * vocab);
+  const int64_t logit_rows = which == LogitsFor::kLastToken      ? 1
+                             : which == LogitsFor::kNoneStepwise ? 0
+                                                                 : n_tokens;
+  logits.resize(logit_rows * vocab);
   if (hidden != nullptr) hidden->resize(n_tokens * config_.hidden_size);
   const PlanKind kind = hidden != nullptr ? PlanKind::kForwardWithHidden : PlanKind::kForward;
   // The sessions of the models on this context take turns; the schedules and arenas are theirs
@@ -401,7 +423,9 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   bool devices = devices_enabled_;
   // A step-exact pass (verifying a draft) must compute what decoding computes: it runs where a
   // decode step runs, not where prompts do.
-  if (devices && which == LogitsFor::kEveryStep) devices = decodes_on_devices();
+  if (devices && (which == LogitsFor::kEveryStep || which == LogitsFor::kNoneStepwise)) {
+    devices = decodes_on_devices();
+  }
   Schedule* s = &schedule_for(n_tokens, which, devices, kind);
   if (devices && !uses_devices(*s)) {
     devices = false;  // nothing of this pass runs on a device (a decode step, say)

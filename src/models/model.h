@@ -65,8 +65,10 @@ class ModelState {
 // Which logits a forward pass returns: the last token's, or every token's; kEveryStep is every
 // token's computed as decoding them one at a time would compute them, to the bit (the Gated
 // DeltaNet rule in its recurrent form rather than the chunked one): what verifying a draft of
-// several tokens in one pass needs for speculative decoding to be exact.
-enum class LogitsFor { kLastToken, kEveryToken, kEveryStep };
+// several tokens in one pass needs for speculative decoding to be exact. kNoneStepwise returns no
+// logits and leaves the state as kEveryStep would, to the bit: replaying accepted tokens after a
+// rejected draft, where the lm_head's work would be thrown away.
+enum class LogitsFor { kLastToken, kEveryToken, kEveryStep, kNoneStepwise };
 
 // What ran on devices (Model::device_traffic).
 struct DeviceTraffic {

@@ -16,7 +16,10 @@ void require_not_nan(float value, const char* field) {
 
 }  // namespace
 
-int32_t argmax(std::span<const float> logits) {
+namespace {
+
+// argmax, and in the same pass whether any logit is NaN (then the index means nothing).
+int32_t argmax_checking_nan(std::span<const float> logits, bool& any_nan) {
   // Sixteen lanes, each with its largest value and the first index it appeared at, in one pass the
   // compiler vectorises; then the first index among the lanes holding the overall largest. Same
   // answer as a scan, several times faster over a 151,936-token vocabulary at every decode step.
@@ -24,6 +27,7 @@ int32_t argmax(std::span<const float> logits) {
   const size_t n = logits.size();
   int32_t best = 0;
   size_t i = 1;
+  bool nan = logits[0] != logits[0];
   if (n >= 2 * kLanes) {
     float lane_max[kLanes];
     int32_t lane_at[kLanes];
@@ -33,6 +37,7 @@ int32_t argmax(std::span<const float> logits) {
     }
     for (i = kLanes; i + kLanes <= n; i += kLanes) {
       for (size_t l = 0; l < kLanes; ++l) {
+        nan |= logits[i + l] != logits[i + l];
         const bool larger = logits[i + l] > lane_max[l];
         lane_max[l] = larger ? logits[i + l] : lane_max[l];
         lane_at[l] = larger ? static_cast<int32_t>(i + l) : lane_at[l];
@@ -47,9 +52,24 @@ int32_t argmax(std::span<const float> logits) {
     best = lane_at[best];
   }
   for (; i < n; ++i) {
+    nan |= logits[i] != logits[i];
     if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
   }
+  any_nan = nan;
   return best;
+}
+
+void fail_on_nan(std::span<const float> logits) {
+  const auto at = std::find_if(logits.begin(), logits.end(), [](float l) { return l != l; });
+  if (at != logits.end()) fail("logits", "NaN at id " + std::to_string(at - logits.begin()));
+}
+
+}  // namespace
+
+int32_t argmax(std::span<const float> logits) {
+  if (logits.empty()) return 0;
+  bool any_nan = false;
+  return argmax_checking_nan(logits, any_nan);
 }
 
 void check_sampling_params(const SamplingParams& p, int64_t vocab_size) {
@@ -155,21 +175,29 @@ void Sampler::keep_top_p() {
 float Sampler::process(std::span<const float> logits, std::span<const int32_t> prompt,
                        std::span<const int32_t> generated) {
   if (logits.empty()) fail("logits", "empty row");
-  scratch_.assign(logits.begin(), logits.end());
-  for (size_t i = 0; i < scratch_.size(); ++i) {
-    if (std::isnan(scratch_[i])) fail("logits", "NaN at id " + std::to_string(i));
-  }
-  for (const auto& [id, bias] : params_.logit_bias) {
-    if (static_cast<size_t>(id) >= scratch_.size()) {
-      fail("sampling: logit_bias", "id " + std::to_string(id) + " is outside the vocabulary (" +
-                                       std::to_string(scratch_.size()) + " tokens)");
+  // The row as given, unless a bias or a penalty rewrites it (a copy of the vocabulary per
+  // token otherwise, which greedy decoding and verifying drafts do not need).
+  const bool penalized = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f ||
+                         params_.repetition_penalty != 1.0f;
+  std::span<const float> row = logits;
+  if (!params_.logit_bias.empty() || penalized) {
+    fail_on_nan(logits);
+    scratch_.assign(logits.begin(), logits.end());
+    for (const auto& [id, bias] : params_.logit_bias) {
+      if (static_cast<size_t>(id) >= scratch_.size()) {
+        fail("sampling: logit_bias", "id " + std::to_string(id) + " is outside the vocabulary (" +
+                                         std::to_string(scratch_.size()) + " tokens)");
+      }
+      scratch_[id] += bias;
     }
-    scratch_[id] += bias;
+    apply_penalties(prompt, generated);
+    row = scratch_;
   }
-  apply_penalties(prompt, generated);
 
-  const int32_t best = argmax(scratch_);
-  const float max_logit = scratch_[best];
+  bool any_nan = false;
+  const int32_t best = argmax_checking_nan(row, any_nan);
+  if (any_nan) fail_on_nan(row);
+  const float max_logit = row[best];
   if (max_logit == -std::numeric_limits<float>::infinity()) {
     fail("logits", "every token has a logit of -inf after logit_bias");
   }
@@ -180,8 +208,8 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
 
   const float t = params_.temperature;
   candidates_.clear();
-  for (size_t i = 0; i < scratch_.size(); ++i) {
-    const float l = scratch_[i] / t;
+  for (size_t i = 0; i < row.size(); ++i) {
+    const float l = row[i] / t;
     if (l != -std::numeric_limits<float>::infinity()) {
       candidates_.push_back({l, static_cast<int32_t>(i)});
     }

@@ -351,8 +351,8 @@ void Session::roll_back(int64_t n, std::span<const int32_t> tokens, const StateC
   again.resize(static_cast<size_t>(n - before.n_past));
   state_->rewind(before.n_past, &before);
   if (!again.empty()) {
-    std::vector<float> unused;
-    model_.forward(again, *state_, LogitsFor::kEveryStep, unused);
+    std::vector<float> none;
+    model_.forward(again, *state_, LogitsFor::kNoneStepwise, none);
   }
 }
 

@@ -112,7 +112,7 @@ class Session {
   void remember_checkpoint();
   // Brings the state back to history_ (n tokens) after a verify pass ran past it: KV caches cut,
   // or, for recurrent layers, `before` (at before_n ≤ n) restored and the tokens up to n run
-  // again step-exactly (LogitsFor::kEveryStep).
+  // again step-exactly (LogitsFor::kNoneStepwise: no logits).
   void roll_back(int64_t n, std::span<const int32_t> tokens, const StateCheckpoint& before);
   // The model's forward pass over `ids`; when the MTP head follows the conversation, it then
   // takes the new rows (mtp_follow), else it stops following.
