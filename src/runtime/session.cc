@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 
@@ -249,6 +250,11 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   std::vector<int32_t> verified, context, seen;
   std::vector<float> rows;
   size_t next_verified = 0, token_row = 0;
+  // After a verify pass logits_ is stale: the logits after history_'s last token are row
+  // logits_row of `rows`, copied into logits_ only when the turn ends (a vocabulary per token
+  // otherwise). kFresh: logits_ holds them.
+  constexpr size_t kFresh = SIZE_MAX;
+  size_t logits_row = kFresh;
   StateCheckpoint before;
   while (true) {
     ++stats.n_generated;
@@ -267,6 +273,9 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       stopping = false;
     }
     if (stopping) {
+      if (logits_row != kFresh) {
+        logits_.assign(rows.begin() + logits_row * vocab, rows.begin() + (logits_row + 1) * vocab);
+      }
       // Accepted drafts not emitted leave the state: it holds history_ and no more.
       if (state_->n_past() > static_cast<int64_t>(history_.size())) {
         roll_back(static_cast<int64_t>(history_.size()), {}, before);
@@ -278,8 +287,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     if (state_->n_past() > static_cast<int64_t>(history_.size())) {
       // `token` is an accepted draft: the verify pass processed it already.
       history_.push_back(token);
-      logits_.assign(rows.begin() + token_row * vocab, rows.begin() + (token_row + 1) * vocab);
-      ++token_row;
+      logits_row = token_row++;
       token = verified[next_verified++];
       continue;
     }
@@ -294,6 +302,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     }
     if (draft.empty()) {
       run(std::span<const int32_t>(&token, 1), LogitsFor::kLastToken, logits_);
+      logits_row = kFresh;
       ++stats.decode_passes;
       history_.push_back(token);
       token = sampler.sample(logits_, tokens, generated());
@@ -331,7 +340,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       ++stats.rollbacks;
     }
     history_.push_back(token);
-    logits_.assign(rows.begin(), rows.begin() + vocab);
+    logits_row = 0;
     // The accepted drafts come next, then the model's own pick after them.
     verified.assign(draft.begin(), draft.begin() + accepted);
     verified.push_back(next);
