@@ -73,7 +73,7 @@ def card(m: Path):
         f"- Parameters: {t['parameters']:,} ({t['parameters'] - cfg['vocab_size'] * cfg['hidden_size']:,} "
         f"outside the embedding table); weights {mb(weights)} (bf16"
         + ("; GDN `A_log` and `linear_attn.norm` in f32 as in the released checkpoints" if arch == "Qwen3_5ForCausalLM" else "")
-        + ").",
+        + ("; the MTP head below included" if "mtp" in t else "") + ").",
         f"- Training: {t['tokens_seen']:,} tokens ({t['tokens_seen'] / c['train_tokens']:.1f} epochs), "
         f"{t['train_seconds'] / 60:.0f} min on {t['machine']['threads']} CPU thread (the two KJV models "
         f"trained side by side on a 2-core machine), torch {t['versions']['torch']}, transformers "
@@ -98,6 +98,26 @@ def card(m: Path):
         "measured with transformers. Loss curve: `docs/training_loss.png`.",
         "",
     ]
+    if "mtp" in t:
+        h = t["mtp"]
+        agree = h["held_out_first_draft_agreement"]
+        lines += [
+            "## Multi-token-prediction head (speculative decoding)",
+            "",
+            f"`mtp.*` in `model.safetensors`: Qwen3.5's MTP module (fc over the next token's embedding "
+            f"and the model's final hidden state, one gated full-attention layer, a norm, the tied "
+            f"lm_head), {h['parameters']:,} parameters, trained by `{h['command']}` with the model "
+            f"frozen: {h['tokens_seen']:,} tokens, {h['train_seconds'] / 60:.0f} min on "
+            f"{h['machine']['threads']} CPU threads. It learns the model's own next-step distribution "
+            f"(self-distillation) over its draft vocabulary, `draft_vocab.json`: the "
+            f"{h['draft_vocab']['tokens']:,} most frequent tokens of the training split "
+            f"({100 * h['draft_vocab']['training_coverage']:.2f}% of its tokens). On the held-out "
+            f"chapters its first draft is the model's next greedy token at "
+            f"{100 * agree['draft_vocab']:.1f}% of {agree['rows']:,} positions. Use: "
+            "`--speculative mtp` (docs/speculative.md; speed in bench/RESULTS.md). Goldens of the head "
+            "from the PyTorch reference: `mtp_golden.*` (`tools/oracle/make_mtp_fixtures.py`).",
+            "",
+        ]
     qpath = m / "quantization.json"
     if qpath.exists():
         q = json.loads(qpath.read_text())
