@@ -287,6 +287,50 @@ TEST(Speculative, MtpHeadGivesTheTokensOfPlainGreedyDecoding) {
       {"speculative", "MTP head"});
 }
 
+// The MTP head's context after a speculative conversation (one row behind the model, drafted
+// rows cut after each verify pass, the accepted ones added, stops inside drafts cut back) is the
+// one it gets from reading the whole conversation at once: a turn that goes on from there drafts
+// and keeps the same tokens. (The identity tests above cannot see a wrong context: it costs only
+// acceptance.)
+TEST(Speculative, TheMtpHeadsContextIsThatOfReadingTheConversationAtOnce) {
+  const auto model = load_model(test::source_dir() / "models/qwen3.5-kjv");
+  const Tokenizer tokenizer = Tokenizer::load(test::source_dir() / "models/qwen3.5-kjv");
+  const std::vector<std::string> parts = {"And God said, Let there be light",
+                                          "\nAnd the LORD spake unto Moses, saying,",
+                                          "\nThen answered Jesus and said unto them,"};
+  TurnOptions options;
+  options.speculative = drafts(DraftKind::kMtp);
+  options.max_new_tokens = 64;
+  // A turn the callback ends after n tokens: inside an accepted draft, often.
+  const auto turn = [&](Session& session, const std::vector<int32_t>& history, int64_t n) {
+    std::vector<int32_t> reply;
+    const TurnStats stats = session.generate(history, options, [&](int32_t id) {
+      reply.push_back(id);
+      return static_cast<int64_t>(reply.size()) < n;
+    });
+    return std::pair{reply, stats};
+  };
+  Session step_by_step(*model);
+  std::vector<int32_t> history;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::vector<int32_t> part = tokenizer.encode(parts[i]);
+    history.insert(history.end(), part.begin(), part.end());
+    const auto [reply, stats] = turn(step_by_step, history, 13 + 7 * static_cast<int64_t>(i));
+    EXPECT_GT(stats.verify_passes, 0);
+    history.insert(history.end(), reply.begin(), reply.end());
+  }
+  // The last turn goes on from the last reply with nothing new: its first draft starts from the
+  // head's row for the reply's last token, whatever cut the turn before left.
+  const auto [reply, stats] = turn(step_by_step, history, 40);
+  Session at_once(*model);
+  const auto [fresh_reply, fresh_stats] = turn(at_once, history, 40);
+  EXPECT_EQ(reply, fresh_reply);
+  EXPECT_EQ(stats.drafted, fresh_stats.drafted);
+  EXPECT_EQ(stats.accepted, fresh_stats.accepted);
+  EXPECT_EQ(stats.verify_passes, fresh_stats.verify_passes);
+  EXPECT_GT(stats.accepted, stats.drafted / 2);  // the trained head is mostly right
+}
+
 // A draft vocabulary (draft_vocab.json) narrows the head's logits to the lm_head's rows of its
 // tokens, in its order: in every weight format (the bundles carry the list) they are exactly those
 // columns of the whole vocabulary's logits; mtp_vocab_size keeps the list's first tokens.

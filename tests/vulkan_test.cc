@@ -258,6 +258,12 @@ TEST(DeviceChat, FiveTurnsGiveTheCpusReplies) {
     // device runs the same prompt passes and nothing more.
     EXPECT_EQ(chat(*model, 5, 8, {}, DraftKind::kNgram), replies);
     EXPECT_EQ(model->device_traffic().passes - start, 2 * prompt_passes);
+    // The MTP head reads the final-norm rows of the device's prompt passes (copied back as the
+    // logits are) and of the CPU's steps.
+    if (model->has_mtp()) {
+      EXPECT_EQ(chat(*model, 5, 8, {}, DraftKind::kMtp), replies);
+      EXPECT_EQ(model->device_traffic().passes - start, 3 * prompt_passes);
+    }
   }
 }
 
