@@ -13,6 +13,7 @@
 #include <map>
 
 #include "forge/convert.h"
+#include "forge/draft_vocab.h"
 #include "io/draft_vocab.h"
 #include "models/model.h"
 #include "runtime/session.h"
@@ -381,6 +382,47 @@ TEST(Mtp, ADraftVocabularyKeepsThoseColumnsOfTheLogits) {
   const auto first = load_model(checkpoint, {.mtp_vocab_size = 10});
   EXPECT_EQ(std::vector<int32_t>(first->mtp_vocab().begin(), first->mtp_vocab().end()),
             std::vector<int32_t>(vocab.begin(), vocab.begin() + 10));
+}
+
+// qhx forge draft-vocab: the text's tokens by frequency (ties: the smaller id), as few as cover
+// the share asked for; the file it writes reads back as the list.
+TEST(Mtp, ForgeDraftVocabRanksTheTextsTokensByFrequency) {
+  const fs::path model = test::source_dir() / "models/qwen3.5-kjv";
+  const Tokenizer tokenizer = Tokenizer::load(model);
+  const std::vector<std::string> texts = {test::read_file(model / "held_out.txt")};
+  std::map<int32_t, int64_t> counts;
+  for (const int32_t id : tokenizer.encode(texts[0], "text")) ++counts[id];
+  const DraftVocab vocab = rank_draft_vocab(tokenizer, texts, {.coverage = 0.99});
+  ASSERT_FALSE(vocab.ids.empty());
+  int64_t covered = 0;
+  for (size_t i = 0; i < vocab.ids.size(); ++i) {
+    if (i > 0) {
+      const int64_t before = counts[vocab.ids[i - 1]], here = counts[vocab.ids[i]];
+      EXPECT_TRUE(before > here || (before == here && vocab.ids[i - 1] < vocab.ids[i])) << i;
+    }
+    covered += counts[vocab.ids[i]];
+  }
+  const double total = static_cast<double>(vocab.text_tokens);
+  EXPECT_GE(static_cast<double>(covered) / total, 0.99);
+  EXPECT_LT(static_cast<double>(covered - counts[vocab.ids.back()]) / total, 0.99);
+  EXPECT_LT(vocab.ids.size(), counts.size());  // the rarest tokens are left out
+  for (const auto& [id, n] : counts) {  // and every one left out is no more frequent than kept ones
+    if (std::find(vocab.ids.begin(), vocab.ids.end(), id) == vocab.ids.end()) {
+      EXPECT_LE(n, counts[vocab.ids.back()]) << id;
+    }
+  }
+  EXPECT_EQ(rank_draft_vocab(tokenizer, texts, {.coverage = 0.99, .max_tokens = 10}).ids,
+            std::vector<int32_t>(vocab.ids.begin(), vocab.ids.begin() + 10));
+  test::TempDir dir;
+  write_draft_vocab(dir.path() / kDraftVocabFile, vocab, 151936, "held_out.txt");
+  EXPECT_EQ(read_draft_vocab(dir.path() / kDraftVocabFile, 151936), vocab.ids);
+  test::expect_error(
+      [&] { write_draft_vocab(dir.path() / "small.json", vocab, 100, "held_out.txt"); },
+      {"small.json", "outside the vocabulary"});
+  test::expect_error([&] { rank_draft_vocab(tokenizer, texts, {.coverage = 0.0}); },
+                     {"--coverage"});
+  test::expect_error([&] { rank_draft_vocab(tokenizer, std::vector<std::string>{""}, {}); },
+                     {"no token"});
 }
 
 TEST(Mtp, ABadDraftVocabularyIsRefusedByName) {

@@ -85,6 +85,16 @@ struct SynthArgs {
 // qhx forge synth: a random-weight checkpoint, or bundle, with a preset's shapes.
 int run_synth(const SynthArgs& a);
 
+struct DraftVocabArgs {
+  std::string model, out;
+  std::vector<std::string> texts;
+  double coverage = 0.999;
+  int64_t max_tokens = 0;
+};
+
+// qhx forge draft-vocab: a checkpoint's draft_vocab.json from sample text.
+int run_draft_vocab(const DraftVocabArgs& a);
+
 // qhx verify: a bundle's files against its manifest (sizes, sha256, tensor tables).
 int run_verify(const std::string& bundle);
 

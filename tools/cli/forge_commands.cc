@@ -2,7 +2,9 @@
 // src/forge and src/io; what they add is the gate's report on stderr and its exit status.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -10,10 +12,14 @@
 
 #include "commands.h"
 #include "forge/convert.h"
+#include "forge/draft_vocab.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
+#include "io/draft_vocab.h"
+#include "io/hf_config.h"
 #include "io/pack.h"
 #include "runtime/gate.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace qhx::cli {
@@ -116,6 +122,37 @@ int run_synth(const SynthArgs& a) {
   fs::remove_all(source);
   std::fprintf(stderr, "wrote bundle %s (%s, weights %s)\n", a.out.c_str(), a.preset.c_str(),
                a.weights.c_str());
+  return 0;
+}
+
+int run_draft_vocab(const DraftVocabArgs& a) {
+  const fs::path dir(a.model);
+  const bool bundle = qhx::is_bundle(dir);
+  if (bundle && a.out.empty()) {
+    qhx::fail("--output",
+              "a bundle lists its files: write the list beside its checkpoint (then "
+              "convert again), or name a file");
+  }
+  const int64_t vocab_size = bundle ? qhx::open_bundle_manifest(dir, {}).config.vocab_size
+                                    : qhx::load_model_config(dir / "config.json").vocab_size;
+  const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(dir);
+  std::vector<std::string> texts;
+  for (const std::string& file : a.texts) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) qhx::fail(file, "cannot be read");
+    texts.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const qhx::DraftVocab vocab =
+      qhx::rank_draft_vocab(tokenizer, texts, {.coverage = a.coverage, .max_tokens = a.max_tokens});
+  const fs::path out = a.out.empty() ? dir / qhx::kDraftVocabFile : fs::path(a.out);
+  std::string source = "qhx forge draft-vocab:";
+  for (const std::string& file : a.texts) {
+    source += ' ';
+    source += fs::path(file).filename().native();  // not " " + string(): g++ 12's -Wrestrict
+  }
+  qhx::write_draft_vocab(out, vocab, vocab_size, source);
+  std::fprintf(stderr, "wrote %s: %zu tokens, %.4f%% of the text's %lld\n", out.c_str(),
+               vocab.ids.size(), 100.0 * vocab.coverage, static_cast<long long>(vocab.text_tokens));
   return 0;
 }
 

@@ -188,6 +188,22 @@ int main(int argc, char** argv) {
                     "Gate threshold: fraction of identical greedy continuations");
   }
 
+  qhx::cli::DraftVocabArgs draft_vocab_args;
+  CLI::App* draft_vocab = forge->add_subcommand(
+      "draft-vocab", "The tokens an MTP head drafts from (draft_vocab.json), from sample text");
+  draft_vocab->add_option("model", draft_vocab_args.model, "Checkpoint (or bundle) directory")
+      ->required();
+  draft_vocab->add_option("--text", draft_vocab_args.texts, "UTF-8 text files like the model's use")
+      ->required();
+  draft_vocab
+      ->add_option("--coverage", draft_vocab_args.coverage,
+                   "Share of the text's tokens the list covers (default 0.999)")
+      ->check(CLI::Range(0.0, 1.0));
+  draft_vocab->add_option("--max-tokens", draft_vocab_args.max_tokens, "At most this many tokens")
+      ->check(CLI::NonNegativeNumber);
+  draft_vocab->add_option("-o,--output", draft_vocab_args.out,
+                          "File to write (default: <model>/draft_vocab.json)");
+
   qhx::cli::BenchArgs bench_args;
   CLI::App* bench = app.add_subcommand("bench", "Prefill and decode speed, TTFT, memory");
   bench->add_option("model", bench_args.model, "Bundle, pack, or checkpoint directory")->required();
@@ -321,6 +337,7 @@ int main(int argc, char** argv) {
     if (convert->parsed()) return qhx::cli::run_convert(forge_args);
     if (gate->parsed()) return qhx::cli::run_gate(forge_args);
     if (synth->parsed()) return qhx::cli::run_synth(synth_args);
+    if (draft_vocab->parsed()) return qhx::cli::run_draft_vocab(draft_vocab_args);
     if (verify->parsed()) return qhx::cli::run_verify(verify_bundle);
     if (perplexity_cmd->parsed()) return qhx::cli::run_perplexity(ppl);
     if (bench->parsed()) return qhx::cli::run_bench(bench_args);
