@@ -236,20 +236,27 @@ TEST_P(Parity, EveryStepLogitsAreThoseOfDecodingToTheBit) {
     auto batched = model_->new_state();
     std::vector<float> logits;
     if (cut > 0) model_->forward(head, *batched, LogitsFor::kLastToken, logits);
-    auto stepped = batched->clone();
-    std::vector<float> every, step, steps;
+    auto stepped = batched->clone(), replayed = batched->clone();
+    std::vector<float> every, step, steps, none;
     model_->forward(rest, *batched, LogitsFor::kEveryStep, every);
+    model_->forward(rest, *replayed, LogitsFor::kNoneStepwise, none);
+    EXPECT_TRUE(none.empty());
     for (const int32_t id : rest) {
       model_->forward(std::span(&id, 1), *stepped, LogitsFor::kLastToken, step);
       steps.insert(steps.end(), step.begin(), step.end());
     }
     ASSERT_EQ(every.size(), rest.size() * vocab);
     EXPECT_TRUE(every == steps) << "prompt " << p.name;
-    const auto a = batched->tensors(), b = stepped->tensors();
+    // Every step's state, and the one a pass without logits leaves (a replay after a rejected
+    // draft), to the bit.
+    const auto a = batched->tensors(), b = stepped->tensors(), c = replayed->tensors();
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_TRUE(
           std::equal(a[i].data.begin(), a[i].data.end(), b[i].data.begin(), b[i].data.end()))
           << "prompt " << p.name << ": " << a[i].name;
+      EXPECT_TRUE(
+          std::equal(a[i].data.begin(), a[i].data.end(), c[i].data.begin(), c[i].data.end()))
+          << "prompt " << p.name << ": " << a[i].name << " without logits";
     }
   }
 }
