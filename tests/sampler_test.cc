@@ -309,6 +309,29 @@ TEST(Sampler, RejectsBadRowsAtSampleTime) {
   std::vector<float> logits(4, 0.0f);
   logits[2] = std::numeric_limits<float>::quiet_NaN();
   test::expect_error([&] { plain.sample(logits, {}, {}); }, {"logits", "NaN at id 2"});
+  // Wherever it is in a vocabulary-sized row (the vectorised pass's lanes, their seeds, the
+  // tail), greedy or sampling, with or without a bias rewriting the row.
+  SamplingParams hot = sampling();
+  hot.greedy = false;
+  hot.temperature = 0.8f;
+  SamplingParams bias = sampling();
+  bias.logit_bias = {{0, 1.0f}};
+  for (const SamplingParams& params : {sampling(), hot, bias}) {
+    for (const size_t at : {size_t{0}, size_t{5}, size_t{15}, size_t{16}, size_t{40}, size_t{99}}) {
+      Sampler sampler(params);
+      std::vector<float> row(100, 0.5f);
+      row[at] = std::numeric_limits<float>::quiet_NaN();
+      test::expect_error([&] { sampler.sample(row, {}, {}); },
+                         {"logits", "NaN at id " + std::to_string(at)});
+    }
+  }
+  // An infinite logit and the opposite infinite bias: the bias is named, not the model.
+  SamplingParams ban = sampling();
+  ban.logit_bias = {{3, -std::numeric_limits<float>::infinity()}};
+  Sampler banning(ban);
+  std::vector<float> row(64, 0.0f);
+  row[3] = std::numeric_limits<float>::infinity();
+  test::expect_error([&] { banning.sample(row, {}, {}); }, {"logit_bias", "NaN"});
   p.logit_bias.clear();
   p.repetition_penalty = 1.2f;
   Sampler penalized(p);

@@ -120,6 +120,7 @@ void CpuBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
     const uint64_t bytes = matrix_bytes(m.dtype, m.rows, m.cols, m.group_size);
     MappedFile::populate_pages(m.data, bytes);
     packed[i] = pack_for_int8_kernels(context_.kernels(), m);
+    if (m.buffer == nullptr) return;  // memory its owner keeps (core/matrix_rows.h), not mapped
     MappedFile::release_pages(m.data, bytes);
     if (m.dtype == DType::kW4) {  // the panels carry the group scales too
       MappedFile::release_pages(m.scales,

@@ -13,7 +13,8 @@ namespace qhx {
 class MatrixRows {
  public:
   // Row i is w's row rows[i] (each within [0, w.rows): the caller checks). w's bytes must be
-  // readable where they lie (mapped, not yet released by packing).
+  // readable where they lie. `matrix.buffer` is null: a backend packing it keeps these bytes
+  // (it releases only the pages of mapped files).
   MatrixRows(const MatrixRef& w, std::span<const int32_t> rows);
   MatrixRows(MatrixRows&&) = default;  // the vectors' storage, and so `matrix`, stays put
   MatrixRows& operator=(MatrixRows&&) = default;

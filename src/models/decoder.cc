@@ -357,19 +357,11 @@ Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
                   ? build_mtp_plan(n_tokens, kind == PlanKind::kMtpWithLogits)
                   : build_plan(n_tokens, which, kind == PlanKind::kForwardWithHidden);
   Schedule made = schedule(std::move(plan), backends(devices));
-  // A cache bounded in count and in memory: the arenas together stay within twice the largest
-  // one's. The small plans of decoding with speculation (a step, verify passes of 2..k+1 tokens,
-  // replays, the MTP head's) stay together; odd prefill tails come and go.
+  // A bounded cache (a schedule is its nodes' layout; the arenas it runs in are each backend's,
+  // one per backend): a decode step, the prefill chunks and decoding with speculation's small
+  // plans (verify passes of 2..k+1 tokens, replays, the MTP head's) stay; odd tails come and go.
   constexpr size_t kMaxSchedules = 32;
-  const auto over = [&] {
-    int64_t total = made.arena_bytes(), largest = made.arena_bytes();
-    for (const CachedSchedule& c : schedules_) {
-      total += c.schedule.arena_bytes();
-      largest = std::max(largest, c.schedule.arena_bytes());
-    }
-    return schedules_.size() + 1 > kMaxSchedules || total > 2 * largest;
-  };
-  while (!schedules_.empty() && over()) {
+  if (schedules_.size() == kMaxSchedules) {
     schedules_.erase(std::min_element(schedules_.begin(), schedules_.end(),
                                       [](const CachedSchedule& a, const CachedSchedule& b) {
                                         return a.last_used < b.last_used;

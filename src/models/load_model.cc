@@ -11,9 +11,11 @@ namespace {
 
 std::vector<int32_t> mtp_vocab(const std::filesystem::path& dir, const ModelConfig& config,
                                int64_t size) {
+  if (size < LoadOptions::kFullVocabulary) {
+    fail("mtp_vocab_size", "expected a token count, 0 (all) or -1 (every token)");
+  }
   const std::filesystem::path file = dir / kDraftVocabFile;
   if (size == LoadOptions::kFullVocabulary || !std::filesystem::exists(file)) return {};
-  if (size < 0) fail("mtp_vocab_size", "expected a token count, 0 (all) or -1 (every token)");
   std::vector<int32_t> ids = read_draft_vocab(file, config.vocab_size);
   if (size > 0 && size < static_cast<int64_t>(ids.size())) ids.resize(size);
   return ids;

@@ -32,6 +32,7 @@ int32_t argmax_checking_nan(std::span<const float> logits, bool& any_nan) {
     float lane_max[kLanes];
     int32_t lane_at[kLanes];
     for (size_t l = 0; l < kLanes; ++l) {
+      nan |= logits[l] != logits[l];
       lane_max[l] = logits[l];
       lane_at[l] = static_cast<int32_t>(l);
     }
@@ -181,7 +182,6 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
                          params_.repetition_penalty != 1.0f;
   std::span<const float> row = logits;
   if (!params_.logit_bias.empty() || penalized) {
-    fail_on_nan(logits);
     scratch_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : params_.logit_bias) {
       if (static_cast<size_t>(id) >= scratch_.size()) {
@@ -196,7 +196,11 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
 
   bool any_nan = false;
   const int32_t best = argmax_checking_nan(row, any_nan);
-  if (any_nan) fail_on_nan(row);
+  if (any_nan) {
+    fail_on_nan(logits);
+    // The model's logits hold none: an infinite logit met the opposite infinite bias.
+    fail("sampling: logit_bias", "an infinite logit plus the opposite infinite bias is NaN");
+  }
   const float max_logit = row[best];
   if (max_logit == -std::numeric_limits<float>::infinity()) {
     fail("logits", "every token has a logit of -inf after logit_bias");

@@ -14,6 +14,22 @@
 namespace qhx {
 namespace {
 
+// Session::generate: after a verify pass the session's logits are stale; the logits after its
+// last token are row `row` of the pass's `rows`, copied into `logits` when the turn ends, however
+// it ends, or before `rows` is written again (rather than a vocabulary per accepted token).
+struct PendingLogits {
+  static constexpr size_t kNone = SIZE_MAX;
+  std::vector<float>& logits;
+  const std::vector<float>& rows;
+  const size_t vocab;
+  size_t row = kNone;
+  void sync() {
+    if (row != kNone) logits.assign(rows.begin() + row * vocab, rows.begin() + (row + 1) * vocab);
+    row = kNone;
+  }
+  ~PendingLogits() { sync(); }
+};
+
 constexpr const char* kStateKind = "qhx-session-state";
 constexpr const char* kStateVersion = "1";
 
@@ -250,11 +266,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   std::vector<int32_t> verified, context, seen;
   std::vector<float> rows;
   size_t next_verified = 0, token_row = 0;
-  // After a verify pass logits_ is stale: the logits after history_'s last token are row
-  // logits_row of `rows`, copied into logits_ only when the turn ends (a vocabulary per token
-  // otherwise). kFresh: logits_ holds them.
-  constexpr size_t kFresh = SIZE_MAX;
-  size_t logits_row = kFresh;
+  PendingLogits pending{logits_, rows, static_cast<size_t>(vocab)};
   StateCheckpoint before;
   while (true) {
     ++stats.n_generated;
@@ -273,9 +285,6 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       stopping = false;
     }
     if (stopping) {
-      if (logits_row != kFresh) {
-        logits_.assign(rows.begin() + logits_row * vocab, rows.begin() + (logits_row + 1) * vocab);
-      }
       // Accepted drafts not emitted leave the state: it holds history_ and no more.
       if (state_->n_past() > static_cast<int64_t>(history_.size())) {
         roll_back(static_cast<int64_t>(history_.size()), {}, before);
@@ -287,7 +296,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     if (state_->n_past() > static_cast<int64_t>(history_.size())) {
       // `token` is an accepted draft: the verify pass processed it already.
       history_.push_back(token);
-      logits_row = token_row++;
+      pending.row = token_row++;
       token = verified[next_verified++];
       continue;
     }
@@ -301,8 +310,8 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       draft = this->draft(spec, options.sampling, context, std::min(spec.draft_max, room));
     }
     if (draft.empty()) {
+      pending.row = PendingLogits::kNone;  // run() writes them
       run(std::span<const int32_t>(&token, 1), LogitsFor::kLastToken, logits_);
-      logits_row = kFresh;
       ++stats.decode_passes;
       history_.push_back(token);
       token = sampler.sample(logits_, tokens, generated());
@@ -313,6 +322,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     std::vector<int32_t> batch = {token};
     batch.insert(batch.end(), draft.begin(), draft.end());
     if (!state_->can_truncate()) before = state_->checkpoint();
+    pending.sync();
     model_.forward(batch, *state_, LogitsFor::kEveryStep, rows,
                    mtp_on_ ? &verify_hidden_ : nullptr);
     ++stats.verify_passes;
@@ -340,7 +350,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       ++stats.rollbacks;
     }
     history_.push_back(token);
-    logits_row = 0;
+    pending.row = 0;
     // The accepted drafts come next, then the model's own pick after them.
     verified.assign(draft.begin(), draft.begin() + accepted);
     verified.push_back(next);
