@@ -15,6 +15,7 @@
 #include "forge/convert.h"
 #include "forge/draft_vocab.h"
 #include "io/draft_vocab.h"
+#include "io/hf_config.h"
 #include "models/model.h"
 #include "runtime/session.h"
 #include "support/expect_error.h"
@@ -115,6 +116,27 @@ void expect_same(const Conversation& got, const Conversation& want, const std::s
   EXPECT_TRUE(got.saved == want.saved) << what << ": the states differ";
 }
 
+// A W8 or W4 bundle of `checkpoint` at `out` (int8 activations; ungated: exactness is checked
+// against itself, not against the checkpoint).
+fs::path quantized_bundle(const fs::path& checkpoint, DType weights, const fs::path& out) {
+  ConvertOptions o;
+  o.weights = weights;
+  o.int8_activations = true;
+  o.gate = false;
+  forge_convert(checkpoint, out, o);
+  return out;
+}
+
+const fs::path kMtpFixture = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+
+// `to` (a new directory) holding links to every file of `from`: a checkpoint to add files to.
+void link_files(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  for (const auto& entry : fs::directory_iterator(from)) {
+    fs::create_symlink(entry.path(), to / entry.path().filename());
+  }
+}
+
 TEST(Speculative, NgramGivesTheTokensOfPlainGreedyDecodingOnEveryModel) {
   int64_t passes = 0, accepted = 0, rollbacks = 0;
   for (const fs::path& dir : model_dirs()) {
@@ -179,13 +201,8 @@ TEST(Speculative, QuantizedBundlesGiveTheTokensOfPlainGreedyDecoding) {
   test::TempDir dir;
   for (const DType weights : {DType::kW8, DType::kW4}) {
     SCOPED_TRACE(dtype_name(weights));
-    ConvertOptions o;
-    o.weights = weights;
-    o.int8_activations = true;
-    o.gate = false;  // exactness against itself, not against the checkpoint
-    const fs::path bundle = dir.path() / dtype_name(weights);
-    forge_convert(test::source_dir() / "models" / "qwen3.5-kjv", bundle, o);
-    const auto model = load_model(bundle);
+    const auto model = load_model(quantized_bundle(test::source_dir() / "models" / "qwen3.5-kjv",
+                                                   weights, dir.path() / dtype_name(weights)));
     expect_same(converse(*model, kNgram, 20), converse(*model, kPlain, 20), "20 tokens a turn");
   }
 }
@@ -238,18 +255,12 @@ TEST(Speculative, DraftModelGivesTheTokensOfPlainGreedyDecoding) {
 TEST(Speculative, MtpHeadGivesTheTokensOfPlainGreedyDecoding) {
   test::TempDir dir;
   std::vector<fs::path> models;
-  for (const fs::path& checkpoint :
-       {test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout",
-        test::source_dir() / "models/qwen3.5-kjv"}) {
+  for (const fs::path& checkpoint : {kMtpFixture, test::source_dir() / "models/qwen3.5-kjv"}) {
     models.push_back(checkpoint);
     for (const DType weights : {DType::kW8, DType::kW4}) {
-      ConvertOptions o;
-      o.weights = weights;
-      o.int8_activations = true;
-      o.gate = false;
-      models.push_back(dir.path() /
-                       (checkpoint.filename().string() + "-" + std::string(dtype_name(weights))));
-      forge_convert(checkpoint, models.back(), o);
+      models.push_back(quantized_bundle(
+          checkpoint, weights,
+          dir.path() / (checkpoint.filename().string() + "-" + std::string(dtype_name(weights)))));
     }
   }
   const SpeculativeOptions mtp = drafts(DraftKind::kMtp);
@@ -336,27 +347,19 @@ TEST(Speculative, TheMtpHeadsContextIsThatOfReadingTheConversationAtOnce) {
 // tokens, in its order: in every weight format (the bundles carry the list) they are exactly those
 // columns of the whole vocabulary's logits; mtp_vocab_size keeps the list's first tokens.
 TEST(Mtp, ADraftVocabularyKeepsThoseColumnsOfTheLogits) {
-  const fs::path fixture = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
   test::TempDir dir;
   const fs::path checkpoint = dir.path() / "checkpoint";
-  fs::create_directory(checkpoint);
-  for (const auto& entry : fs::directory_iterator(fixture)) {
-    fs::create_symlink(entry.path(), checkpoint / entry.path().filename());
-  }
+  link_files(kMtpFixture, checkpoint);
+  const int64_t vocab_size = load_model(kMtpFixture)->config().vocab_size;
   std::vector<int32_t> vocab;  // every third token, last first
-  for (int32_t t = 383; t >= 0; t -= 3) vocab.push_back(t);
-  std::ofstream(checkpoint / kDraftVocabFile)
-      << Json{{"format", "qhx-draft-vocab"}, {"version", 1}, {"vocab_size", 384}, {"ids", vocab}};
+  for (int64_t t = vocab_size - 1; t >= 0; t -= 3) vocab.push_back(static_cast<int32_t>(t));
+  std::ofstream(checkpoint / kDraftVocabFile) << Json{
+      {"format", "qhx-draft-vocab"}, {"version", 1}, {"vocab_size", vocab_size}, {"ids", vocab}};
   std::vector<fs::path> models = {checkpoint};
   for (const DType weights : {DType::kW8, DType::kW4}) {
-    ConvertOptions o;
-    o.weights = weights;
-    o.int8_activations = true;
-    o.gate = false;
-    models.push_back(dir.path() / dtype_name(weights));
-    forge_convert(checkpoint, models.back(), o);
+    models.push_back(quantized_bundle(checkpoint, weights, dir.path() / dtype_name(weights)));
   }
-  const std::vector<int32_t> prompt = {5, 77, 300, 12, 9, 250, 41};
+  const std::vector<int32_t> prompt = {5, 77, 300 % static_cast<int32_t>(vocab_size), 12, 9, 41};
   for (const fs::path& path : models) {
     SCOPED_TRACE(path.filename().string());
     const auto full = load_model(path, {.mtp_vocab_size = LoadOptions::kFullVocabulary});
@@ -414,8 +417,9 @@ TEST(Mtp, ForgeDraftVocabRanksTheTextsTokensByFrequency) {
   EXPECT_EQ(rank_draft_vocab(tokenizer, texts, {.coverage = 0.99, .max_tokens = 10}).ids,
             std::vector<int32_t>(vocab.ids.begin(), vocab.ids.begin() + 10));
   test::TempDir dir;
-  write_draft_vocab(dir.path() / kDraftVocabFile, vocab, 151936, "held_out.txt");
-  EXPECT_EQ(read_draft_vocab(dir.path() / kDraftVocabFile, 151936), vocab.ids);
+  const int64_t vocab_size = load_model_config(model / "config.json").vocab_size;
+  write_draft_vocab(dir.path() / kDraftVocabFile, vocab, vocab_size, "held_out.txt");
+  EXPECT_EQ(read_draft_vocab(dir.path() / kDraftVocabFile, vocab_size), vocab.ids);
   test::expect_error(
       [&] { write_draft_vocab(dir.path() / "small.json", vocab, 100, "held_out.txt"); },
       {"small.json", "outside the vocabulary"});
@@ -426,11 +430,9 @@ TEST(Mtp, ForgeDraftVocabRanksTheTextsTokensByFrequency) {
 }
 
 TEST(Mtp, ABadDraftVocabularyIsRefusedByName) {
-  const fs::path fixture = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
   test::TempDir dir;
-  for (const auto& entry : fs::directory_iterator(fixture)) {
-    fs::create_symlink(entry.path(), dir.path() / entry.path().filename());
-  }
+  link_files(kMtpFixture, dir.path());
+  const int64_t vocab_size = load_model(kMtpFixture)->config().vocab_size;
   const fs::path file = dir.path() / kDraftVocabFile;
   const auto refused = [&](const Json& doc, const std::vector<std::string>& words) {
     std::ofstream(file, std::ios::trunc) << doc;
@@ -442,20 +444,26 @@ TEST(Mtp, ABadDraftVocabularyIsRefusedByName) {
     test::expect_error([&] { forge_convert(dir.path(), dir.path() / "bundle", o); }, expected);
   };
   const Json good = {
-      {"format", "qhx-draft-vocab"}, {"version", 1}, {"vocab_size", 384}, {"ids", {3, 1}}};
+      {"format", "qhx-draft-vocab"}, {"version", 1}, {"vocab_size", vocab_size}, {"ids", {3, 1}}};
   Json doc = good;
-  doc["ids"] = {3, 384};
+  doc["ids"] = {3, vocab_size};
   refused(doc, {"ids[1]", "outside the vocabulary"});
   doc["ids"] = {3, 7, 3};
   refused(doc, {"ids[2]", "listed twice"});
   doc["ids"] = Json::array();
   refused(doc, {"ids", "non-empty"});
   doc = good;
-  doc["vocab_size"] = 151936;
-  refused(doc, {"vocab_size", "151936", "384"});
+  doc["vocab_size"] = vocab_size + 1;
+  refused(doc, {"vocab_size", std::to_string(vocab_size + 1), std::to_string(vocab_size)});
   doc = good;
   doc["version"] = 2;
   refused(doc, {"version"});
+  // A model without a head never reads the list; a size below -1 is refused.
+  test::TempDir headless;
+  link_files(test::source_dir() / "tests/fixtures/qwen3_5/gva2_tied", headless.path());
+  std::ofstream(headless.path() / kDraftVocabFile) << doc;
+  EXPECT_FALSE(load_model(headless.path())->has_mtp());
+  test::expect_error([&] { load_model(dir.path(), {.mtp_vocab_size = -2}); }, {"mtp_vocab_size"});
   // The whole vocabulary asked for: the list is not read.
   EXPECT_TRUE(load_model(dir.path(), {.mtp_vocab_size = LoadOptions::kFullVocabulary})
                   ->mtp_vocab()

@@ -8,6 +8,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/json_file.h"
+#include "util/partial_path.h"
 
 namespace qhx {
 
@@ -53,9 +54,18 @@ void write_draft_vocab(const std::filesystem::path& file, const DraftVocab& voca
                     {"ids", vocab.ids}};
   const std::string text = doc.dump() + "\n";
   parse_draft_vocab(text, file.string(), vocab_size);  // what a loader will check
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  out << text;
-  if (!out.flush()) fail(file.string(), "cannot be written");
+  // Whole or not at all: a half-written list beside a checkpoint would stop it from loading.
+  const std::filesystem::path partial = partial_sibling(file);
+  PartialGuard guard(partial);
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) fail(file.string(), "cannot be written");
+  }
+  std::error_code ec;
+  std::filesystem::rename(partial, file, ec);
+  if (ec) fail(file.string(), "cannot be written: " + ec.message());
+  guard.release();
 }
 
 }  // namespace qhx

@@ -1,6 +1,7 @@
 // Model family loaders: bind a checkpoint's tensors to the decoder plan (models/decoder.h).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "graph/backend.h"
@@ -11,13 +12,14 @@
 namespace qhx {
 
 // The model computes on `context`, and on `devices` where the scheduler places nodes there. A
-// Qwen3.5 MTP head drafts over mtp_vocab (token ids), or the whole vocabulary when it is empty.
+// Qwen3.5 MTP head drafts over the token ids mtp_vocab() gives, called only when the checkpoint
+// has a head (none: the whole vocabulary).
 std::unique_ptr<Model> load_qwen3(const ModelConfig& config, Checkpoint checkpoint,
                                   std::shared_ptr<CpuContext> context,
                                   std::vector<std::shared_ptr<Backend>> devices);
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
                                     std::vector<std::shared_ptr<Backend>> devices,
-                                    std::vector<int32_t> mtp_vocab);
+                                    const std::function<std::vector<int32_t>()>& mtp_vocab);
 
 }  // namespace qhx

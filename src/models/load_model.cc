@@ -11,9 +11,6 @@ namespace {
 
 std::vector<int32_t> mtp_vocab(const std::filesystem::path& dir, const ModelConfig& config,
                                int64_t size) {
-  if (size < LoadOptions::kFullVocabulary) {
-    fail("mtp_vocab_size", "expected a token count, 0 (all) or -1 (every token)");
-  }
   const std::filesystem::path file = dir / kDraftVocabFile;
   if (size == LoadOptions::kFullVocabulary || !std::filesystem::exists(file)) return {};
   std::vector<int32_t> ids = read_draft_vocab(file, config.vocab_size);
@@ -24,6 +21,9 @@ std::vector<int32_t> mtp_vocab(const std::filesystem::path& dir, const ModelConf
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  if (options.mtp_vocab_size < LoadOptions::kFullVocabulary) {
+    fail("mtp_vocab_size", "expected a token count, 0 (all) or -1 (every token)");
+  }
   if (is_pack(dir)) return load_model(select_pack_bundle(dir), options);
   ModelConfig config;
   Checkpoint checkpoint;
@@ -43,7 +43,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
       return load_qwen3(config, std::move(checkpoint), std::move(context), options.devices);
     case Family::kQwen3_5:
       return load_qwen3_5(config, std::move(checkpoint), std::move(context), options.devices,
-                          mtp_vocab(dir, config, options.mtp_vocab_size));
+                          [&] { return mtp_vocab(dir, config, options.mtp_vocab_size); });
   }
   return nullptr;
 }

@@ -32,7 +32,8 @@ AttentionWeights read_gated_attention(const WeightReader& r, const std::string& 
 // serving engines use it, and Qwen3.5 checkpoints carry one (mtp_num_hidden_layers: 1). Its
 // logits are over `vocab` when given (the lm_head's rows copied before packing releases them).
 std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConfig& c,
-                                   const MatrixRef& lm_head, std::vector<int32_t> vocab) {
+                                   const MatrixRef& lm_head,
+                                   const std::function<std::vector<int32_t>()>& vocab_of) {
   const WeightReader mtp(checkpoint, "mtp.", c.int8_activations);
   if (!mtp.contains("fc.weight")) return std::nullopt;
   const int64_t H = c.hidden_size;
@@ -58,10 +59,8 @@ std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConf
   l.post_attention_norm = mtp.one_plus("layers.0.post_attention_layernorm.weight", H);
   l.attention = read_gated_attention(mtp, "layers.0.", c);
   l.mlp = read_mlp(mtp, "layers.0.", c);
-  if (!vocab.empty()) {
-    w.vocab_head.emplace(lm_head, vocab);
-    w.vocab = std::move(vocab);
-  }
+  w.vocab = vocab_of();
+  if (!w.vocab.empty()) w.vocab_head.emplace(lm_head, w.vocab);
   return w;
 }
 
@@ -70,7 +69,7 @@ std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConf
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
                                     std::vector<std::shared_ptr<Backend>> devices,
-                                    std::vector<int32_t> mtp_vocab) {
+                                    const std::function<std::vector<int32_t>()>& mtp_vocab) {
   const int64_t H = c.hidden_size;
   GatedDeltaNetParams deltanet;
   deltanet.heads = {c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
@@ -110,7 +109,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
     l.mlp = read_mlp(model, p, c);
     w.layers.push_back(std::move(l));
   }
-  w.mtp = read_mtp(checkpoint, c, w.lm_head, std::move(mtp_vocab));
+  w.mtp = read_mtp(checkpoint, c, w.lm_head, mtp_vocab);
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
                       attention_params(c, /*output_gate=*/true), deltanet, std::move(context),

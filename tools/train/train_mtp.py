@@ -18,7 +18,7 @@ written as draft_vocab.json beside the checkpoint (qhx multiplies the head's out
 rows of the lm_head; docs/speculative.md).
 
     apt-get install bible-kjv
-    $ORACLE_VENV/bin/python tools/train/train_mtp.py --model models/qwen3.5-kjv --steps 400
+    $ORACLE_VENV/bin/python tools/train/train_mtp.py --model models/qwen3.5-kjv --steps 1500 --warmup 60
 
 Adds the mtp.* tensors (bf16, as the released Qwen3.5 checkpoints) to --model's model.safetensors,
 writes draft_vocab.json, and records the run under "mtp" in training.json: command, loss curve,
@@ -27,7 +27,6 @@ held-out agreement of the head's argmax with the model's next greedy token.
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -44,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "oracle"))
 from mtp_reference import MtpHead, text_parts  # noqa: E402
-from train_kjv import TOKENIZER_DIR, kjv_chapters, split_corpus, token_stream  # noqa: E402
+from train_kjv import TOKENIZER_DIR, kjv_chapters, lr_at, split_corpus, token_stream  # noqa: E402
 
 CHUNK = 256
 
@@ -119,11 +118,11 @@ def draft_vocab(stream, coverage):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--seed", type=int, default=1611)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--coverage", type=float, default=0.999,
@@ -162,17 +161,11 @@ def main():
     # vocab] products it needs are 17x smaller than the whole vocabulary's.
     head_rows_w = lm_head.weight[vocab_ids]
 
-    def lr_at(step):
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        t = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
     curve = []
     t0 = time.time()
     for step in range(args.steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr_at(step, args)
         starts = torch.randint(0, len(train_ids) - args.seq_len - 1, (args.batch,), generator=gen)
         x = torch.stack([train_ids[s:s + args.seq_len + 1] for s in starts.tolist()])
         with torch.autocast("cpu", dtype=torch.bfloat16):
