@@ -428,10 +428,10 @@ TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
   // A phone-like device too: only the portable shaders, and storage-buffer bindings so small
-  // that every weight matrix is split into parts.
+  // that every weight matrix and every long KV cache is bound in parts.
   VulkanBackendOptions constrained;
   constrained.portable = true;
-  constrained.max_matrix_part_bytes = 1000;
+  constrained.max_binding_bytes = 1024;
   std::set<Op> covered;
   for (const fs::path& dir : test::fixture_checkpoints()) {
     const ModelConfig config = load_model_config(dir / "config.json");
@@ -570,6 +570,37 @@ TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
   EXPECT_EQ(s.copies, 4);
   EXPECT_GT(s.arena_floats[1], 0);
   expect_cpu_logits(s, backends, c, cpu);
+}
+
+// A device binds a window of its arena per node: a node whose operands lie further apart than
+// that runs on the CPU, the rest where they would, and the logits are the same.
+TEST(Scheduler, MovesANodeWhoseOperandsSpanMoreThanTheDeviceBindsToTheCpu) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  test::SubsetBackend device({Op::kMatmul, Op::kSiluMul}, 2);
+  Backend* const backends[] = {&cpu, &device};
+  OpCase c;
+  small_plan(c, [](OpCase& k, ValueId h) {
+    Node& gate = k.node(Op::kSiluMul, kSmallTokens);
+    gate.in[0] = gate.in[1] = gate.out = {h};
+  });
+  // Unbounded: everything the device supports runs there.
+  Schedule s = schedule(c.plan, backends);
+  EXPECT_EQ(placement(s), (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "silu_mul@1",
+                                                    "matmul@1", "copy@0"}));
+  // 250 bytes: the lm-head's operands (h and the 3 x 16 logits: 288 bytes) do not fit, the first
+  // matmul's (x and h: 224 bytes once the logits are gone) and the gate's do.
+  device.max_arena_span = 250;
+  s = schedule(c.plan, backends);
+  EXPECT_EQ(placement(s), (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "silu_mul@1",
+                                                    "copy@0", "matmul@0"}));
+  expect_cpu_logits(s, backends, c, cpu);
+  // 200 bytes: no matmul fits; the gate follows its input to the CPU.
+  device.max_arena_span = 200;
+  s = schedule(c.plan, backends);
+  EXPECT_EQ(placement(s),
+            (std::vector<std::string>{"embed@0", "matmul@0", "silu_mul@0", "matmul@0"}));
+  EXPECT_EQ(s.copies, 0);
 }
 
 // A node that updates its value in place (RoPE, the q/k norms, the delta-rule gates: no input

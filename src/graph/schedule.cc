@@ -86,29 +86,22 @@ int64_t lay_out(std::vector<Value>& values, int backend, const std::vector<int64
   return total;
 }
 
-}  // namespace
-
-int64_t Schedule::arena_bytes() const {
-  int64_t floats = 0;
-  for (const int64_t f : arena_floats) floats += f;
-  return floats * static_cast<int64_t>(sizeof(float));
-}
-
-Schedule schedule(Plan plan, std::span<Backend* const> backends) {
-  if (backends.empty() || backends.size() > kMaxBackends) {
-    fail("schedule", "1 to " + std::to_string(kMaxBackends) +
-                         " backends, the CPU backend first, not " +
-                         std::to_string(backends.size()));
-  }
+// One attempt: `plan` placed (a node marked in `on_cpu` runs on the CPU), with copies, fused and
+// laid out; `source` gets the plan node each placed node came from (-1: a copy).
+Schedule place(Plan plan, std::span<Backend* const> backends, const std::vector<bool>& on_cpu,
+               std::vector<int64_t>& source) {
   Schedule out;
   Plan& placed = out.plan;
   placed.n_tokens = plan.n_tokens;
 
   // 1. Placement.
   std::vector<int> producer_backend(plan.values.size(), 0);
-  for (Node& node : plan.nodes) {
+  for (size_t i = 0; i < plan.nodes.size(); ++i) {
+    Node& node = plan.nodes[i];
     int where = 0;
-    if (const int home = weights_home(node, backends); home >= 0) {
+    if (on_cpu[i]) {
+      // Its operands span more of a device's arena than one dispatch binds.
+    } else if (const int home = weights_home(node, backends); home >= 0) {
       if (backends[home]->supports(node)) where = home;
     } else if (node.matrix != nullptr) {
       for (size_t b = 1; b < backends.size(); ++b) {
@@ -163,8 +156,9 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
   // Which (logical value, backend) pairs hold the latest contents.
   std::vector<std::vector<bool>> fresh(plan.values.size(),
                                        std::vector<bool>(backends.size(), false));
-  for (const Node& source : plan.nodes) {
-    Node node = source;
+  source.clear();
+  for (size_t i = 0; i < plan.nodes.size(); ++i) {
+    Node node = plan.nodes[i];
     for_each_operand(node, [&](Operand& o, bool reads, bool) {
       if (reads && versions.latest[o.value] >= 0 && !fresh[o.value][node.backend]) {
         copy_to(o.value, node.backend);
@@ -180,11 +174,14 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
         versions.latest[logical] = node.backend;
       }
     });
+    source.resize(placed.nodes.size(), -1);  // the copies before it
+    source.push_back(static_cast<int64_t>(i));
     placed.nodes.push_back(node);
   }
   for (ValueId v = 0; v < static_cast<ValueId>(plan.values.size()); ++v) {
     if (plan.values[v].external() && versions.latest[v] > 0 && !fresh[v][0]) copy_to(v, 0);
   }
+  source.resize(placed.nodes.size(), -1);
 
   // 3. Fusion, over each run of adjacent nodes on one backend.
   for (size_t begin = 0; begin < placed.nodes.size();) {
@@ -221,6 +218,61 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
     out.arena_floats[b] = lay_out(placed.values, static_cast<int>(b), first, last);
   }
   return out;
+}
+
+// The bytes of its backend's arena that a node's operands span, first byte to last, and that
+// they take up themselves.
+struct ArenaSpan {
+  int64_t span = 0, own = 0;
+};
+ArenaSpan arena_span(const Plan& plan, const Node& node) {
+  int64_t begin = INT64_MAX, end = 0, own = 0;
+  for_each_operand(node, [&](const Operand& o, bool, bool) {
+    const Value& v = plan.values[o.value];
+    if (v.external()) return;
+    begin = std::min(begin, v.offset);
+    end = std::max(end, v.offset + v.floats());
+    own += v.floats();
+  });
+  constexpr auto kFloat = static_cast<int64_t>(sizeof(float));
+  return {end > begin ? (end - begin) * kFloat : 0, own * kFloat};
+}
+
+}  // namespace
+
+int64_t Schedule::arena_bytes() const {
+  int64_t floats = 0;
+  for (const int64_t f : arena_floats) floats += f;
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+Schedule schedule(Plan plan, std::span<Backend* const> backends) {
+  if (backends.empty() || backends.size() > kMaxBackends) {
+    fail("schedule", "1 to " + std::to_string(kMaxBackends) +
+                         " backends, the CPU backend first, not " +
+                         std::to_string(backends.size()));
+  }
+  // A device binds a window of its arena per node. While some node's operands lie further apart
+  // than that, the one of those whose operands are largest (an lm-head over many tokens) runs on
+  // the CPU instead and the plan is placed again: the others' layout then usually fits. Each
+  // round moves a node, so this ends.
+  std::vector<bool> on_cpu(plan.nodes.size(), false);
+  std::vector<int64_t> source;
+  for (;;) {
+    Schedule s = place(plan, backends, on_cpu, source);
+    int64_t largest = -1, largest_own = -1;
+    for (size_t i = 0; i < s.plan.nodes.size(); ++i) {
+      const Node& node = s.plan.nodes[i];
+      if (node.backend == 0 || source[i] < 0) continue;  // copies bind nothing
+      const ArenaSpan a = arena_span(s.plan, node);
+      if (a.span > backends[node.backend]->max_arena_span_bytes() && a.own > largest_own) {
+        largest = source[i];
+        largest_own = a.own;
+      }
+    }
+    if (largest < 0) return s;
+    on_cpu[largest] = true;
+  }
 }
 
 void execute(Schedule& s, std::span<Backend* const> backends, const RunInputs& inputs) {

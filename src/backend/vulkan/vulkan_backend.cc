@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/dtype.h"
 #include "kernels/kernels.h"
@@ -146,18 +147,29 @@ void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
   }
 }
 
-uint64_t VulkanBackend::matrix_part_bytes() const {
+uint64_t VulkanBackend::binding_bytes() const {
   const uint64_t device = device_->info().max_storage_buffer_range;
-  const uint64_t limit = options_.max_matrix_part_bytes > 0
-                             ? std::min(device, options_.max_matrix_part_bytes)
-                             : device;
+  const uint64_t limit =
+      options_.max_binding_bytes > 0 ? std::min(device, options_.max_binding_bytes) : device;
   return limit / 4 * 4;  // parts are whole words
 }
+
+namespace {
+
+// The keys of one window of a KV cache bound in parts: the most whole rows within `limit` bytes
+// whose byte size is a multiple of the device's binding-offset alignment (a power of two), so
+// that every window starts aligned. 0 when not even one such run of rows fits.
+int64_t keys_per_window(uint64_t limit, uint64_t row_bytes, uint64_t alignment) {
+  const uint64_t step = alignment / std::gcd(alignment, row_bytes);
+  return static_cast<int64_t>(limit / row_bytes / step * step);
+}
+
+}  // namespace
 
 bool VulkanBackend::supports_matrix(const MatrixRef& m) const {
   if (weight_suffix(m.dtype) == nullptr || m.rows > UINT32_MAX || m.cols > UINT32_MAX) return false;
   // Split into parts of whole rows (matrix()): one row must fit a binding.
-  const uint64_t limit = matrix_part_bytes();
+  const uint64_t limit = binding_bytes();
   return matrix_bytes(m.dtype, 1, m.cols, m.group_size) <= limit &&
          matrix_scale_bytes(m.dtype, 1, m.cols, m.group_size) <= limit;
 }
@@ -167,8 +179,14 @@ bool VulkanBackend::supports(const Node& node) const {
     case Op::kEmbed:
     case Op::kMatmul:
       return supports_matrix(*node.matrix);
-    case Op::kAttention:
-      return node.attention.head_dim <= kMaxHeadDim;
+    case Op::kAttention: {
+      // A cache larger than one binding is bound in windows of whole rows (record_attention).
+      const AttentionShape& a = node.attention;
+      const uint64_t row_bytes = a.n_kv_heads * a.head_dim * sizeof(float);
+      return a.head_dim <= kMaxHeadDim &&
+             keys_per_window(binding_bytes(), row_bytes, device_->info().storage_offset_alignment) >
+                 0;
+    }
     case Op::kConvSilu:
       return node.width >= 1 && node.width <= kMaxConvKernel;
     case Op::kDeltaRule:
@@ -200,8 +218,8 @@ const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
   const uint64_t row_bytes = matrix_bytes(m.dtype, 1, m.cols, m.group_size);
   const uint64_t scale_row_bytes = matrix_scale_bytes(m.dtype, 1, m.cols, m.group_size);
   // Each part padded to whole words (the shaders read 32-bit words) and within one binding.
-  const int64_t rows_per_part = static_cast<int64_t>(
-      matrix_part_bytes() / std::max({row_bytes, scale_row_bytes, uint64_t{1}}));
+  const int64_t rows_per_part =
+      static_cast<int64_t>(binding_bytes() / std::max({row_bytes, scale_row_bytes, uint64_t{1}}));
   const auto* data = static_cast<const std::byte*>(m.data);
   const auto* scales = static_cast<const std::byte*>(m.scales);
   for (int64_t first = 0; first < m.rows; first += rows_per_part) {
@@ -237,7 +255,38 @@ VulkanBackend::Location VulkanBackend::at(const NodeArgs& args, const Operand& o
   if (buffer == nullptr || buffer != arena_.get()) {
     fail("vulkan", "an operand is not in this device's activation arena");
   }
-  return {buffer, u32(static_cast<int64_t>(t.offset / sizeof(float)) + o.row * t.strides[0])};
+  const size_t byte = t.offset + o.row * t.strides[0] * sizeof(float);
+  return {byte, u32(static_cast<int64_t>((byte - arena_window_) / sizeof(float)))};
+}
+
+int64_t VulkanBackend::max_arena_span_bytes() const {
+  // The window starts up to one alignment below the node's first operand.
+  const VulkanDeviceInfo& limits = device_->info();
+  return static_cast<int64_t>(limits.max_storage_buffer_range / 4 * 4 -
+                              limits.storage_offset_alignment);
+}
+
+void VulkanBackend::set_arena_window(const Plan& plan, const Node& node, const NodeArgs& args) {
+  size_t begin = SIZE_MAX, end = 0;
+  const auto extend = [&](const Operand& o) {
+    if (o.value == kNoValue) return;
+    const TensorRef& t = args.values[o.value];
+    if (t.buffer != arena_.get()) return;
+    begin = std::min(begin, t.offset);
+    end = std::max(end, t.offset + plan.values[o.value].floats() * sizeof(float));
+  };
+  for (const Operand& o : node.in) extend(o);
+  extend(node.out);
+  extend(node.out2);
+  if (end == 0) begin = 0;
+  arena_window_ =
+      begin / device_->info().storage_offset_alignment * device_->info().storage_offset_alignment;
+  if (end > arena_window_ + static_cast<size_t>(max_arena_span_bytes())) {
+    fail("vulkan", plan.describe(node) + ": its operands span " +
+                       std::to_string(end - arena_window_) +
+                       " bytes of the arena, more than one binding (the scheduler places such "
+                       "a node on the CPU)");
+  }
 }
 
 const VulkanBuffer& VulkanBackend::state(const StateBuffer& s, const char* what, int layer) const {
@@ -294,7 +343,7 @@ void VulkanBackend::barrier() {
   vkCmdPipelineBarrier(commands_, stages, stages, 0, 1, &b, 0, nullptr, 0, nullptr);
 }
 
-void VulkanBackend::dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
+void VulkanBackend::dispatch(const char* shader, std::initializer_list<Binding> buffers,
                              std::span<const uint32_t> push, uint64_t groups, uint32_t z) {
   if (push.size() > kPushConstantBytes / 4) fail("vulkan", "too many push constants");
   if (groups == 0 || z == 0) return;
@@ -312,10 +361,28 @@ void VulkanBackend::dispatch(const char* shader, std::initializer_list<const Vul
   // Unused bindings get the first buffer: every binding of the shared layout must be valid.
   VkDescriptorBufferInfo infos[kMaxBindings];
   VkWriteDescriptorSet writes[kMaxBindings];
-  const VulkanBuffer* const* list = buffers.begin();
+  const Binding* list = buffers.begin();
+  const VulkanDeviceInfo& limits = device_->info();
   for (uint32_t b = 0; b < kMaxBindings; ++b) {
-    const VulkanBuffer* buffer = b < buffers.size() ? list[b] : list[0];
-    infos[b] = {buffer->handle(), 0, VK_WHOLE_SIZE};
+    Binding binding = b < buffers.size() ? list[b] : list[0];
+    if (binding.buffer == arena_.get() && binding.bytes == VK_WHOLE_SIZE) {
+      // The node's window of the arena (set_arena_window).
+      binding = Binding(binding.buffer, arena_window_,
+                        std::min<uint64_t>(limits.max_storage_buffer_range / 4 * 4,
+                                           binding.buffer->bytes() - arena_window_));
+    }
+    // A binding past the device's range reads wrong memory on some drivers: refuse it here.
+    const uint64_t span =
+        binding.bytes == VK_WHOLE_SIZE ? binding.buffer->bytes() - binding.offset : binding.bytes;
+    if (span > limits.max_storage_buffer_range ||
+        binding.offset % limits.storage_offset_alignment != 0) {
+      fail("vulkan", std::string(shader) + ": a binding of " + std::to_string(span) +
+                         " bytes at offset " + std::to_string(binding.offset) +
+                         " is outside what the device binds (maxStorageBufferRange " +
+                         std::to_string(limits.max_storage_buffer_range) + ", offsets aligned to " +
+                         std::to_string(limits.storage_offset_alignment) + ")");
+    }
+    infos[b] = {binding.buffer->handle(), binding.offset, binding.bytes};
     writes[b] = vk_info<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
     writes[b].dstSet = set;
     writes[b].dstBinding = b;
@@ -387,6 +454,7 @@ void VulkanBackend::abandon() {
 void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
   try {
     for (const Node& node : nodes) {
+      set_arena_window(plan, node, args);
       record(plan, node, args);
       if (!options_.perturb_op.empty() && options_.perturb_op == op_name(node.op)) {
         const int64_t n = node.rows * plan.values[node.out.value].cols;
@@ -399,6 +467,76 @@ void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const Nod
     abandon();
     throw;
   }
+}
+
+void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uint32_t q,
+                                     uint32_t out) {
+  const VulkanBuffer& arena = static_cast<const VulkanBuffer&>(*arena_);
+  LayerState& cache = args.inputs->layers[node.layer];
+  const int64_t kv_width = cache.kv_width, first_pos = args.inputs->first_pos;
+  const int64_t n_keys = first_pos + node.rows;
+  cache.keys.resize(n_keys * kv_width);
+  cache.values.resize(n_keys * kv_width);
+  const VulkanBuffer& keys = state(cache.keys, "key cache", node.layer);
+  const VulkanBuffer& values = state(cache.values, "value cache", node.layer);
+  const size_t row_bytes = kv_width * sizeof(float);
+  copy(arena, at(args, node.in[1]).byte, keys, first_pos * row_bytes, node.rows * row_bytes);
+  copy(arena, at(args, node.in[2]).byte, values, first_pos * row_bytes, node.rows * row_bytes);
+
+  // A cache larger than one binding (a long context on a phone's 128 MiB range) is bound in
+  // windows of whole rows; each window's keys are splits of their own, merged as split-key
+  // attention merges them.
+  const uint64_t limit = binding_bytes();
+  int64_t window = n_keys;
+  if (keys.bytes() > limit || values.bytes() > limit) {
+    window = keys_per_window(limit, row_bytes, device_->info().storage_offset_alignment);
+  }
+  const AttentionShape& a = node.attention;
+  const int64_t items = node.rows * a.n_heads;
+  // Splits: of kKeysPerSplit keys for few queries over many keys (a decode step: the splits run
+  // in parallel), else one per window (a prompt: its queries give parallelism enough).
+  int64_t per_split = std::min(window, n_keys);
+  if (n_keys > kKeysPerSplit && items < kSplitBelowItems)
+    per_split = std::min(kKeysPerSplit, window);
+  const int64_t splits = (n_keys + per_split - 1) / per_split;
+  // A window holds whole splits; it stays a multiple of the alignment step, as kKeysPerSplit is
+  // a multiple of any offset alignment the spec allows (at most 256 bytes).
+  window = window >= n_keys ? splits * per_split : window / per_split * per_split;
+  const int64_t splits_per_window = window / per_split;
+  const auto window_of = [&](const VulkanBuffer& cache_part, int64_t first_key) {
+    return Binding(&cache_part, first_key * row_bytes,
+                   std::min(window, n_keys - first_key) * row_bytes);
+  };
+  uint32_t push[] = {q,
+                     out,
+                     u32(node.rows),
+                     u32(first_pos),
+                     u32(a.n_heads),
+                     u32(a.n_kv_heads),
+                     u32(a.head_dim),
+                     bits(node.scale),
+                     u32(per_split),
+                     u32(splits),
+                     0,  // first_split
+                     u32(splits),
+                     0};  // key_base
+  if (splits == 1) {
+    return dispatch("attention", {&arena, window_of(keys, 0), window_of(values, 0)}, push, items);
+  }
+  const VulkanBuffer& partials =
+      scratch(attention_partials_, items * splits * (2 + a.head_dim) * sizeof(float));
+  for (int64_t first_key = 0; first_key < n_keys; first_key += window) {
+    const int64_t first_split = first_key / per_split;
+    const int64_t here = std::min(splits_per_window, splits - first_split);
+    push[10] = u32(first_split);
+    push[11] = u32(here);
+    push[12] = u32(first_key);
+    dispatch("attention_partial",
+             {&arena, window_of(keys, first_key), window_of(values, first_key), &partials}, push,
+             items * here);
+  }
+  dispatch("attention_combine", {&arena, window_of(keys, 0), window_of(values, 0), &partials}, push,
+           items);
 }
 
 void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& args) {
@@ -507,33 +645,8 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
                        u32(node.rows)},
                       groups_of(node.rows * heads * half));
     }
-    case Op::kAttention: {
-      LayerState& cache = inputs.layers[node.layer];
-      const int64_t kv_width = cache.kv_width, first_pos = inputs.first_pos;
-      cache.keys.resize((first_pos + node.rows) * kv_width);
-      cache.values.resize((first_pos + node.rows) * kv_width);
-      const VulkanBuffer& keys = state(cache.keys, "key cache", node.layer);
-      const VulkanBuffer& values = state(cache.values, "value cache", node.layer);
-      const size_t row_bytes = kv_width * sizeof(float);
-      copy(arena, offset(node.in[1]) * sizeof(float), keys, first_pos * row_bytes,
-           node.rows * row_bytes);
-      copy(arena, offset(node.in[2]) * sizeof(float), values, first_pos * row_bytes,
-           node.rows * row_bytes);
-      const AttentionShape& a = node.attention;
-      const int64_t n_keys = first_pos + node.rows, items = node.rows * a.n_heads;
-      const int64_t splits = (n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
-      const bool split = splits > 1 && items < kSplitBelowItems;
-      const uint32_t push[] = {
-          offset(node.in[0]),     offset(node.out), u32(node.rows),
-          u32(first_pos),         u32(a.n_heads),   u32(a.n_kv_heads),
-          u32(a.head_dim),        bits(node.scale), u32(split ? kKeysPerSplit : n_keys),
-          u32(split ? splits : 1)};
-      if (!split) return dispatch("attention", {&arena, &keys, &values}, push, items);
-      const VulkanBuffer& partials =
-          scratch(attention_partials_, items * splits * (2 + a.head_dim) * sizeof(float));
-      dispatch("attention_partial", {&arena, &keys, &values, &partials}, push, items * splits);
-      return dispatch("attention_combine", {&arena, &keys, &values, &partials}, push, items);
-    }
+    case Op::kAttention:
+      return record_attention(node, args, offset(node.in[0]), offset(node.out));
     case Op::kConvSilu: {
       const int64_t channels = cols(node.out);
       const VulkanBuffer& conv = state(inputs.layers[node.layer].conv, "conv state", node.layer);

@@ -34,9 +34,9 @@ struct VulkanBackendOptions {
   // faster variants the device supports (subgroup reductions, int8 dot products):
   // QHX_VULKAN_PORTABLE=1, for a driver whose fast paths misbehave, and the tests of both.
   bool portable = false;
-  // Test switch: weight matrices are split into parts of at most this many bytes, as on a device
-  // whose maxStorageBufferRange is that small (0: the device's range).
-  uint64_t max_matrix_part_bytes = 0;
+  // Test switch: weight matrices and KV caches are bound in parts of at most this many bytes, as
+  // on a device whose maxStorageBufferRange is that small (0: the device's range).
+  uint64_t max_binding_bytes = 0;
 };
 
 class VulkanBackend final : public Backend {
@@ -51,6 +51,7 @@ class VulkanBackend final : public Backend {
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
   Buffer& arena(size_t bytes) override;
+  int64_t max_arena_span_bytes() const override;
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
   void synchronize() override;
   int64_t submissions() const { return submissions_; }  // command buffers submitted so far
@@ -69,17 +70,30 @@ class VulkanBackend final : public Backend {
     int64_t floats = 0;
     std::unique_ptr<Buffer> buffer;
   };
-  // Where an operand lives on the device: a buffer and an element (float) offset.
+  // Where an operand lives on the device: its byte offset in the arena (for copies), and its
+  // element (float) offset in the node's window of the arena (for shaders).
   struct Location {
-    const VulkanBuffer* buffer;
+    size_t byte;
     uint32_t element;
+  };
+  // What one storage-buffer binding of a dispatch spans: a whole buffer, or `bytes` of it from
+  // `offset` (a window of a buffer larger than one binding may span).
+  struct Binding {
+    Binding(const VulkanBuffer* b) : buffer(b) {}  // NOLINT: a whole buffer binds as itself
+    Binding(const VulkanBuffer* b, size_t offset, size_t bytes)
+        : buffer(b), offset(offset), bytes(bytes) {}
+    const VulkanBuffer* buffer;
+    size_t offset = 0;
+    size_t bytes = VK_WHOLE_SIZE;
   };
 
   bool supports_matrix(const MatrixRef& m) const;
-  uint64_t matrix_part_bytes() const;  // the most one part of a matrix may span
+  uint64_t binding_bytes() const;  // the most one part of a matrix or KV cache may span
+  void record_attention(const Node& node, const NodeArgs& args, uint32_t q, uint32_t out);
   // The variant of a shader this backend runs: `name` or a faster one the device supports.
   std::string shader(const char* name) const;
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
+  void set_arena_window(const Plan& plan, const Node& node, const NodeArgs& args);
   const DeviceMatrix& matrix(const MatrixRef& m);
   const VulkanBuffer& vector(const float* values, int64_t floats);
   Location at(const NodeArgs& args, const Operand& o) const;
@@ -90,9 +104,9 @@ class VulkanBackend final : public Backend {
   const VulkanBuffer& scratch(std::unique_ptr<Buffer>& buffer, size_t bytes);
 
   void begin();  // a command buffer to record into, if none is open
-  void dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
+  void dispatch(const char* shader, std::initializer_list<Binding> buffers,
                 std::span<const uint32_t> push, uint64_t groups, uint32_t z = 1);
-  void dispatch(const char* shader, std::initializer_list<const VulkanBuffer*> buffers,
+  void dispatch(const char* shader, std::initializer_list<Binding> buffers,
                 std::initializer_list<uint32_t> push, uint64_t groups, uint32_t z = 1) {
     dispatch(shader, buffers, std::span(push.begin(), push.size()), groups, z);
   }
@@ -106,6 +120,9 @@ class VulkanBackend final : public Backend {
   bool subgroup_reductions_ = false, int8_dot_ = false;  // the faster variants in use
   VulkanBufferType device_memory_, shared_memory_;
   std::unique_ptr<Buffer> arena_;
+  // Where the window of the arena that the node being recorded binds begins (bytes): an arena
+  // may be larger than one binding, one node's operands are not (max_arena_span_bytes).
+  size_t arena_window_ = 0;
   std::unique_ptr<Buffer> ring_;  // host-visible: token ids, RoPE tables
   size_t ring_used_ = 0;
   std::unique_ptr<Buffer> quantized_, scales_;    // int8 activations of a matmul

@@ -84,6 +84,7 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
                                       : "driver " + std::to_string(p.driverVersion);
   info.subgroup_size = subgroup.subgroupSize;
   info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
+  info.storage_offset_alignment = std::max<uint64_t>(p.limits.minStorageBufferOffsetAlignment, 4);
 
   info.subgroup_arithmetic =
       (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&

@@ -31,6 +31,7 @@ struct VulkanDeviceInfo {
   bool cooperative_matrix = false;   // VK_KHR_cooperative_matrix
   uint32_t subgroup_size = 0;
   uint64_t max_storage_buffer_range = 0;  // bytes one storage buffer binding may span
+  uint64_t storage_offset_alignment = 4;  // minStorageBufferOffsetAlignment of a binding's start
   bool discrete = false;
   // "llvmpipe (LLVM 15.0.6, 256 bits) · CPU · 23.9 GiB · Mesa 22.3.6 · Vulkan 1.3.230 ·
   // subgroup 8, int8-dot"

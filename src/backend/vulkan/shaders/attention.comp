@@ -5,9 +5,10 @@
 // new rows: query t sees keys 0..first_pos+t. The keys stream in blocks of 64 with a running max
 // and sum (online softmax), so no score array is stored.
 //   (default)  one workgroup per (query, head) over all its keys;
-//   PARTIAL    split-key, for few queries over a long context (decode): one workgroup per
-//              (query, head, split of keys_per_split keys), writing its max, sum and unnormalized
-//              output to `partials`;
+//   PARTIAL    split-key, for few queries over a long context (decode), and for a cache larger
+//              than one binding: one workgroup per (query, head, split of keys_per_split keys),
+//              writing its max, sum and unnormalized output to `partials`. A dispatch covers
+//              splits first_split.. (splits_here of them) and binds the keys from key_base on;
 //   COMBINE    then one workgroup per (query, head) merges the splits.
 layout(local_size_x = 64) in;
 #define MAX_HEAD_DIM 256
@@ -19,7 +20,7 @@ layout(std430, binding = 3) buffer Partials { float partials[]; };  // [query·h
 layout(push_constant) uniform Params {
   uint q_offset, out_offset, n_queries, first_pos, n_heads, n_kv_heads, head_dim;
   float scale;
-  uint keys_per_split, n_splits;
+  uint keys_per_split, n_splits, first_split, splits_here, key_base;
 } p;
 #include "common.glsl"
 
@@ -54,7 +55,8 @@ void main() {
 #else
 void main() {
 #if defined(PARTIAL)
-  const uint item = flat_group() / p.n_splits, split = flat_group() % p.n_splits;
+  const uint item = flat_group() / p.splits_here;
+  const uint split = p.first_split + flat_group() % p.splits_here;
 #else
   const uint item = flat_group(), split = 0;
 #endif
@@ -79,7 +81,7 @@ void main() {
     float score = -1.0 / 0.0;
     if (key < end_key) {
       score = 0.0;
-      const uint base = key * kv_width + kv_head * p.head_dim;
+      const uint base = (key - p.key_base) * kv_width + kv_head * p.head_dim;
       for (uint d = 0; d < p.head_dim; ++d) score += query[d] * keys[base + d];
       score *= p.scale;
     }
@@ -95,7 +97,7 @@ void main() {
       const uint d = k * 64 + lane;
       float sum = acc[k] * correction;
       for (uint j = 0; j < in_block; ++j) {
-        sum += weights[j] * values[(block + j) * kv_width + kv_head * p.head_dim + d];
+        sum += weights[j] * values[(block + j - p.key_base) * kv_width + kv_head * p.head_dim + d];
       }
       acc[k] = sum;
     }
