@@ -315,5 +315,55 @@ TEST(DeviceGate, QuantizedBundlesPassTheirGateOnTheDevice) {
   }
 }
 
+// Where the device shares the host's memory and imports it (lavapipe does), a mapped file's
+// matrices are read in place, with no copy: the same logits to the bit as from uploaded copies
+// (the same bytes through the same shaders), for safetensors checkpoints (f16, bf16: tensors at
+// any offset the file gives them) and W8/W4 bundles (data and scales).
+TEST(DeviceWeights, MappedWeightsAreReadInPlaceWithTheResultsOfCopies) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const VulkanDeviceInfo& info = device->info();
+  if (info.discrete || info.host_import_alignment == 0) {
+    GTEST_SKIP() << info.name << " keeps its weights in memory of its own";
+  }
+  const test::TempDir out;
+  std::vector<fs::path> models = {fixture(kFixtures[0]), fixture(kFixtures[1])};
+  for (const DType d : {DType::kW8, DType::kW4}) {
+    ConvertOptions o;
+    o.weights = d;
+    o.gate = false;
+    o.int8_activations = d == DType::kW8;  // both matmul forms
+    models.push_back(out.path() / dtype_name(d));
+    forge_convert(fixture(kFixtures[1]), models.back(), o);
+  }
+  for (const fs::path& dir : models) {
+    SCOPED_TRACE(dir.string());
+    VulkanBackendOptions in_place, copied;
+    in_place.decode = copied.decode = true;
+    copied.weights_in_place = false;
+    auto in_place_backend = std::make_shared<VulkanBackend>(device, in_place);
+    auto copied_backend = std::make_shared<VulkanBackend>(device, copied);
+    const auto a = load_model(dir, {.devices = {in_place_backend}});
+    const auto b = load_model(dir, {.devices = {copied_backend}});
+    const WeightMemory wa = in_place_backend->weight_memory();
+    const WeightMemory wb = copied_backend->weight_memory();
+    EXPECT_GT(wa.in_place_bytes, wa.copied_bytes);
+    EXPECT_EQ(wb.in_place_bytes, 0);
+    EXPECT_EQ(wa.in_place_bytes + wa.copied_bytes, wb.copied_bytes);
+    const std::vector<int32_t> prompt = {1, 5, 9, 13, 17, 21, 25, 29, 33};
+    auto sa = a->new_state(), sb = b->new_state();
+    std::vector<float> la, lb;
+    a->forward(prompt, *sa, LogitsFor::kEveryToken, la);
+    b->forward(prompt, *sb, LogitsFor::kEveryToken, lb);
+    EXPECT_EQ(la, lb) << "prefill";
+    const int32_t next = 7;
+    a->forward(std::span(&next, 1), *sa, LogitsFor::kLastToken, la);
+    b->forward(std::span(&next, 1), *sb, LogitsFor::kLastToken, lb);
+    EXPECT_EQ(la, lb) << "decode";
+    std::printf("%s: %.2f MB in place, %.2f MB copied\n", dir.filename().c_str(),
+                static_cast<double>(wa.in_place_bytes) / 1e6,
+                static_cast<double>(wa.copied_bytes) / 1e6);
+  }
+}
+
 }  // namespace
 }  // namespace qhx

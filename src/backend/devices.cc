@@ -1,6 +1,7 @@
 #include "backend/devices.h"
 
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 
 #include "util/cache_dir.h"
@@ -89,6 +90,9 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   }
   if (const char* op = std::getenv("QHX_VULKAN_PERTURB")) options.perturb_op = op;
   if (const char* p = std::getenv("QHX_VULKAN_PORTABLE")) options.portable = std::string(p) == "1";
+  if (const char* u = std::getenv("QHX_VULKAN_UPLOAD_WEIGHTS")) {
+    options.weights_in_place = std::string(u) != "1";
+  }
   out.backends.push_back(std::make_shared<VulkanBackend>(device, options));
   out.prefill = choice.prefill;
   out.decode = decode ? choice.prefill : cpu;
@@ -123,5 +127,17 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
 }
 
 #endif
+
+std::string describe_weight_memory(const OpenedDevices& devices) {
+  if (devices.backends.empty()) return "";
+  const WeightMemory w = devices.backends[0]->weight_memory();
+  if (w.in_place_bytes + w.copied_bytes == 0) return "";
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "reads %.1f MB of weights in place from the mapped files, %.1f MB from copies",
+                static_cast<double>(w.in_place_bytes) / 1e6,
+                static_cast<double>(w.copied_bytes) / 1e6);
+  return devices.prefill.text() + " " + line;
+}
 
 }  // namespace qhx

@@ -50,4 +50,8 @@ struct OpenedDevices {
 // error; contradictory names (decoding on a device that reads no prompt) are an Error.
 OpenedDevices open_devices(const DeviceChoice& choice);
 
+// "vulkan:0 reads 37.9 MB of weights in place from the mapped files, 0.0 MB from copies": where a
+// device's weights are, once a model prepared them; empty without a device.
+std::string describe_weight_memory(const OpenedDevices& devices);
+
 }  // namespace qhx

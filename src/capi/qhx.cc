@@ -372,7 +372,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
         std::make_shared<qhx::CpuContext>(n_threads, qhx::CpuKernels::from_environment());
     opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0,
                                           .context = context,
-                                          .devices = std::move(devices.backends),
+                                          .devices = devices.backends,
                                           .mtp_vocab_size = options->mtp_vocab_size});
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
@@ -399,8 +399,11 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       const qhx::DeviceCheckResult checked = qhx::check_devices(
           *opened->model, device_name, opened->tokenizer ? &*opened->tokenizer : nullptr, check);
       if (!checked.passed) opened->prefill_device = opened->decode_device = "cpu";
-      if (!checked.summary.empty()) {
-        opened->device_note += (opened->device_note.empty() ? "" : "; ") + checked.summary;
+      const std::string weights = checked.passed ? qhx::describe_weight_memory(devices) : "";
+      for (const std::string& part : {checked.summary, weights}) {
+        if (!part.empty()) {
+          opened->device_note += (opened->device_note.empty() ? "" : "; ") + part;
+        }
       }
     }
   });

@@ -30,6 +30,12 @@ struct NodeArgs {
   }
 };
 
+// The weights a backend holds: read in place from where they lie (a mapped file the device
+// imported) and copied into memory of its own.
+struct WeightMemory {
+  int64_t in_place_bytes = 0, copied_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -44,6 +50,8 @@ class Backend {
   // points them there. Called once, before any plan that reads them is scheduled. The default
   // uses them as they lie.
   virtual void prepare_weights(std::span<MatrixRef* const> /*matrices*/) {}
+  // What prepare_weights left it holding (a device; the CPU's packed copies are not counted).
+  virtual WeightMemory weight_memory() const { return {}; }
   virtual bool supports(const Node& node) const = 0;
   // True when it asks for a node it supports although the node's weights live elsewhere (a device
   // takes prompt-sized matmuls).

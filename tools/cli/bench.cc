@@ -235,6 +235,13 @@ int run_bench(const BenchArgs& args) {
                                            .mtp_vocab_size = args.speculative.mtp_vocab});
   check_devices(*model, devices, args.devices, dir);
   const double load_s = qhx::seconds_since(load_start);
+  // Where the device reads its weights: in place from the mapped files, or copies of its own.
+  qhx::Json device_weights = nullptr;
+  if (!devices.backends.empty()) {
+    const qhx::WeightMemory w = devices.backends[0]->weight_memory();
+    device_weights = {{"in_place", static_cast<double>(w.in_place_bytes) / 1e6},
+                      {"copied", static_cast<double>(w.copied_bytes) / 1e6}};
+  }
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);
   const qhx::CpuKernels& kernels = model->context().kernels();
@@ -305,6 +312,7 @@ int run_bench(const BenchArgs& args) {
             {"decode_device", devices.decode.text()},
             {"backends", backends},
             {"handoff", handoff},
+            {"device_weights_mb", device_weights},
             {"commit", QHX_GIT_COMMIT},
             {"date", utc_date()},
             {"gate", gate}};

@@ -77,6 +77,10 @@ void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const D
   const qhx::DeviceCheckResult r = qhx::check_devices(model, devices.backends[0]->name(),
                                                       tokenizer ? &*tokenizer : nullptr, options);
   if (!r.summary.empty()) std::fprintf(stderr, "qhx: %s\n", r.summary.c_str());
+  if (r.passed) {
+    const std::string weights = qhx::describe_weight_memory(devices);
+    if (!weights.empty()) std::fprintf(stderr, "qhx: %s\n", weights.c_str());
+  }
 }
 
 std::string describe_bundle(const qhx::BundleManifest& m) {

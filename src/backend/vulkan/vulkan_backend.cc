@@ -217,25 +217,61 @@ const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
   DeviceMatrix d;
   const uint64_t row_bytes = matrix_bytes(m.dtype, 1, m.cols, m.group_size);
   const uint64_t scale_row_bytes = matrix_scale_bytes(m.dtype, 1, m.cols, m.group_size);
-  // Each part padded to whole words (the shaders read 32-bit words) and within one binding.
+  // Each part padded to whole words (the shaders read 32-bit words) and within one binding; in
+  // place, with room for the bytes before it up to the buffer alignment.
+  const std::shared_ptr<const VulkanHostImport> import = weight_file(m);
+  constexpr uint64_t kLeadRoom = 4096;
+  const uint64_t part_limit = import != nullptr && binding_bytes() > 2 * kLeadRoom
+                                  ? binding_bytes() - kLeadRoom
+                                  : binding_bytes();
   const int64_t rows_per_part =
-      static_cast<int64_t>(binding_bytes() / std::max({row_bytes, scale_row_bytes, uint64_t{1}}));
+      static_cast<int64_t>(part_limit / std::max({row_bytes, scale_row_bytes, uint64_t{1}}));
   const auto* data = static_cast<const std::byte*>(m.data);
   const auto* scales = static_cast<const std::byte*>(m.scales);
+  // A part's bytes in place where they start on a word and the device can bind them there
+  // within one binding, else a copy of them.
+  const auto place = [&](const std::byte* bytes, uint64_t n, uint32_t& word) {
+    const uint64_t padded = (n + 3) / 4 * 4;
+    size_t lead = 0;
+    std::unique_ptr<Buffer> b;
+    if (import != nullptr && reinterpret_cast<uintptr_t>(bytes) % 4 == 0) {
+      b = VulkanBuffer::over(import, device_, bytes, padded, lead);
+      if (b != nullptr && b->bytes() > binding_bytes()) b.reset();
+    }
+    if (b != nullptr) {
+      word = u32(static_cast<int64_t>(lead / 4));
+      weight_memory_.in_place_bytes += static_cast<int64_t>(n);
+    } else {
+      b = device_memory_.allocate(padded);
+      b->write(0, bytes, n);
+      word = 0;
+      weight_memory_.copied_bytes += static_cast<int64_t>(n);
+    }
+    return b;
+  };
   for (int64_t first = 0; first < m.rows; first += rows_per_part) {
     MatrixPart& part = d.parts.emplace_back();
     part.first_row = first;
     part.rows = std::min(rows_per_part, m.rows - first);
-    const uint64_t bytes = part.rows * row_bytes;
-    part.data = device_memory_.allocate((bytes + 3) / 4 * 4);
-    part.data->write(0, data + first * row_bytes, bytes);
+    part.data = place(data + first * row_bytes, part.rows * row_bytes, part.data_word);
     if (is_quantized(m.dtype)) {
-      const uint64_t scale_bytes = part.rows * scale_row_bytes;
-      part.scales = device_memory_.allocate((scale_bytes + 3) / 4 * 4);
-      part.scales->write(0, scales + first * scale_row_bytes, scale_bytes);
+      part.scales =
+          place(scales + first * scale_row_bytes, part.rows * scale_row_bytes, part.scales_word);
     }
   }
   return matrices_.emplace(m.data, std::move(d)).first->second;
+}
+
+std::shared_ptr<const VulkanHostImport> VulkanBackend::weight_file(const MatrixRef& m) {
+  // In place only where the device reads host memory as fast as its own (not a discrete GPU,
+  // which would read it over PCIe), and only from a mapped file, which lives as long as the model.
+  if (!options_.weights_in_place || device_->info().discrete || m.buffer == nullptr ||
+      m.buffer->kind() != BufferKind::kMappedFile || m.buffer->host() == nullptr) {
+    return nullptr;
+  }
+  const auto [it, added] = imports_.try_emplace(m.buffer);
+  if (added) it->second = VulkanHostImport::create(device_, m.buffer->host(), m.buffer->bytes());
+  return it->second;
 }
 
 const VulkanBuffer& VulkanBackend::vector(const float* values, int64_t floats) {
@@ -553,7 +589,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
         dispatch(shader.c_str(),
                  {ring(), as_device(part.data), scales_or(part.scales, arena), &arena},
                  {ids, offset(node.out), u32(m.cols), u32(node.rows), u32(m.group_size),
-                  u32(part.first_row), u32(part.rows)},
+                  u32(part.first_row), u32(part.rows), part.data_word, part.scales_word},
                  groups_of(node.rows * m.cols));
       }
       return;
@@ -604,14 +640,14 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
         const int64_t row_groups = (part.rows + rows_per_group - 1) / rows_per_group;
         const VulkanBuffer *data = as_device(part.data), *scales = scales_or(part.scales, arena);
         if (int8) {
-          dispatch(
-              shader.c_str(), {quantized, activation_scales, data, scales, &arena},
-              {out, u32(part.rows), u32(m.cols), u32(node.rows), u32(m.group_size), u32(m.rows)},
-              row_groups, token_groups);
+          dispatch(shader.c_str(), {quantized, activation_scales, data, scales, &arena},
+                   {out, u32(part.rows), u32(m.cols), u32(node.rows), u32(m.group_size),
+                    u32(m.rows), part.data_word, part.scales_word},
+                   row_groups, token_groups);
         } else {
           dispatch(shader.c_str(), {&arena, data, scales, &arena},
                    {offset(node.in[0]), out, u32(part.rows), u32(m.cols), u32(node.rows),
-                    u32(m.group_size), u32(m.rows)},
+                    u32(m.group_size), u32(m.rows), part.data_word, part.scales_word},
                    row_groups, token_groups);
         }
       }

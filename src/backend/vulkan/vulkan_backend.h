@@ -1,6 +1,7 @@
 // The Vulkan backend: every op kind of the plan (graph/plan.h) as compute shaders on one device.
-// Weights are uploaded once to device memory (prepare_weights for matrices; norm, conv and gate
-// vectors on first use), activations live in a device arena, and the states of the sequences it
+// Weights are read in place from their mapped files where the device shares the host's memory
+// and imports it, else uploaded once to device memory (prepare_weights for matrices; norm, conv
+// and gate vectors on first use), activations live in a device arena, and the states of the sequences it
 // shares with the CPU in host-visible memory both address. Nodes are recorded into one command
 // buffer and submitted when the CPU needs their results (synchronize), so a run of device nodes
 // costs one submission.
@@ -37,6 +38,10 @@ struct VulkanBackendOptions {
   // Test switch: weight matrices and KV caches are bound in parts of at most this many bytes, as
   // on a device whose maxStorageBufferRange is that small (0: the device's range).
   uint64_t max_binding_bytes = 0;
+  // A mapped weight file's matrices are used in place where the device shares the host's memory
+  // and can import it (VK_EXT_external_memory_host), else uploaded. false: always uploaded
+  // (QHX_VULKAN_UPLOAD_WEIGHTS=1, for a driver whose import misbehaves).
+  bool weights_in_place = true;
 };
 
 class VulkanBackend final : public Backend {
@@ -55,6 +60,7 @@ class VulkanBackend final : public Backend {
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
   void synchronize() override;
   int64_t submissions() const { return submissions_; }  // command buffers submitted so far
+  WeightMemory weight_memory() const override { return weight_memory_; }
 
  private:
   // A weight matrix on the device in parts of whole rows, each within one storage-buffer binding
@@ -62,6 +68,8 @@ class VulkanBackend final : public Backend {
   struct MatrixPart {
     int64_t first_row = 0, rows = 0;
     std::unique_ptr<Buffer> data, scales;  // scales: W8/W4 only
+    // Where in them the part begins, in words: 0 for a copy; in place, where its file has it.
+    uint32_t data_word = 0, scales_word = 0;
   };
   struct DeviceMatrix {
     std::vector<MatrixPart> parts;
@@ -95,6 +103,8 @@ class VulkanBackend final : public Backend {
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
   void set_arena_window(const Plan& plan, const Node& node, const NodeArgs& args);
   const DeviceMatrix& matrix(const MatrixRef& m);
+  // The device's import of the mapped file `m` lies in, when its parts are used in place.
+  std::shared_ptr<const VulkanHostImport> weight_file(const MatrixRef& m);
   const VulkanBuffer& vector(const float* values, int64_t floats);
   Location at(const NodeArgs& args, const Operand& o) const;
   const VulkanBuffer& state(const StateBuffer& s, const char* what, int layer) const;
@@ -129,6 +139,9 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<Buffer> delta_scratch_;         // the chunked delta rule's intermediates
   std::unique_ptr<Buffer> attention_partials_;    // split-key attention's per-split results
   std::map<const void*, DeviceMatrix> matrices_;  // by the host data they copy
+  // Weight files imported for use in place, by their buffer (null: the import failed).
+  std::map<const Buffer*, std::shared_ptr<const VulkanHostImport>> imports_;
+  WeightMemory weight_memory_;
   std::map<const float*, DeviceVector> vectors_;
   std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded
 

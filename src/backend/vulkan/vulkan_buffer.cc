@@ -1,6 +1,7 @@
 #include "backend/vulkan/vulkan_buffer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "util/error.h"
@@ -114,9 +115,96 @@ VulkanBuffer::VulkanBuffer(std::shared_ptr<VulkanDevice> device, const BufferTyp
   }
 }
 
+VulkanBuffer::VulkanBuffer(std::shared_ptr<VulkanDevice> device, const void* data, size_t bytes)
+    : Buffer(BufferKind::kHostVisibleDevice, nullptr,
+             static_cast<std::byte*>(const_cast<void*>(data)), bytes, /*writable=*/false),
+      device_(std::move(device)) {}
+
 VulkanBuffer::~VulkanBuffer() {
   vkDestroyBuffer(device_->device(), buffer_, nullptr);
+  if (memory_ != VK_NULL_HANDLE) vkFreeMemory(device_->device(), memory_, nullptr);
+}
+
+namespace {
+
+constexpr VkExternalMemoryHandleTypeFlagBits kHostAllocation =
+    VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+
+}  // namespace
+
+std::shared_ptr<const VulkanHostImport> VulkanHostImport::create(
+    std::shared_ptr<VulkanDevice> device, const void* data, size_t bytes) {
+  const uint64_t alignment = device->info().host_import_alignment;
+  if (alignment == 0 || data == nullptr || bytes == 0) return nullptr;
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t begin = address / alignment * alignment;
+  const uintptr_t end = (address + bytes + alignment - 1) / alignment * alignment;
+  const auto* base = reinterpret_cast<const std::byte*>(begin);
+  const uint32_t types = device->host_pointer_memory_types(base);
+  if (types == 0) return nullptr;
+  // Device-local where one of the types is (unified memory), else the first.
+  int type = device->memory_type(types, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+  if (type < 0) type = std::countr_zero(types);
+  auto host = vk_info<VkImportMemoryHostPointerInfoEXT>(
+      VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT);
+  host.handleType = kHostAllocation;
+  host.pHostPointer = const_cast<std::byte*>(base);
+  auto info = vk_info<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
+  info.pNext = &host;
+  info.allocationSize = end - begin;
+  info.memoryTypeIndex = static_cast<uint32_t>(type);
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  if (vkAllocateMemory(device->device(), &info, nullptr, &memory) != VK_SUCCESS) return nullptr;
+  std::shared_ptr<VulkanHostImport> import(new VulkanHostImport());
+  import->device_ = std::move(device);
+  import->base_ = base;
+  import->bytes_ = end - begin;
+  import->memory_ = memory;
+  import->type_ = static_cast<uint32_t>(type);
+  return import;
+}
+
+VulkanHostImport::~VulkanHostImport() {
   vkFreeMemory(device_->device(), memory_, nullptr);
+}
+
+std::unique_ptr<VulkanBuffer> VulkanBuffer::over(std::shared_ptr<const VulkanHostImport> import,
+                                                 std::shared_ptr<VulkanDevice> device,
+                                                 const void* data, size_t bytes, size_t& lead) {
+  const auto* first = static_cast<const std::byte*>(data);
+  if (first < import->base() || first + bytes > import->base() + import->bytes()) return nullptr;
+  const VkDevice d = device->device();
+  // The alignment a buffer's memory offset needs, from a buffer of this kind.
+  auto external = vk_info<VkExternalMemoryBufferCreateInfo>(
+      VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO);
+  external.handleTypes = kHostAllocation;
+  auto create = vk_info<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
+  create.pNext = &external;
+  create.size = std::max<size_t>(bytes, 4);
+  create.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
+  create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer probe = VK_NULL_HANDLE;
+  vk_check(vkCreateBuffer(d, &create, nullptr, &probe), "creating a buffer");
+  VkMemoryRequirements needs;
+  vkGetBufferMemoryRequirements(d, probe, &needs);
+  vkDestroyBuffer(d, probe, nullptr);
+  if ((needs.memoryTypeBits >> import->memory_type() & 1) == 0 || needs.alignment == 0) {
+    return nullptr;
+  }
+  const size_t at = static_cast<size_t>(first - import->base());
+  const size_t offset = at / needs.alignment * needs.alignment;
+  lead = at - offset;
+  create.size = std::max<size_t>(lead + bytes, 4);
+  std::unique_ptr<VulkanBuffer> b(
+      new VulkanBuffer(std::move(device), first - lead, static_cast<size_t>(create.size)));
+  vk_check(vkCreateBuffer(d, &create, nullptr, &b->buffer_), "creating a buffer");
+  vkGetBufferMemoryRequirements(d, b->buffer_, &needs);
+  if (offset + needs.size > import->bytes() ||
+      vkBindBufferMemory(d, b->buffer_, import->memory(), offset) != VK_SUCCESS) {
+    return nullptr;  // its destructor destroys the unbound buffer
+  }
+  b->import_ = std::move(import);
+  return b;
 }
 
 void VulkanBuffer::write(size_t offset, const void* from, size_t n) {

@@ -70,7 +70,14 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   auto driver = vk_info<VkPhysicalDeviceDriverProperties>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
   const bool has_driver_properties = has_extension(device, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
+  auto host_import = vk_info<VkPhysicalDeviceExternalMemoryHostPropertiesEXT>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT);
+  const bool has_host_import = has_extension(device, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   subgroup.pNext = has_driver_properties ? &driver : nullptr;
+  if (has_host_import) {
+    host_import.pNext = subgroup.pNext;
+    subgroup.pNext = &host_import;
+  }
   auto properties =
       vk_info<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
   properties.pNext = &subgroup;
@@ -85,6 +92,7 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   info.subgroup_size = subgroup.subgroupSize;
   info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
   info.storage_offset_alignment = std::max<uint64_t>(p.limits.minStorageBufferOffsetAlignment, 4);
+  if (has_host_import) info.host_import_alignment = host_import.minImportedHostPointerAlignment;
 
   info.subgroup_arithmetic =
       (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
@@ -141,6 +149,7 @@ std::string VulkanDeviceInfo::describe() const {
   if (int8_dot) features += ", int8-dot";
   if (subgroup_arithmetic) features += ", subgroup-arithmetic";
   if (cooperative_matrix) features += ", cooperative-matrix";
+  if (host_import_alignment > 0) features += ", host-import";
   return name + " · " + type + " · " + memory + " · " + driver + " · Vulkan " + api + " · " +
          features;
 }
@@ -203,14 +212,23 @@ std::shared_ptr<VulkanDevice> VulkanDevice::open(int index,
   // What the faster shader variants need (VulkanBackend picks them from info()).
   auto dot = vk_info<VkPhysicalDeviceShaderIntegerDotProductFeatures>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES);
-  const char* dot_extension = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+  std::vector<const char*> extensions;
   if (d->info_.int8_dot) {
     dot.shaderIntegerDotProduct = VK_TRUE;
     create.pNext = &dot;
-    create.enabledExtensionCount = 1;
-    create.ppEnabledExtensionNames = &dot_extension;
+    extensions.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
   }
+  // Weights used in place from their mapped files (VulkanBackend::matrix).
+  if (d->info_.host_import_alignment > 0) {
+    extensions.push_back(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+  }
+  create.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  create.ppEnabledExtensionNames = extensions.data();
   vk_check(vkCreateDevice(d->physical_, &create, nullptr, &d->device_), "creating the device");
+  if (d->info_.host_import_alignment > 0) {
+    d->host_pointer_properties_ = reinterpret_cast<PFN_vkGetMemoryHostPointerPropertiesEXT>(
+        vkGetDeviceProcAddr(d->device_, "vkGetMemoryHostPointerPropertiesEXT"));
+  }
   vkGetDeviceQueue(d->device_, d->queue_family_, 0, &d->queue_);
 
   VkDescriptorSetLayoutBinding bindings[kMaxBindings];
@@ -294,6 +312,15 @@ VulkanDevice::~VulkanDevice() {
     vkDestroyDevice(device_, nullptr);
   }
   if (instance_ != VK_NULL_HANDLE) vkDestroyInstance(instance_, nullptr);
+}
+
+uint32_t VulkanDevice::host_pointer_memory_types(const void* host) const {
+  if (host_pointer_properties_ == nullptr) return 0;
+  auto properties = vk_info<VkMemoryHostPointerPropertiesEXT>(
+      VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT);
+  const VkResult r = host_pointer_properties_(
+      device_, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, host, &properties);
+  return r == VK_SUCCESS ? properties.memoryTypeBits : 0;
 }
 
 int VulkanDevice::memory_type(uint32_t allowed_types, VkMemoryPropertyFlags required,

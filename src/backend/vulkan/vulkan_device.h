@@ -33,6 +33,9 @@ struct VulkanDeviceInfo {
   uint64_t max_storage_buffer_range = 0;  // bytes one storage buffer binding may span
   uint64_t storage_offset_alignment = 4;  // minStorageBufferOffsetAlignment of a binding's start
   bool discrete = false;
+  // VK_EXT_external_memory_host's minImportedHostPointerAlignment: host memory (a mapped weight
+  // file) aligned so can be used by the device in place. 0: the device cannot import it.
+  uint64_t host_import_alignment = 0;
   // "llvmpipe (LLVM 15.0.6, 256 bits) · CPU · 23.9 GiB · Mesa 22.3.6 · Vulkan 1.3.230 ·
   // subgroup 8, int8-dot"
   std::string describe() const;
@@ -66,6 +69,9 @@ class VulkanDevice {
   int memory_type(uint32_t allowed_types, VkMemoryPropertyFlags required,
                   VkMemoryPropertyFlags preferred) const;
   VkMemoryPropertyFlags memory_flags(int type) const;
+  // The memory types that can import host memory at `host` (VK_EXT_external_memory_host), 0 if
+  // none or the device has no such import.
+  uint32_t host_pointer_memory_types(const void* host) const;
 
   VkPipeline pipeline(std::string_view shader);
   // The shaders' specialization constant 0: threads per weight row of a matmul (64 / it rows per
@@ -89,6 +95,7 @@ class VulkanDevice {
   VkQueue queue_ = VK_NULL_HANDLE;
   uint32_t queue_family_ = 0;
   VkPhysicalDeviceMemoryProperties memory_{};
+  PFN_vkGetMemoryHostPointerPropertiesEXT host_pointer_properties_ = nullptr;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout pipeline_layout_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;

@@ -9,10 +9,12 @@ layout(std430, binding = 1) readonly buffer Weights { uint w[]; };
 layout(std430, binding = 2) readonly buffer Scales { uint scales[]; };
 layout(std430, binding = 3) writeonly buffer Out { float out_values[]; };
 layout(push_constant) uniform Params {
-  uint ids_offset, out_offset, cols, n_tokens, group_size, first_row, rows;
+  uint ids_offset, out_offset, cols, n_tokens, group_size, first_row, rows, w_base, s_base;
 } p;
 #define COLS() p.cols
 #define GROUP_SIZE() p.group_size
+#define W_BASE() p.w_base
+#define S_BASE() p.s_base
 #include "common.glsl"
 #include "weights.glsl"
 

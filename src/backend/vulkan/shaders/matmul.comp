@@ -18,9 +18,12 @@ layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Params {
   uint x_offset, y_offset, rows, cols, n_tokens, group_size;
   uint y_stride;  // floats per output row: all the matrix's rows, of which these are a part
+  uint w_base, s_base;
 } p;
 #define COLS() p.cols
 #define GROUP_SIZE() p.group_size
+#define W_BASE() p.w_base
+#define S_BASE() p.s_base
 #include "common.glsl"
 #include "weights.glsl"
 

@@ -28,6 +28,7 @@ layout(std430, binding = 4) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Params {
   uint y_offset, rows, cols, n_tokens, group_size;
   uint y_stride;  // floats per output row: all the matrix's rows, of which these are a part
+  uint w_base, s_base;  // the words of w and scales before the matrix's first (weights.glsl)
 } p;
 #include "common.glsl"
 
@@ -39,7 +40,7 @@ shared float partial[TOKENS][64];  // [token][row team · LANES + lane]
 int block_dot(uint row, uint b, uint token_block) {
   int sum = 0;
 #if defined(WEIGHT_W8)
-  const uint w_word = (row * p.cols + b * 32) / 4;
+  const uint w_word = p.w_base + (row * p.cols + b * 32) / 4;
   for (uint i = 0; i < 8; ++i) {
     const uint a = w[w_word + i], v = qx[token_block * 8 + i];
 #if defined(INT8_DOT)
@@ -49,7 +50,7 @@ int block_dot(uint row, uint b, uint token_block) {
 #endif
   }
 #else
-  const uint w_word = (row * p.cols + b * 32) / 8;
+  const uint w_word = p.w_base + (row * p.cols + b * 32) / 8;
   for (uint i = 0; i < 4; ++i) {
     const uint a = w[w_word + i];
     const uint v0 = qx[token_block * 8 + 2 * i], v1 = qx[token_block * 8 + 2 * i + 1];
@@ -72,10 +73,10 @@ int block_dot(uint row, uint b, uint token_block) {
 
 float weight_scale(uint row, uint b) {
 #if defined(WEIGHT_W8)
-  return uintBitsToFloat(scales[row]);
+  return uintBitsToFloat(scales[p.s_base + row]);
 #else
   const uint group = row * (p.cols / p.group_size) + (b * 32) / p.group_size;
-  return f16_at(scales[group >> 1], group & 1u);
+  return f16_at(scales[p.s_base + (group >> 1)], group & 1u);
 #endif
 }
 
