@@ -50,6 +50,9 @@ class Backend {
   // points them there. Called once, before any plan that reads them is scheduled. The default
   // uses them as they lie.
   virtual void prepare_weights(std::span<MatrixRef* const> /*matrices*/) {}
+  // Forgets what prepare_weights made of these matrices: the memory they lie in is about to go
+  // (a model closing). The default holds nothing.
+  virtual void release_weights(std::span<MatrixRef* const> /*matrices*/) {}
   // What prepare_weights left it holding (a device; the CPU's packed copies are not counted).
   virtual WeightMemory weight_memory() const { return {}; }
   virtual bool supports(const Node& node) const = 0;

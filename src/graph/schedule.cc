@@ -263,7 +263,8 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
     int64_t largest = -1, largest_own = -1;
     for (size_t i = 0; i < s.plan.nodes.size(); ++i) {
       const Node& node = s.plan.nodes[i];
-      if (node.backend == 0 || source[i] < 0) continue;  // copies bind nothing
+      // Copies bind nothing; a node whose weights only its device holds cannot move.
+      if (node.backend == 0 || source[i] < 0 || weights_home(node, backends) >= 0) continue;
       const ArenaSpan a = arena_span(s.plan, node);
       if (a.span > backends[node.backend]->max_arena_span_bytes() && a.own > largest_own) {
         largest = source[i];

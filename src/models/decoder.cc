@@ -75,6 +75,12 @@ class Decoder final : public Model {
     for (const auto& d : devices_) backends_.push_back(d.get());
     prepare_weights();
   }
+  // The devices may read the mapped files in place, and may outlive the model.
+  ~Decoder() override {
+    std::vector<MatrixRef*> matrices = matrix_list(weights_);
+    matrices.push_back(&weights_.embed_tokens);  // a device looks its rows up when it decodes
+    for (const auto& d : devices_) d->release_weights(matrices);
+  }
 
   const ModelConfig& config() const override { return config_; }
   CpuContext& context() const override { return *context_; }

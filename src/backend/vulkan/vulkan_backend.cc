@@ -147,6 +147,15 @@ void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
   }
 }
 
+void VulkanBackend::release_weights(std::span<MatrixRef* const> list) {
+  synchronize();  // recorded work may read them
+  for (const MatrixRef* m : list) {
+    matrices_.erase(m->data);
+    if (m->buffer != nullptr) imports_.erase(m->buffer);
+  }
+  vectors_.clear();  // keyed by host addresses that may be reused; uploaded again on first use
+}
+
 uint64_t VulkanBackend::binding_bytes() const {
   const uint64_t device = device_->info().max_storage_buffer_range;
   const uint64_t limit =
@@ -221,11 +230,10 @@ const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
   // place, with room for the bytes before it up to the buffer alignment.
   const std::shared_ptr<const VulkanHostImport> import = weight_file(m);
   constexpr uint64_t kLeadRoom = 4096;
-  const uint64_t part_limit = import != nullptr && binding_bytes() > 2 * kLeadRoom
-                                  ? binding_bytes() - kLeadRoom
-                                  : binding_bytes();
-  const int64_t rows_per_part =
-      static_cast<int64_t>(part_limit / std::max({row_bytes, scale_row_bytes, uint64_t{1}}));
+  const uint64_t widest_row = std::max({row_bytes, scale_row_bytes, uint64_t{1}});
+  uint64_t part_limit = binding_bytes();  // a row fits (supports_matrix)
+  if (import != nullptr && part_limit >= kLeadRoom + widest_row) part_limit -= kLeadRoom;
+  const int64_t rows_per_part = static_cast<int64_t>(part_limit / widest_row);
   const auto* data = static_cast<const std::byte*>(m.data);
   const auto* scales = static_cast<const std::byte*>(m.scales);
   // A part's bytes in place where they start on a word and the device can bind them there
@@ -317,7 +325,7 @@ void VulkanBackend::set_arena_window(const Plan& plan, const Node& node, const N
   if (end == 0) begin = 0;
   arena_window_ =
       begin / device_->info().storage_offset_alignment * device_->info().storage_offset_alignment;
-  if (end > arena_window_ + static_cast<size_t>(max_arena_span_bytes())) {
+  if (end > arena_window_ + device_->info().max_storage_buffer_range / 4 * 4) {
     fail("vulkan", plan.describe(node) + ": its operands span " +
                        std::to_string(end - arena_window_) +
                        " bytes of the arena, more than one binding (the scheduler places such "
@@ -355,7 +363,10 @@ const VulkanBuffer& VulkanBackend::scratch(std::unique_ptr<Buffer>& buffer, size
   if (buffer == nullptr || buffer->bytes() < bytes) {
     synchronize();  // recorded work may still read the old one
     buffer.reset();
-    buffer = device_memory_.allocate(std::bit_ceil(bytes));
+    // Grown by powers of two, but not past what one binding spans (the whole buffer is bound).
+    const uint64_t range = device_->info().max_storage_buffer_range / 4 * 4;
+    buffer = device_memory_.allocate(
+        std::max<uint64_t>(bytes, std::min<uint64_t>(std::bit_ceil(bytes), range)));
   }
   return static_cast<const VulkanBuffer&>(*buffer);
 }

@@ -1,10 +1,10 @@
 // The Vulkan backend: every op kind of the plan (graph/plan.h) as compute shaders on one device.
 // Weights are read in place from their mapped files where the device shares the host's memory
 // and imports it, else uploaded once to device memory (prepare_weights for matrices; norm, conv
-// and gate vectors on first use), activations live in a device arena, and the states of the sequences it
-// shares with the CPU in host-visible memory both address. Nodes are recorded into one command
-// buffer and submitted when the CPU needs their results (synchronize), so a run of device nodes
-// costs one submission.
+// and gate vectors on first use), activations live in a device arena, and the states of the
+// sequences it shares with the CPU in host-visible memory both address. Nodes are recorded into one
+// command buffer and submitted when the CPU needs their results (synchronize), so a run of device
+// nodes costs one submission.
 //
 // Placement: it claims the nodes of prompt-sized work (at least min_prompt_rows rows) and, with
 // `decode`, single-token steps too; the embedding lookup stays on the CPU unless decoding here.
@@ -53,6 +53,7 @@ class VulkanBackend final : public Backend {
   const BufferType& buffer_type() const override { return device_memory_; }
   const BufferType& state_buffer_type() const override { return shared_memory_; }
   void prepare_weights(std::span<MatrixRef* const> matrices) override;
+  void release_weights(std::span<MatrixRef* const> matrices) override;
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
   Buffer& arena(size_t bytes) override;

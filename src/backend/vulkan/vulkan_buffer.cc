@@ -136,9 +136,12 @@ std::shared_ptr<const VulkanHostImport> VulkanHostImport::create(
     std::shared_ptr<VulkanDevice> device, const void* data, size_t bytes) {
   const uint64_t alignment = device->info().host_import_alignment;
   if (alignment == 0 || data == nullptr || bytes == 0) return nullptr;
+  // The aligned part of [data, data + bytes): an import may not reach past the memory it names
+  // (what lies outside it is uploaded instead).
   const auto address = reinterpret_cast<uintptr_t>(data);
-  const uintptr_t begin = address / alignment * alignment;
-  const uintptr_t end = (address + bytes + alignment - 1) / alignment * alignment;
+  const uintptr_t begin = (address + alignment - 1) / alignment * alignment;
+  const uintptr_t end = (address + bytes) / alignment * alignment;
+  if (end <= begin) return nullptr;
   const auto* base = reinterpret_cast<const std::byte*>(begin);
   const uint32_t types = device->host_pointer_memory_types(base);
   if (types == 0) return nullptr;
@@ -184,7 +187,7 @@ std::unique_ptr<VulkanBuffer> VulkanBuffer::over(std::shared_ptr<const VulkanHos
   create.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
   create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   VkBuffer probe = VK_NULL_HANDLE;
-  vk_check(vkCreateBuffer(d, &create, nullptr, &probe), "creating a buffer");
+  if (vkCreateBuffer(d, &create, nullptr, &probe) != VK_SUCCESS) return nullptr;
   VkMemoryRequirements needs;
   vkGetBufferMemoryRequirements(d, probe, &needs);
   vkDestroyBuffer(d, probe, nullptr);
@@ -197,7 +200,7 @@ std::unique_ptr<VulkanBuffer> VulkanBuffer::over(std::shared_ptr<const VulkanHos
   create.size = std::max<size_t>(lead + bytes, 4);
   std::unique_ptr<VulkanBuffer> b(
       new VulkanBuffer(std::move(device), first - lead, static_cast<size_t>(create.size)));
-  vk_check(vkCreateBuffer(d, &create, nullptr, &b->buffer_), "creating a buffer");
+  if (vkCreateBuffer(d, &create, nullptr, &b->buffer_) != VK_SUCCESS) return nullptr;
   vkGetBufferMemoryRequirements(d, b->buffer_, &needs);
   if (offset + needs.size > import->bytes() ||
       vkBindBufferMemory(d, b->buffer_, import->memory(), offset) != VK_SUCCESS) {

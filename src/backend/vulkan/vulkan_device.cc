@@ -92,7 +92,20 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   info.subgroup_size = subgroup.subgroupSize;
   info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
   info.storage_offset_alignment = std::max<uint64_t>(p.limits.minStorageBufferOffsetAlignment, 4);
-  if (has_host_import) info.host_import_alignment = host_import.minImportedHostPointerAlignment;
+  if (has_host_import) {
+    // Host allocations importable as the storage buffers the weights are read through.
+    auto buffer = vk_info<VkPhysicalDeviceExternalBufferInfo>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_BUFFER_INFO);
+    buffer.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
+    buffer.handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+    auto external =
+        vk_info<VkExternalBufferProperties>(VK_STRUCTURE_TYPE_EXTERNAL_BUFFER_PROPERTIES);
+    vkGetPhysicalDeviceExternalBufferProperties(device, &buffer, &external);
+    if ((external.externalMemoryProperties.externalMemoryFeatures &
+         VK_EXTERNAL_MEMORY_FEATURE_IMPORTABLE_BIT) != 0) {
+      info.host_import_alignment = host_import.minImportedHostPointerAlignment;
+    }
+  }
 
   info.subgroup_arithmetic =
       (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
