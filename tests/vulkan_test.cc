@@ -114,9 +114,13 @@ TEST(DeviceFallback, AFailureMidReplyIsFinishedByTheCpuWithTheSameTokens) {
   chunked.prefill_chunk = 4;  // several prompt passes per turn
   for (const char* name : kFixtures) {
     SCOPED_TRACE(name);
-    for (const bool decode : {true, false}) {
+    // Decoding on the device with states in the memory the CPU reads, with private device-local
+    // copies of them (a discrete GPU's), and decoding on the CPU.
+    for (const auto& [decode, private_states] :
+         {std::pair(true, false), std::pair(true, true), std::pair(false, false)}) {
       VulkanBackendOptions options;
       options.decode = decode;
+      options.private_states = private_states;
       const auto backend = std::make_shared<VulkanBackend>(device, options);
       const auto reference =
           chat(*load_model(fixture(name), {.devices = {backend}}), 2, 6, chunked);
@@ -124,8 +128,8 @@ TEST(DeviceFallback, AFailureMidReplyIsFinishedByTheCpuWithTheSameTokens) {
       const int64_t total = backend->submissions();
       ASSERT_GE(total, 3);
       for (const int64_t n : {int64_t{1}, int64_t{2}, (total + 1) / 2, total}) {
-        SCOPED_TRACE("decode on device " + std::to_string(decode) + ", failing submission " +
-                     std::to_string(n));
+        SCOPED_TRACE("decode on device " + std::to_string(decode) + ", private states " +
+                     std::to_string(private_states) + ", failing submission " + std::to_string(n));
         options.fail_submission = n;
         const auto model = on_device(fixture(name), device, options);
         EXPECT_EQ(chat(*model, 2, 6, chunked), reference);
@@ -133,6 +137,55 @@ TEST(DeviceFallback, AFailureMidReplyIsFinishedByTheCpuWithTheSameTokens) {
         EXPECT_FALSE(model->devices_enabled());
         EXPECT_NE(model->device_failure().find("fault injected"), std::string::npos);
       }
+    }
+  }
+}
+
+// Decoding on the device with private device-local copies of the states (as on a discrete GPU)
+// computes what it computes in the states' own memory, to the bit, and keeps that memory equal to
+// the copies: the states the CPU would read after each pass are the same, and a state read by the
+// host (which drops the copies) goes on from there. Prompt chunks, decode steps, a rewind, and
+// chats.
+TEST(DeviceStates, PrivateCopiesComputeWhatTheStatesOwnMemoryComputes) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    VulkanBackendOptions shared_states, private_states;
+    shared_states.decode = private_states.decode = true;
+    private_states.private_states = true;
+    const auto a = on_device(fixture(name), device, shared_states);
+    const auto b = on_device(fixture(name), device, private_states);
+    auto sa = a->new_state(), sb = b->new_state();
+    const auto same_states = [&](const std::string& when) {
+      const std::vector<StateTensor> ta = sa->tensors(), tb = sb->tensors();
+      ASSERT_EQ(ta.size(), tb.size());
+      for (size_t i = 0; i < ta.size(); ++i) {
+        EXPECT_TRUE(
+            std::equal(ta[i].data.begin(), ta[i].data.end(), tb[i].data.begin(), tb[i].data.end()))
+            << ta[i].name << " " << when;
+      }
+    };
+    std::vector<float> la, lb;
+    const auto step = [&](std::vector<int32_t> ids, const std::string& when) {
+      a->forward(ids, *sa, LogitsFor::kLastToken, la);
+      b->forward(ids, *sb, LogitsFor::kLastToken, lb);
+      EXPECT_EQ(la, lb) << when;
+    };
+    step({1, 5, 9, 13, 17, 21}, "prompt chunk 1");
+    step({25, 29, 33}, "prompt chunk 2");
+    for (int32_t t = 0; t < 3; ++t) step({static_cast<int32_t>(40 + t)}, "decode step");
+    same_states("after decoding");  // reads the host's copies: the device's are dropped
+    const StateCheckpoint at = sa->checkpoint();
+    step({7, 8}, "after the host read them");
+    sa->rewind(at.n_past, &at);
+    sb->rewind(at.n_past, &at);
+    step({9}, "after a rewind");
+    same_states("at the end");
+    // Sessions: chunked prompts, turns that continue the last, drafts verified and rewound.
+    SessionOptions chunked;
+    chunked.prefill_chunk = 4;
+    for (const DraftKind drafts : {DraftKind::kNone, DraftKind::kNgram}) {
+      EXPECT_EQ(chat(*a, 3, 6, chunked, drafts), chat(*b, 3, 6, chunked, drafts));
     }
   }
 }

@@ -90,6 +90,9 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   }
   if (const char* op = std::getenv("QHX_VULKAN_PERTURB")) options.perturb_op = op;
   if (const char* p = std::getenv("QHX_VULKAN_PORTABLE")) options.portable = std::string(p) == "1";
+  if (const char* s = std::getenv("QHX_VULKAN_PRIVATE_STATES")) {
+    options.private_states = std::string(s) == "1";
+  }
   if (const char* u = std::getenv("QHX_VULKAN_UPLOAD_WEIGHTS")) {
     options.weights_in_place = std::string(u) != "1";
   }

@@ -21,6 +21,7 @@ StateBuffer::StateBuffer(const StateBuffer& other) : type_(other.type_) {
 
 StateBuffer& StateBuffer::operator=(const StateBuffer& other) {
   if (this == &other) return *this;
+  shadow_.reset();
   type_ = other.type_;
   size_ = 0;
   // Kept when large enough and of the same type, as a vector keeps its capacity.
@@ -36,6 +37,7 @@ int64_t StateBuffer::capacity() const {
 }
 
 float* StateBuffer::data() const {
+  shadow_.reset();
   if (buffer_ == nullptr) return nullptr;
   if (buffer_->host() == nullptr) {
     fail("state", "the " + type_->name() + " memory it lives in is not addressable by the host");
@@ -65,6 +67,7 @@ void StateBuffer::resize(int64_t size) {
 }
 
 void StateBuffer::fill_zero() {
+  shadow_.reset();
   zero(0, size_);
 }
 
@@ -80,10 +83,16 @@ void StateBuffer::zero(int64_t begin, int64_t end) {
 }
 
 void StateBuffer::assign(std::span<const float> values) {
+  shadow_.reset();
   size_ = 0;
   reserve(static_cast<int64_t>(values.size()));
   if (!values.empty()) buffer_->write(0, values.data(), values.size_bytes());
   size_ = static_cast<int64_t>(values.size());
+}
+
+std::unique_ptr<Buffer> StateBuffer::replace_shadow(std::unique_ptr<Buffer> shadow) const {
+  std::swap(shadow_, shadow);
+  return shadow;
 }
 
 std::vector<float> StateBuffer::to_vector() const {

@@ -30,7 +30,8 @@ class StateBuffer {
   Buffer* buffer() const { return buffer_.get(); }
 
   // The elements where the host addresses them (null when empty and never allocated). Error when
-  // the backend's memory is not host-addressable.
+  // the backend's memory is not host-addressable. The host may write through it: it drops the
+  // shadow.
   float* data() const;
   std::span<const float> host_span() const { return {data(), static_cast<size_t>(size_)}; }
 
@@ -42,6 +43,14 @@ class StateBuffer {
   void assign(std::span<const float> values);
   std::vector<float> to_vector() const;
 
+  // A backend's private copy of the elements (a discrete GPU's device-local memory, which it
+  // reads faster than this buffer), which that backend keeps equal to this one. Anything that may
+  // change the elements through the host (data(), assign, fill_zero, assignment) drops it;
+  // resize and reserve keep it, as the backend writes the elements they add itself.
+  Buffer* shadow() const { return shadow_.get(); }
+  // Installs a new shadow; returns the old one (work the backend recorded may still use it).
+  std::unique_ptr<Buffer> replace_shadow(std::unique_ptr<Buffer> shadow) const;
+
  private:
   void reallocate(int64_t capacity);  // keeps the first size_ elements
   void zero(int64_t begin, int64_t end);
@@ -49,6 +58,7 @@ class StateBuffer {
   const BufferType* type_ = nullptr;
   std::unique_ptr<Buffer> buffer_;
   int64_t size_ = 0;
+  mutable std::unique_ptr<Buffer> shadow_;  // not copied: a copy's host elements are its truth
 };
 
 }  // namespace qhx

@@ -90,6 +90,7 @@ VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackend
       shared_memory_(device_, VulkanBufferType::kHostVisible) {
   subgroup_reductions_ = !options_.portable && device_->info().subgroup_arithmetic;
   int8_dot_ = !options_.portable && device_->info().int8_dot;
+  private_states_ = options_.decode && (device_->info().discrete || options_.private_states);
   VkDevice d = device_->device();
   auto pool = vk_info<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
   pool.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -343,6 +344,30 @@ const VulkanBuffer& VulkanBackend::state(const StateBuffer& s, const char* what,
   return *buffer;
 }
 
+const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const char* what,
+                                                 int layer) {
+  const VulkanBuffer& own = state(s, what, layer);
+  if (!private_states_) return own;
+  const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
+  const VulkanBuffer* shadow = as_vulkan(s.shadow(), *device_);
+  if (shadow == nullptr || shadow->bytes() < bytes) {
+    // As large as the state's own memory (which grows twofold), holding what the old shadow
+    // held, or the state's elements.
+    std::unique_ptr<Buffer> grown = device_memory_.allocate(own.bytes());
+    const VulkanBuffer& from = shadow != nullptr ? *shadow : own;
+    copy(from, 0, static_cast<const VulkanBuffer&>(*grown), 0,
+         shadow != nullptr ? shadow->bytes() : bytes);
+    retired_.push_back(s.replace_shadow(std::move(grown)));
+    shadow = static_cast<const VulkanBuffer*>(s.shadow());
+  }
+  return *shadow;
+}
+
+void VulkanBackend::mirror(const StateBuffer& s, const VulkanBuffer& working) {
+  const VulkanBuffer& own = *as_vulkan(s.buffer(), *device_);
+  if (&working != &own) copy(working, 0, own, 0, s.size() * sizeof(float));
+}
+
 uint32_t VulkanBackend::upload(const void* bytes, size_t n) {
   const size_t aligned = (n + 15) / 16 * 16;
   if (ring_used_ + aligned > ring_->bytes()) {
@@ -485,6 +510,7 @@ void VulkanBackend::synchronize() {
   vkResetDescriptorPool(device_->device(), descriptors_, 0);
   sets_left_ = kSetsPerSubmission;
   ring_used_ = 0;
+  retired_.clear();
 }
 
 void VulkanBackend::abandon() {
@@ -496,6 +522,7 @@ void VulkanBackend::abandon() {
   vkResetDescriptorPool(device_->device(), descriptors_, 0);
   sets_left_ = kSetsPerSubmission;
   ring_used_ = 0;
+  retired_.clear();
 }
 
 void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
@@ -524,11 +551,18 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
   const int64_t n_keys = first_pos + node.rows;
   cache.keys.resize(n_keys * kv_width);
   cache.values.resize(n_keys * kv_width);
-  const VulkanBuffer& keys = state(cache.keys, "key cache", node.layer);
-  const VulkanBuffer& values = state(cache.values, "value cache", node.layer);
+  const VulkanBuffer& keys = working_state(cache.keys, "key cache", node.layer);
+  const VulkanBuffer& values = working_state(cache.values, "value cache", node.layer);
   const size_t row_bytes = kv_width * sizeof(float);
-  copy(arena, at(args, node.in[1]).byte, keys, first_pos * row_bytes, node.rows * row_bytes);
-  copy(arena, at(args, node.in[2]).byte, values, first_pos * row_bytes, node.rows * row_bytes);
+  // The new rows, into the cache it reads and (with private states) into the cache's own memory.
+  const auto append = [&](const StateBuffer& rows, const VulkanBuffer& working, Operand input) {
+    const size_t from = at(args, input).byte, to = first_pos * row_bytes;
+    copy(arena, from, working, to, node.rows * row_bytes);
+    const VulkanBuffer& own = *as_vulkan(rows.buffer(), *device_);
+    if (&own != &working) copy(arena, from, own, to, node.rows * row_bytes);
+  };
+  append(cache.keys, keys, node.in[1]);
+  append(cache.values, values, node.in[2]);
 
   // A cache larger than one binding (a long context on a phone's 128 MiB range) is bound in
   // windows of whole rows; each window's keys are splits of their own, merged as split-key
@@ -696,11 +730,13 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       return record_attention(node, args, offset(node.in[0]), offset(node.out));
     case Op::kConvSilu: {
       const int64_t channels = cols(node.out);
-      const VulkanBuffer& conv = state(inputs.layers[node.layer].conv, "conv state", node.layer);
-      return dispatch(
+      const StateBuffer& conv_state = inputs.layers[node.layer].conv;
+      const VulkanBuffer& conv = working_state(conv_state, "conv state", node.layer);
+      dispatch(
           "conv_silu", {&arena, &vector(node.vector, channels * node.width), &conv},
           {offset(node.in[0]), offset(node.out), u32(channels), u32(node.width), u32(node.rows)},
           groups_of(channels));
+      return mirror(conv_state, conv);
     }
     case Op::kDeltaGates: {
       const int64_t heads = cols(node.out);
@@ -711,16 +747,17 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     }
     case Op::kDeltaRule: {
       const DeltaRuleShape& h = node.heads;
-      const VulkanBuffer& recurrent =
-          state(inputs.layers[node.layer].recurrent, "recurrent state", node.layer);
+      const StateBuffer& recurrent_state = inputs.layers[node.layer].recurrent;
+      const VulkanBuffer& recurrent = working_state(recurrent_state, "recurrent state", node.layer);
       const uint32_t operands[] = {offset(node.in[0]), offset(node.in[1]), offset(node.in[2]),
                                    offset(node.in[3]), offset(node.in[4]), offset(node.out),
                                    u32(node.rows),     u32(h.n_k_heads),   u32(h.n_v_heads),
                                    u32(h.k_dim),       u32(h.v_dim),       u32(delta_chunk(node))};
       const std::span<const uint32_t> push(operands);
       if (node.rows == 1 || node.chunk == 0) {
-        return dispatch("delta_rule", {&arena, &recurrent}, push.first(11),
-                        h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
+        dispatch("delta_rule", {&arena, &recurrent}, push.first(11),
+                 h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
+        return mirror(recurrent_state, recurrent);
       }
       // Prefill: the chunked form (delta_chunk.comp), its intermediates in scratch.
       const VulkanBuffer& work =
@@ -729,8 +766,8 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       dispatch("delta_chunk_prepare", {&arena, &recurrent, &work}, push, h.n_v_heads * chunks);
       dispatch("delta_chunk_state", {&arena, &recurrent, &work}, push,
                h.n_v_heads * ((h.v_dim + kDeltaColumns - 1) / kDeltaColumns));
-      return dispatch("delta_chunk_output", {&arena, &recurrent, &work}, push,
-                      h.n_v_heads * chunks);
+      dispatch("delta_chunk_output", {&arena, &recurrent, &work}, push, h.n_v_heads * chunks);
+      return mirror(recurrent_state, recurrent);
     }
     case Op::kCopy: {
       const TensorRef &from = args.values[node.in[0].value], &to = args.values[node.out.value];

@@ -2,9 +2,10 @@
 // Weights are read in place from their mapped files where the device shares the host's memory
 // and imports it, else uploaded once to device memory (prepare_weights for matrices; norm, conv
 // and gate vectors on first use), activations live in a device arena, and the states of the
-// sequences it shares with the CPU in host-visible memory both address. Nodes are recorded into one
-// command buffer and submitted when the CPU needs their results (synchronize), so a run of device
-// nodes costs one submission.
+// sequences it shares with the CPU in host-visible memory both address (computed in device-local
+// copies when a discrete GPU decodes: private_states). Nodes are recorded into one command
+// buffer and submitted when the CPU needs their results (synchronize), so a run of device nodes
+// costs one submission.
 //
 // Placement: it claims the nodes of prompt-sized work (at least min_prompt_rows rows) and, with
 // `decode`, single-token steps too; the embedding lookup stays on the CPU unless decoding here.
@@ -42,6 +43,11 @@ struct VulkanBackendOptions {
   // and can import it (VK_EXT_external_memory_host), else uploaded. false: always uploaded
   // (QHX_VULKAN_UPLOAD_WEIGHTS=1, for a driver whose import misbehaves).
   bool weights_in_place = true;
+  // When it decodes, the states of its sequences (KV caches, conv and recurrent states) are
+  // computed in device-local copies it keeps equal to them (StateBuffer::shadow): a discrete GPU
+  // does (it would read host memory over PCIe); true makes any device do it
+  // (QHX_VULKAN_PRIVATE_STATES=1, the tests of that path on lavapipe).
+  bool private_states = false;
 };
 
 class VulkanBackend final : public Backend {
@@ -109,6 +115,11 @@ class VulkanBackend final : public Backend {
   const VulkanBuffer& vector(const float* values, int64_t floats);
   Location at(const NodeArgs& args, const Operand& o) const;
   const VulkanBuffer& state(const StateBuffer& s, const char* what, int layer) const;
+  // The buffer a node computes the state in: its own, or with private states its shadow (made
+  // or grown from what it holds, recorded before the node).
+  const VulkanBuffer& working_state(const StateBuffer& s, const char* what, int layer);
+  // After a node updated `working` in place: the state's own memory made equal to it again.
+  void mirror(const StateBuffer& s, const VulkanBuffer& working);
   // Bytes to the upload ring (valid until the next submission); returns their element offset.
   uint32_t upload(const void* bytes, size_t n);
   const VulkanBuffer* ring() const { return static_cast<const VulkanBuffer*>(ring_.get()); }
@@ -129,6 +140,7 @@ class VulkanBackend final : public Backend {
   std::shared_ptr<VulkanDevice> device_;
   VulkanBackendOptions options_;
   bool subgroup_reductions_ = false, int8_dot_ = false;  // the faster variants in use
+  bool private_states_ = false;
   VulkanBufferType device_memory_, shared_memory_;
   std::unique_ptr<Buffer> arena_;
   // Where the window of the arena that the node being recorded binds begins (bytes): an arena
@@ -145,6 +157,7 @@ class VulkanBackend final : public Backend {
   WeightMemory weight_memory_;
   std::map<const float*, DeviceVector> vectors_;
   std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded
+  std::vector<std::unique_ptr<Buffer>> retired_;  // replaced shadows recorded work still reads
 
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkCommandBuffer commands_ = VK_NULL_HANDLE;
