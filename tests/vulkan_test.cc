@@ -144,8 +144,8 @@ TEST(DeviceFallback, AFailureMidReplyIsFinishedByTheCpuWithTheSameTokens) {
 // Decoding on the device with private device-local copies of the states (as on a discrete GPU)
 // computes what it computes in the states' own memory, to the bit, and keeps that memory equal to
 // the copies: the states the CPU would read after each pass are the same, and a state read by the
-// host (which drops the copies) goes on from there. Prompt chunks, decode steps, a rewind, and
-// chats.
+// host (which drops the copies) goes on from there. Prompt chunks, decode steps, a rewind, CPU
+// steps between device ones, a restored snapshot, a reset, and chats.
 TEST(DeviceStates, PrivateCopiesComputeWhatTheStatesOwnMemoryComputes) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
   for (const char* name : kFixtures) {
@@ -180,6 +180,20 @@ TEST(DeviceStates, PrivateCopiesComputeWhatTheStatesOwnMemoryComputes) {
     sa->rewind(at.n_past, &at);
     sb->rewind(at.n_past, &at);
     step({9}, "after a rewind");
+    // The CPU writing the states (a step with the devices off), then the device again.
+    for (Model* m : {a.get(), b.get()}) m->set_devices_enabled(false);
+    step({11}, "on the CPU");
+    for (Model* m : {a.get(), b.get()}) m->set_devices_enabled(true);
+    step({12}, "after the CPU wrote the states");
+    // A snapshot restored, and a state reset.
+    const auto snapshot_a = sa->clone(), snapshot_b = sb->clone();
+    step({13, 14}, "before a restore");
+    sa->restore(*snapshot_a);
+    sb->restore(*snapshot_b);
+    step({15}, "after a restore");
+    sa->reset();
+    sb->reset();
+    step({1, 2, 3}, "after a reset");
     same_states("at the end");
     // Sessions: chunked prompts, turns that continue the last, drafts verified and rewound.
     SessionOptions chunked;

@@ -352,14 +352,22 @@ const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const cha
   const VulkanBuffer* shadow = as_vulkan(s.shadow(), *device_);
   if (shadow == nullptr || shadow->bytes() < bytes) {
     // As large as the state's own memory (which grows twofold), holding what the old shadow
-    // held, or the state's elements.
-    std::unique_ptr<Buffer> grown = device_memory_.allocate(own.bytes());
+    // held, or the state's elements. Without the device memory for it, the state's own memory.
+    std::unique_ptr<Buffer> grown;
+    try {
+      grown = device_memory_.allocate(own.bytes());
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kOutOfMemory) throw;
+      retired_.push_back(s.replace_shadow(nullptr));
+      return own;
+    }
     const VulkanBuffer& from = shadow != nullptr ? *shadow : own;
     copy(from, 0, static_cast<const VulkanBuffer&>(*grown), 0,
          shadow != nullptr ? shadow->bytes() : bytes);
     retired_.push_back(s.replace_shadow(std::move(grown)));
     shadow = static_cast<const VulkanBuffer*>(s.shadow());
   }
+  shadowed_.push_back(&s);
   return *shadow;
 }
 
@@ -498,6 +506,13 @@ void VulkanBackend::synchronize() {
   }
   recording_ = false;
   try {
+    // What the host reads next (results, states' own memory) made visible to it.
+    auto b = vk_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+    b.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    b.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    vkCmdPipelineBarrier(commands_,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &b, 0, nullptr, 0, nullptr);
     vk_check(vkEndCommandBuffer(commands_), "recording commands");
     ++submissions_;
     device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
@@ -511,18 +526,23 @@ void VulkanBackend::synchronize() {
   sets_left_ = kSetsPerSubmission;
   ring_used_ = 0;
   retired_.clear();
+  shadowed_.clear();
 }
 
 void VulkanBackend::abandon() {
   if (recording_) vkEndCommandBuffer(commands_);
   recording_ = false;
   vkDeviceWaitIdle(device_->device());
+  // The shadows this batch made or wrote hold what it did not finish: made again from the
+  // states' own memory next time.
+  for (const StateBuffer* s : shadowed_) retired_.push_back(s->replace_shadow(nullptr));
   vkResetFences(device_->device(), 1, &fence_);
   vkResetCommandBuffer(commands_, 0);
   vkResetDescriptorPool(device_->device(), descriptors_, 0);
   sets_left_ = kSetsPerSubmission;
   ring_used_ = 0;
   retired_.clear();
+  shadowed_.clear();
 }
 
 void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
@@ -569,7 +589,7 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
   // attention merges them.
   const uint64_t limit = binding_bytes();
   int64_t window = n_keys;
-  if (keys.bytes() > limit || values.bytes() > limit) {
+  if (n_keys * row_bytes > limit) {
     window = keys_per_window(limit, row_bytes, device_->info().storage_offset_alignment);
   }
   const AttentionShape& a = node.attention;

@@ -158,6 +158,7 @@ class VulkanBackend final : public Backend {
   std::map<const float*, DeviceVector> vectors_;
   std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded
   std::vector<std::unique_ptr<Buffer>> retired_;  // replaced shadows recorded work still reads
+  std::vector<const StateBuffer*> shadowed_;      // states computed in shadows since the last wait
 
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkCommandBuffer commands_ = VK_NULL_HANDLE;
