@@ -427,11 +427,13 @@ TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
   std::printf("vulkan: %s\n", device->info().describe().c_str());
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
-  // A phone-like device too: only the portable shaders, and storage-buffer bindings so small
-  // that every weight matrix and every long KV cache is bound in parts.
+  // A phone-like device too: only the portable shaders, storage-buffer bindings so small that
+  // every weight matrix and every long KV cache is bound in parts, and binding offsets aligned to
+  // 256 bytes.
   VulkanBackendOptions constrained;
   constrained.portable = true;
   constrained.max_binding_bytes = 1024;
+  constrained.offset_alignment = 256;  // windows start before their operands' first bytes
   std::set<Op> covered;
   for (const fs::path& dir : test::fixture_checkpoints()) {
     const ModelConfig config = load_model_config(dir / "config.json");

@@ -65,9 +65,9 @@ class Backend {
   // At least `bytes` bytes of its memory for activations, valid until the next call (execute asks
   // for each run's arena; the backend keeps the largest it was asked for).
   virtual Buffer& arena(size_t bytes) = 0;
-  // The most bytes of its arena that one node's operands may span, first byte to last (a device
+  // The most bytes of its arena that the node's operands may span, first byte to last (a device
   // binds a window of its arena per dispatch); the scheduler runs a node beyond it on the CPU.
-  virtual int64_t max_arena_span_bytes() const { return INT64_MAX; }
+  virtual int64_t max_arena_span_bytes(const Node& /*node*/) const { return INT64_MAX; }
   // Runs nodes[0] and the nodes fused with it. A device may only record them: their results are
   // in its memory once synchronize returns.
   virtual void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) = 0;

@@ -266,7 +266,7 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
       // Copies bind nothing; a node whose weights only its device holds cannot move.
       if (node.backend == 0 || source[i] < 0 || weights_home(node, backends) >= 0) continue;
       const ArenaSpan a = arena_span(s.plan, node);
-      if (a.span > backends[node.backend]->max_arena_span_bytes() && a.own > largest_own) {
+      if (a.span > backends[node.backend]->max_arena_span_bytes(node) && a.own > largest_own) {
         largest = source[i];
         largest_own = a.own;
       }

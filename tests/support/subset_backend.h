@@ -26,7 +26,7 @@ class SubsetBackend final : public Backend {
   // Host memory, but a buffer type of its own: weights allocated from it are at home here.
   const BufferType& buffer_type() const override { return inner_.buffer_type(); }
   Buffer& arena(size_t bytes) override { return inner_.arena(bytes); }
-  int64_t max_arena_span_bytes() const override { return max_arena_span; }
+  int64_t max_arena_span_bytes(const Node&) const override { return max_arena_span; }
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override {
     ++nodes_run;
     inner_.run(plan, nodes, args);

@@ -188,14 +188,17 @@ bool VulkanBackend::supports(const Node& node) const {
   switch (node.op) {
     case Op::kEmbed:
     case Op::kMatmul:
-      return supports_matrix(*node.matrix);
+      // One token's input and output rows within a window (record_matmul).
+      return supports_matrix(*node.matrix) &&
+             static_cast<uint64_t>(std::max(node.matrix->rows, node.matrix->cols)) *
+                     sizeof(float) <=
+                 max_window_bytes();
     case Op::kAttention: {
       // A cache larger than one binding is bound in windows of whole rows (record_attention).
       const AttentionShape& a = node.attention;
       const uint64_t row_bytes = a.n_kv_heads * a.head_dim * sizeof(float);
       return a.head_dim <= kMaxHeadDim &&
-             keys_per_window(binding_bytes(), row_bytes, device_->info().storage_offset_alignment) >
-                 0;
+             keys_per_window(binding_bytes(), row_bytes, offset_alignment()) > 0;
     }
     case Op::kConvSilu:
       return node.width >= 1 && node.width <= kMaxConvKernel;
@@ -304,14 +307,27 @@ VulkanBackend::Location VulkanBackend::at(const NodeArgs& args, const Operand& o
   return {byte, u32(static_cast<int64_t>((byte - arena_window_) / sizeof(float)))};
 }
 
-int64_t VulkanBackend::max_arena_span_bytes() const {
-  // The window starts up to one alignment below the node's first operand.
+uint64_t VulkanBackend::offset_alignment() const {
+  return std::max<uint64_t>(device_->info().storage_offset_alignment, options_.offset_alignment);
+}
+
+uint64_t VulkanBackend::max_window_bytes() const {
+  // A window starts up to one alignment below the first byte it is for.
   const VulkanDeviceInfo& limits = device_->info();
-  return static_cast<int64_t>(limits.max_storage_buffer_range / 4 * 4 -
-                              limits.storage_offset_alignment);
+  return limits.max_storage_buffer_range / 4 * 4 - offset_alignment();
+}
+
+int64_t VulkanBackend::max_arena_span_bytes(const Node& node) const {
+  // A matmul binds its input and output in windows of their own (record_matmul).
+  if (node.op == Op::kMatmul) return INT64_MAX;
+  return static_cast<int64_t>(max_window_bytes());
 }
 
 void VulkanBackend::set_arena_window(const Plan& plan, const Node& node, const NodeArgs& args) {
+  if (node.op == Op::kMatmul) {
+    arena_window_ = 0;  // it binds windows of its own
+    return;
+  }
   size_t begin = SIZE_MAX, end = 0;
   const auto extend = [&](const Operand& o) {
     if (o.value == kNoValue) return;
@@ -324,8 +340,7 @@ void VulkanBackend::set_arena_window(const Plan& plan, const Node& node, const N
   extend(node.out);
   extend(node.out2);
   if (end == 0) begin = 0;
-  arena_window_ =
-      begin / device_->info().storage_offset_alignment * device_->info().storage_offset_alignment;
+  arena_window_ = begin / offset_alignment() * offset_alignment();
   if (end > arena_window_ + device_->info().max_storage_buffer_range / 4 * 4) {
     fail("vulkan", plan.describe(node) + ": its operands span " +
                        std::to_string(end - arena_window_) +
@@ -563,6 +578,62 @@ void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const Nod
   }
 }
 
+VulkanBackend::Binding VulkanBackend::arena_rows(size_t byte, size_t bytes, uint32_t& lead) const {
+  const size_t alignment = offset_alignment();
+  const size_t base = byte / alignment * alignment;
+  lead = u32(static_cast<int64_t>((byte - base) / sizeof(float)));
+  return Binding(static_cast<const VulkanBuffer*>(arena_.get()), base, byte - base + bytes);
+}
+
+void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
+  const MatrixRef& m = *node.matrix;
+  const VulkanBuffer& arena = static_cast<const VulkanBuffer&>(*arena_);
+  // The input's and the output's rows are bound in windows of their own, a slab of tokens at a
+  // time, so that an lm-head over a long prompt's every token (151,936 logits a token) runs here
+  // however far its input lies from its output and however many logits it writes.
+  const size_t x_row = m.cols * sizeof(float), y_row = m.rows * sizeof(float);
+  const size_t x0 = at(args, node.in[0]).byte, y0 = at(args, node.out).byte;
+  const uint64_t room = max_window_bytes();
+  int64_t slab = std::min<int64_t>(node.rows, room / std::max(x_row, y_row));
+  if (slab > kMatmulTokens) slab = slab / kMatmulTokens * kMatmulTokens;
+  const int64_t rows_per_group = kWorkgroup / device_->matmul_lanes();
+  const bool int8 = uses_int8_activations(m);
+  const std::string shader = int8 ? (m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4")
+                                  : std::string("matmul_") + weight_suffix(m.dtype);
+  for (int64_t t0 = 0; t0 < node.rows; t0 += slab) {
+    const int64_t n = std::min(slab, node.rows - t0);
+    const uint32_t token_groups = u32((n + kMatmulTokens - 1) / kMatmulTokens);
+    uint32_t x = 0, y = 0;
+    const Binding xs = arena_rows(x0 + t0 * x_row, n * x_row, x);
+    const Binding ys = arena_rows(y0 + t0 * y_row, n * y_row, y);
+    const VulkanBuffer *quantized = nullptr, *activation_scales = nullptr;
+    if (int8) {
+      const int64_t blocks = n * m.cols / kActivationBlock;
+      quantized = &scratch(quantized_, blocks * kActivationBlock);
+      activation_scales = &scratch(scales_, blocks * sizeof(float));
+      dispatch("quantize_q8", {xs, quantized, activation_scales}, {x, u32(m.cols), u32(blocks)},
+               groups_of(blocks));
+    }
+    // Each part of the matrix writes its rows' columns of the output.
+    for (const MatrixPart& part : matrix(m).parts) {
+      const uint32_t out = y + u32(part.first_row);
+      const int64_t row_groups = (part.rows + rows_per_group - 1) / rows_per_group;
+      const VulkanBuffer *data = as_device(part.data), *scales = scales_or(part.scales, arena);
+      if (int8) {
+        dispatch(shader.c_str(), {quantized, activation_scales, data, scales, ys},
+                 {out, u32(part.rows), u32(m.cols), u32(n), u32(m.group_size), u32(m.rows),
+                  part.data_word, part.scales_word},
+                 row_groups, token_groups);
+      } else {
+        dispatch(shader.c_str(), {xs, data, scales, ys},
+                 {x, out, u32(part.rows), u32(m.cols), u32(n), u32(m.group_size), u32(m.rows),
+                  part.data_word, part.scales_word},
+                 row_groups, token_groups);
+      }
+    }
+  }
+}
+
 void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uint32_t q,
                                      uint32_t out) {
   const VulkanBuffer& arena = static_cast<const VulkanBuffer&>(*arena_);
@@ -590,7 +661,7 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
   const uint64_t limit = binding_bytes();
   int64_t window = n_keys;
   if (n_keys * row_bytes > limit) {
-    window = keys_per_window(limit, row_bytes, device_->info().storage_offset_alignment);
+    window = keys_per_window(limit, row_bytes, offset_alignment());
   }
   const AttentionShape& a = node.attention;
   const int64_t items = node.rows * a.n_heads;
@@ -684,40 +755,8 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       return dispatch(shader, {&arena}, {offset(node.in[0]), second, offset(node.out), u32(n)},
                       groups_of(n));
     }
-    case Op::kMatmul: {
-      const MatrixRef& m = *node.matrix;
-      const uint32_t token_groups = u32((node.rows + kMatmulTokens - 1) / kMatmulTokens);
-      const int64_t rows_per_group = kWorkgroup / device_->matmul_lanes();
-      const bool int8 = uses_int8_activations(m);
-      const VulkanBuffer *quantized = nullptr, *activation_scales = nullptr;
-      if (int8) {
-        const int64_t blocks = node.rows * m.cols / kActivationBlock;
-        quantized = &scratch(quantized_, blocks * kActivationBlock);
-        activation_scales = &scratch(scales_, blocks * sizeof(float));
-        dispatch("quantize_q8", {&arena, quantized, activation_scales},
-                 {offset(node.in[0]), u32(m.cols), u32(blocks)}, groups_of(blocks));
-      }
-      const std::string shader = int8 ? (m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4")
-                                      : std::string("matmul_") + weight_suffix(m.dtype);
-      // Each part of the matrix writes its rows' columns of the output.
-      for (const MatrixPart& part : matrix(m).parts) {
-        const uint32_t out = offset(node.out) + u32(part.first_row);
-        const int64_t row_groups = (part.rows + rows_per_group - 1) / rows_per_group;
-        const VulkanBuffer *data = as_device(part.data), *scales = scales_or(part.scales, arena);
-        if (int8) {
-          dispatch(shader.c_str(), {quantized, activation_scales, data, scales, &arena},
-                   {out, u32(part.rows), u32(m.cols), u32(node.rows), u32(m.group_size),
-                    u32(m.rows), part.data_word, part.scales_word},
-                   row_groups, token_groups);
-        } else {
-          dispatch(shader.c_str(), {&arena, data, scales, &arena},
-                   {offset(node.in[0]), out, u32(part.rows), u32(m.cols), u32(node.rows),
-                    u32(m.group_size), u32(m.rows), part.data_word, part.scales_word},
-                   row_groups, token_groups);
-        }
-      }
-      return;
-    }
+    case Op::kMatmul:
+      return record_matmul(node, args);
     case Op::kCopyColumns:
     case Op::kSplitHeads: {
       const int64_t n = node.rows * cols(node.out);

@@ -39,6 +39,9 @@ struct VulkanBackendOptions {
   // Test switch: weight matrices and KV caches are bound in parts of at most this many bytes, as
   // on a device whose maxStorageBufferRange is that small (0: the device's range).
   uint64_t max_binding_bytes = 0;
+  // Test switch: windows of buffers start on multiples of this many bytes (a power of two), as on
+  // a device whose minStorageBufferOffsetAlignment is that large (0: the device's).
+  uint64_t offset_alignment = 0;
   // A mapped weight file's matrices are used in place where the device shares the host's memory
   // and can import it (VK_EXT_external_memory_host), else uploaded. false: always uploaded
   // (QHX_VULKAN_UPLOAD_WEIGHTS=1, for a driver whose import misbehaves).
@@ -63,7 +66,7 @@ class VulkanBackend final : public Backend {
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
   Buffer& arena(size_t bytes) override;
-  int64_t max_arena_span_bytes() const override;
+  int64_t max_arena_span_bytes(const Node& node) const override;
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
   void synchronize() override;
   int64_t submissions() const { return submissions_; }  // command buffers submitted so far
@@ -105,6 +108,12 @@ class VulkanBackend final : public Backend {
   bool supports_matrix(const MatrixRef& m) const;
   uint64_t binding_bytes() const;  // the most one part of a matrix or KV cache may span
   void record_attention(const Node& node, const NodeArgs& args, uint32_t q, uint32_t out);
+  void record_matmul(const Node& node, const NodeArgs& args);
+  uint64_t max_window_bytes() const;  // what one window of a buffer may span past its first byte
+  uint64_t offset_alignment() const;  // of a window's start: the device's, or the test switch's
+  // A window of the arena over [byte, byte + bytes), from the alignment below it; `lead` gets
+  // the elements before `byte`.
+  Binding arena_rows(size_t byte, size_t bytes, uint32_t& lead) const;
   // The variant of a shader this backend runs: `name` or a faster one the device supports.
   std::string shader(const char* name) const;
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
