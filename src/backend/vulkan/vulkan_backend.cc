@@ -187,6 +187,7 @@ bool VulkanBackend::supports_matrix(const MatrixRef& m) const {
 bool VulkanBackend::supports(const Node& node) const {
   switch (node.op) {
     case Op::kEmbed:
+      return supports_matrix(*node.matrix);
     case Op::kMatmul:
       // One token's input and output rows within a window (record_matmul).
       return supports_matrix(*node.matrix) &&
@@ -297,14 +298,16 @@ const VulkanBuffer& VulkanBackend::vector(const float* values, int64_t floats) {
   return static_cast<const VulkanBuffer&>(*v.buffer);
 }
 
-VulkanBackend::Location VulkanBackend::at(const NodeArgs& args, const Operand& o) const {
+size_t VulkanBackend::byte_at(const NodeArgs& args, const Operand& o) const {
   const TensorRef& t = args.values[o.value];
-  const VulkanBuffer* buffer = as_vulkan(t.buffer, *device_);
-  if (buffer == nullptr || buffer != arena_.get()) {
+  if (t.buffer == nullptr || t.buffer != arena_.get()) {
     fail("vulkan", "an operand is not in this device's activation arena");
   }
-  const size_t byte = t.offset + o.row * t.strides[0] * sizeof(float);
-  return {byte, u32(static_cast<int64_t>((byte - arena_window_) / sizeof(float)))};
+  return t.offset + o.row * t.strides[0] * sizeof(float);
+}
+
+uint32_t VulkanBackend::element_at(const NodeArgs& args, const Operand& o) const {
+  return u32(static_cast<int64_t>((byte_at(args, o) - arena_window_) / sizeof(float)));
 }
 
 uint64_t VulkanBackend::offset_alignment() const {
@@ -566,10 +569,16 @@ void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const Nod
       set_arena_window(plan, node, args);
       record(plan, node, args);
       if (!options_.perturb_op.empty() && options_.perturb_op == op_name(node.op)) {
+        // Over windows of its own: a matmul's output may be larger than one.
         const int64_t n = node.rows * plan.values[node.out.value].cols;
-        const uint32_t out = at(args, node.out).element;
-        dispatch("perturb", {static_cast<const VulkanBuffer*>(arena_.get())}, {out, 0, out, u32(n)},
-                 groups_of(n));
+        const int64_t per_window = static_cast<int64_t>(max_window_bytes() / sizeof(float));
+        for (int64_t first = 0; first < n; first += per_window) {
+          const int64_t here = std::min(per_window, n - first);
+          uint32_t out = 0;
+          const Binding rows = arena_rows(byte_at(args, node.out) + first * sizeof(float),
+                                          here * sizeof(float), out);
+          dispatch("perturb", {rows}, {out, 0, out, u32(here)}, groups_of(here));
+        }
       }
     }
   } catch (...) {
@@ -592,7 +601,7 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
   // time, so that an lm-head over a long prompt's every token (151,936 logits a token) runs here
   // however far its input lies from its output and however many logits it writes.
   const size_t x_row = m.cols * sizeof(float), y_row = m.rows * sizeof(float);
-  const size_t x0 = at(args, node.in[0]).byte, y0 = at(args, node.out).byte;
+  const size_t x0 = byte_at(args, node.in[0]), y0 = byte_at(args, node.out);
   const uint64_t room = max_window_bytes();
   int64_t slab = std::min<int64_t>(node.rows, room / std::max(x_row, y_row));
   if (slab > kMatmulTokens) slab = slab / kMatmulTokens * kMatmulTokens;
@@ -647,7 +656,7 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
   const size_t row_bytes = kv_width * sizeof(float);
   // The new rows, into the cache it reads and (with private states) into the cache's own memory.
   const auto append = [&](const StateBuffer& rows, const VulkanBuffer& working, Operand input) {
-    const size_t from = at(args, input).byte, to = first_pos * row_bytes;
+    const size_t from = byte_at(args, input), to = first_pos * row_bytes;
     copy(arena, from, working, to, node.rows * row_bytes);
     const VulkanBuffer& own = *as_vulkan(rows.buffer(), *device_);
     if (&own != &working) copy(arena, from, own, to, node.rows * row_bytes);
@@ -713,7 +722,7 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
 
 void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& args) {
   const auto cols = [&](const Operand& o) { return plan.values[o.value].cols; };
-  const auto offset = [&](const Operand& o) { return at(args, o).element; };
+  const auto offset = [&](const Operand& o) { return element_at(args, o); };
   const RunInputs& inputs = *args.inputs;
   const VulkanBuffer& arena = static_cast<const VulkanBuffer&>(*arena_);
   switch (node.op) {

@@ -88,12 +88,6 @@ class VulkanBackend final : public Backend {
     int64_t floats = 0;
     std::unique_ptr<Buffer> buffer;
   };
-  // Where an operand lives on the device: its byte offset in the arena (for copies), and its
-  // element (float) offset in the node's window of the arena (for shaders).
-  struct Location {
-    size_t byte;
-    uint32_t element;
-  };
   // What one storage-buffer binding of a dispatch spans: a whole buffer, or `bytes` of it from
   // `offset` (a window of a buffer larger than one binding may span).
   struct Binding {
@@ -122,7 +116,10 @@ class VulkanBackend final : public Backend {
   // The device's import of the mapped file `m` lies in, when its parts are used in place.
   std::shared_ptr<const VulkanHostImport> weight_file(const MatrixRef& m);
   const VulkanBuffer& vector(const float* values, int64_t floats);
-  Location at(const NodeArgs& args, const Operand& o) const;
+  // Where an operand's first row lies in the arena: in bytes from its start (copies, windows
+  // of their own), and in elements from the node's window (shaders).
+  size_t byte_at(const NodeArgs& args, const Operand& o) const;
+  uint32_t element_at(const NodeArgs& args, const Operand& o) const;
   const VulkanBuffer& state(const StateBuffer& s, const char* what, int layer) const;
   // The buffer a node computes the state in: its own, or with private states its shadow (made
   // or grown from what it holds, recorded before the node).
