@@ -37,7 +37,7 @@ int64_t StateBuffer::capacity() const {
 }
 
 float* StateBuffer::data() const {
-  shadow_.reset();
+  if (shadow_ != nullptr) shadow_.reset();  // no write without a shadow: readers may share a state
   if (buffer_ == nullptr) return nullptr;
   if (buffer_->host() == nullptr) {
     fail("state", "the " + type_->name() + " memory it lives in is not addressable by the host");
