@@ -157,11 +157,13 @@ void VulkanBackend::release_weights(std::span<MatrixRef* const> list) {
   vectors_.clear();  // keyed by host addresses that may be reused; uploaded again on first use
 }
 
+uint64_t VulkanBackend::range_bytes() const {
+  return device_->info().max_storage_buffer_range / 4 * 4;  // bindings of whole words
+}
+
 uint64_t VulkanBackend::binding_bytes() const {
-  const uint64_t device = device_->info().max_storage_buffer_range;
-  const uint64_t limit =
-      options_.max_binding_bytes > 0 ? std::min(device, options_.max_binding_bytes) : device;
-  return limit / 4 * 4;  // parts are whole words
+  const uint64_t limit = options_.max_binding_bytes > 0 ? options_.max_binding_bytes / 4 * 4 : 0;
+  return limit > 0 ? std::min(range_bytes(), limit) : range_bytes();
 }
 
 namespace {
@@ -316,8 +318,7 @@ uint64_t VulkanBackend::offset_alignment() const {
 
 uint64_t VulkanBackend::max_window_bytes() const {
   // A window starts up to one alignment below the first byte it is for.
-  const VulkanDeviceInfo& limits = device_->info();
-  return limits.max_storage_buffer_range / 4 * 4 - offset_alignment();
+  return range_bytes() - offset_alignment();
 }
 
 int64_t VulkanBackend::max_arena_span_bytes(const Node& node) const {
@@ -344,7 +345,7 @@ void VulkanBackend::set_arena_window(const Plan& plan, const Node& node, const N
   extend(node.out2);
   if (end == 0) begin = 0;
   arena_window_ = begin / offset_alignment() * offset_alignment();
-  if (end > arena_window_ + device_->info().max_storage_buffer_range / 4 * 4) {
+  if (end > arena_window_ + range_bytes()) {
     fail("vulkan", plan.describe(node) + ": its operands span " +
                        std::to_string(end - arena_window_) +
                        " bytes of the arena, more than one binding (the scheduler places such "
@@ -389,9 +390,10 @@ const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const cha
   return *shadow;
 }
 
-void VulkanBackend::mirror(const StateBuffer& s, const VulkanBuffer& working) {
+void VulkanBackend::mirror(const StateBuffer& s, const VulkanBuffer& working, size_t offset,
+                           size_t bytes) {
   const VulkanBuffer& own = *as_vulkan(s.buffer(), *device_);
-  if (&working != &own) copy(working, 0, own, 0, s.size() * sizeof(float));
+  if (&working != &own) copy(working, offset, own, offset, bytes);
 }
 
 uint32_t VulkanBackend::upload(const void* bytes, size_t n) {
@@ -415,9 +417,8 @@ const VulkanBuffer& VulkanBackend::scratch(std::unique_ptr<Buffer>& buffer, size
     synchronize();  // recorded work may still read the old one
     buffer.reset();
     // Grown by powers of two, but not past what one binding spans (the whole buffer is bound).
-    const uint64_t range = device_->info().max_storage_buffer_range / 4 * 4;
     buffer = device_memory_.allocate(
-        std::max<uint64_t>(bytes, std::min<uint64_t>(std::bit_ceil(bytes), range)));
+        std::max<uint64_t>(bytes, std::min<uint64_t>(std::bit_ceil(bytes), range_bytes())));
   }
   return static_cast<const VulkanBuffer&>(*buffer);
 }
@@ -466,8 +467,7 @@ void VulkanBackend::dispatch(const char* shader, std::initializer_list<Binding> 
     if (binding.buffer == arena_.get() && binding.bytes == VK_WHOLE_SIZE) {
       // The node's window of the arena (set_arena_window).
       binding = Binding(binding.buffer, arena_window_,
-                        std::min<uint64_t>(limits.max_storage_buffer_range / 4 * 4,
-                                           binding.buffer->bytes() - arena_window_));
+                        std::min<uint64_t>(range_bytes(), binding.buffer->bytes() - arena_window_));
     }
     // A binding past the device's range reads wrong memory on some drivers: refuse it here.
     const uint64_t span =
@@ -655,11 +655,11 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
   const VulkanBuffer& values = working_state(cache.values, "value cache", node.layer);
   const size_t row_bytes = kv_width * sizeof(float);
   // The new rows, into the cache it reads and (with private states) into the cache's own memory.
-  const auto append = [&](const StateBuffer& rows, const VulkanBuffer& working, Operand input) {
-    const size_t from = byte_at(args, input), to = first_pos * row_bytes;
-    copy(arena, from, working, to, node.rows * row_bytes);
-    const VulkanBuffer& own = *as_vulkan(rows.buffer(), *device_);
-    if (&own != &working) copy(arena, from, own, to, node.rows * row_bytes);
+  const auto append = [&](const StateBuffer& cache_part, const VulkanBuffer& working,
+                          Operand input) {
+    const size_t at = first_pos * row_bytes, bytes = node.rows * row_bytes;
+    copy(arena, byte_at(args, input), working, at, bytes);
+    mirror(cache_part, working, at, bytes);
   };
   append(cache.keys, keys, node.in[1]);
   append(cache.values, values, node.in[2]);
@@ -677,8 +677,9 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
   // Splits: of kKeysPerSplit keys for few queries over many keys (a decode step: the splits run
   // in parallel), else one per window (a prompt: its queries give parallelism enough).
   int64_t per_split = std::min(window, n_keys);
-  if (n_keys > kKeysPerSplit && items < kSplitBelowItems)
+  if (n_keys > kKeysPerSplit && items < kSplitBelowItems) {
     per_split = std::min(kKeysPerSplit, window);
+  }
   const int64_t splits = (n_keys + per_split - 1) / per_split;
   // A window holds whole splits; it stays a multiple of the alignment step, as kKeysPerSplit is
   // a multiple of any offset alignment the spec allows (at most 256 bytes).
@@ -804,7 +805,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
           "conv_silu", {&arena, &vector(node.vector, channels * node.width), &conv},
           {offset(node.in[0]), offset(node.out), u32(channels), u32(node.width), u32(node.rows)},
           groups_of(channels));
-      return mirror(conv_state, conv);
+      return mirror(conv_state, conv, 0, conv_state.size() * sizeof(float));
     }
     case Op::kDeltaGates: {
       const int64_t heads = cols(node.out);
@@ -825,7 +826,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       if (node.rows == 1 || node.chunk == 0) {
         dispatch("delta_rule", {&arena, &recurrent}, push.first(11),
                  h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
-        return mirror(recurrent_state, recurrent);
+        return mirror(recurrent_state, recurrent, 0, recurrent_state.size() * sizeof(float));
       }
       // Prefill: the chunked form (delta_chunk.comp), its intermediates in scratch.
       const VulkanBuffer& work =
@@ -835,7 +836,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       dispatch("delta_chunk_state", {&arena, &recurrent, &work}, push,
                h.n_v_heads * ((h.v_dim + kDeltaColumns - 1) / kDeltaColumns));
       dispatch("delta_chunk_output", {&arena, &recurrent, &work}, push, h.n_v_heads * chunks);
-      return mirror(recurrent_state, recurrent);
+      return mirror(recurrent_state, recurrent, 0, recurrent_state.size() * sizeof(float));
     }
     case Op::kCopy: {
       const TensorRef &from = args.values[node.in[0].value], &to = args.values[node.out.value];

@@ -100,6 +100,7 @@ class VulkanBackend final : public Backend {
   };
 
   bool supports_matrix(const MatrixRef& m) const;
+  uint64_t range_bytes() const;    // maxStorageBufferRange in whole words
   uint64_t binding_bytes() const;  // the most one part of a matrix or KV cache may span
   void record_attention(const Node& node, const NodeArgs& args, uint32_t q, uint32_t out);
   void record_matmul(const Node& node, const NodeArgs& args);
@@ -124,8 +125,9 @@ class VulkanBackend final : public Backend {
   // The buffer a node computes the state in: its own, or with private states its shadow (made
   // or grown from what it holds, recorded before the node).
   const VulkanBuffer& working_state(const StateBuffer& s, const char* what, int layer);
-  // After a node updated `working` in place: the state's own memory made equal to it again.
-  void mirror(const StateBuffer& s, const VulkanBuffer& working);
+  // After a node wrote [offset, offset + bytes) of `working`: the state's own memory made equal
+  // to it there again (nothing when they are one).
+  void mirror(const StateBuffer& s, const VulkanBuffer& working, size_t offset, size_t bytes);
   // Bytes to the upload ring (valid until the next submission); returns their element offset.
   uint32_t upload(const void* bytes, size_t n);
   const VulkanBuffer* ring() const { return static_cast<const VulkanBuffer*>(ring_.get()); }
