@@ -99,12 +99,15 @@ def timed(fn, *args, **kw):
 # llama.cpp from the llama-cpp-python sdist
 
 class LlamaCpp:
-    def __init__(self, cache: Path, version: str, src: Path | None, vulkan: bool = False):
-        self.cache, self.version, self.vulkan = cache, version, vulkan
+    def __init__(self, cache: Path, version: str, src: Path | None, vulkan: bool = False,
+                 portable: bool = False, cmake_args: list[str] | None = None):
+        self.cache, self.version, self.vulkan, self.portable = cache, version, vulkan, portable
+        self.cmake_args = cmake_args or []
         self.sdist_dir = cache / "src" / f"llama_cpp_python-{version}"
         self.src = src or self.sdist_dir / "vendor" / "llama.cpp"
         tag = f"{version}" if src is None else "custom-" + re.sub(r"[^A-Za-z0-9]+", "-", str(src))
-        self.build = cache / (f"build-{tag}" + ("-vulkan" if vulkan else ""))
+        self.build = cache / (f"build-{tag}" + ("-vulkan" if vulkan else "")
+                              + ("-portable" if portable else ""))
         self.bench = self.build / "bin" / "llama-bench"
         self.quantize = self.build / "bin" / "llama-quantize"
         self.timings: dict[str, float] = {}
@@ -141,10 +144,14 @@ class LlamaCpp:
     def build_tools(self, jobs: int, nice: int, rebuild: bool) -> None:
         if self.bench.exists() and self.quantize.exists() and not rebuild:
             return
-        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+        # A portable build runs on any x86-64 with AVX2 (a lent GPU machine, built elsewhere).
+        cpu = (["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+                "-DGGML_F16C=ON", "-DGGML_BMI2=ON"] if self.portable else ["-DGGML_NATIVE=ON"])
+        flags = ["-DCMAKE_BUILD_TYPE=Release", *cpu, "-DBUILD_SHARED_LIBS=OFF",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF",
-                 "-DGGML_VULKAN=" + ("ON" if self.vulkan else "OFF"), "-DGGML_METAL=OFF"]
+                 "-DGGML_VULKAN=" + ("ON" if self.vulkan else "OFF"), "-DGGML_METAL=OFF",
+                 *self.cmake_args]
         start = time.monotonic()
         run(["cmake", "-S", self.src, "-B", self.build, *flags], nice=nice, capture=True)
         run(["cmake", "--build", self.build, "-j", jobs, "--target", "llama-bench", "llama-quantize"],
@@ -182,7 +189,13 @@ def converter_archs(src: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # conversion venv
 
-def ensure_venv(cache: Path, nice: int) -> Path:
+def ensure_venv(cache: Path, nice: int, python: str | None) -> Path:
+    if python:  # an interpreter that has gguf-py's imports already (a machine without PyPI)
+        probe = subprocess.run([python, "-c", "import numpy, yaml, tqdm"], capture_output=True,
+                               text=True)
+        if probe.returncode != 0:
+            die(f"--converter-python {python} cannot import numpy, yaml and tqdm (gguf-py's imports)")
+        return Path(python)
     venv = cache / "venv"
     python = venv / "bin" / "python"
     stamp = venv / ".qhx-ready"
@@ -350,6 +363,8 @@ def cpu_flags() -> list[str]:
 
 
 def git_commit() -> str:
+    if os.environ.get("QHX_COMMIT"):  # a tree without .git (a copy sent to another machine)
+        return os.environ["QHX_COMMIT"]
     r = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
@@ -407,6 +422,10 @@ def parse_args() -> argparse.Namespace:
                         "multiple of 64, so 32 (Q4_0's block) runs W4 with f32 activations)")
     g.add_argument("--llama-bench-args", default="",
                    help="extra llama-bench arguments, one string (e.g. '-fa on -ub 256')")
+    g.add_argument("--llama-cmake-args", default="",
+                   help="extra cmake arguments for llama.cpp's build, one string (e.g. a newer "
+                        "glslc: '-DVulkan_GLSLC_EXECUTABLE=PATH'); a cached build is not redone "
+                        "for them (--rebuild)")
     g.add_argument("--vulkan", action="store_true",
                    help="GPU against GPU: llama.cpp's Vulkan backend (-ngl 99) and qhx --device vulkan")
     g.add_argument("--qhx-decode-device", choices=["vulkan", "cpu"], default="vulkan",
@@ -428,6 +447,12 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--converter", choices=["numpy", "official"], default="numpy",
                    help="numpy: bench/hf_to_gguf_numpy.py in CACHE/venv (default); official: "
                         "llama.cpp's convert_hf_to_gguf.py run by --python")
+    g.add_argument("--converter-python", default=None,
+                   help="run the numpy converter with this interpreter (it must import numpy, yaml, "
+                        "tqdm) instead of a venv made from PyPI")
+    g.add_argument("--portable-cpu", action="store_true",
+                   help="build llama.cpp for any x86-64 with AVX2 instead of this CPU (GGML_NATIVE=OFF), "
+                        "in a build directory of its own: for a build carried to another machine")
     g.add_argument("--python", default=None,
                    help="interpreter with torch, transformers, numpy, sentencepiece for the official "
                         "converter")
@@ -452,6 +477,7 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     args.work = args.work or args.cache / "models"
     args.llama_bench_args = shlex.split(args.llama_bench_args)
+    args.llama_cmake_args = shlex.split(args.llama_cmake_args)
     family = "qwen3.5" if args.preset.startswith("qwen3.5") else "qwen3"
     args.hf_arch = HF_ARCHS[family]
     args.pairs = (args.pairs or ("q8" if family == "qwen3.5" else "q8,q4")).split(",")
@@ -470,7 +496,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
-    llama = LlamaCpp(args.cache, args.llama_cpp_python_version, args.llama_cpp_src, args.vulkan)
+    llama = LlamaCpp(args.cache, args.llama_cpp_python_version, args.llama_cpp_src, args.vulkan,
+                     args.portable_cpu, args.llama_cmake_args)
     llama.fetch()
     if args.list_converter_archs:
         print("\n".join(converter_archs(llama.src)))
@@ -488,7 +515,7 @@ def main() -> None:
             f"--preset {args.preset}")
     if not args.qhx.exists():
         die(f"no qhx binary at {args.qhx}: build it with tools/setup.sh build, or give --qhx")
-    python = ensure_venv(args.cache, args.nice)
+    python = ensure_venv(args.cache, args.nice, args.converter_python)
     if args.python:
         check_official_python(args.python)
 
