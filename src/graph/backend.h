@@ -74,6 +74,17 @@ class Backend {
   // Waits for what run recorded (execute calls it before another backend reads the results,
   // and at the end of every plan). Throws Error (kDeviceFailed) when the device failed.
   virtual void synchronize() {}
+
+  // Whether the conv and recurrent states its nodes compute from now on stay in its own memory
+  // (StateBuffer::shadow) past the pass, their host memory untouched and marked behind
+  // (StateBuffer::behind_shadow) until write_back_states, rather than written back as each node
+  // ends: a discrete GPU keeps them (reading and writing them over PCIe at every step would cost
+  // more than the step), and a pass it fails leaves their host memory as it was. Returns whether
+  // it will; `keep` false, or a backend that computes states where they lie, never does.
+  virtual bool keep_states(bool /*keep*/) { return false; }
+  // Brings the host memory of those of `states` that are behind their copies here up to date,
+  // all or none: when it throws (kDeviceFailed), that memory is as it was.
+  virtual void write_back_states(std::span<const StateBuffer* const> /*states*/) {}
 };
 
 }  // namespace qhx

@@ -12,6 +12,7 @@ StateBuffer::StateBuffer(const BufferType& type, int64_t size) : type_(&type) {
 }
 
 StateBuffer::StateBuffer(const StateBuffer& other) : type_(other.type_) {
+  other.check_current();
   if (other.size_ > 0) {
     reallocate(other.size_);
     copy_bytes(*other.buffer_, 0, *buffer_, 0, other.size_ * sizeof(float));
@@ -21,7 +22,9 @@ StateBuffer::StateBuffer(const StateBuffer& other) : type_(other.type_) {
 
 StateBuffer& StateBuffer::operator=(const StateBuffer& other) {
   if (this == &other) return *this;
+  other.check_current();
   shadow_.reset();
+  behind_shadow_ = false;
   type_ = other.type_;
   size_ = 0;
   // Kept when large enough and of the same type, as a vector keeps its capacity.
@@ -36,7 +39,19 @@ int64_t StateBuffer::capacity() const {
   return buffer_ == nullptr ? 0 : static_cast<int64_t>(buffer_->bytes() / sizeof(float));
 }
 
+void StateBuffer::check_current() const {
+  if (behind_shadow_) {
+    fail("state", "read by the host while a device holds newer elements of it (not written back)");
+  }
+}
+
+void StateBuffer::forget_shadow() const {
+  shadow_.reset();
+  behind_shadow_ = false;
+}
+
 float* StateBuffer::data() const {
+  check_current();
   if (shadow_ != nullptr) shadow_.reset();  // no write without a shadow: readers may share a state
   if (buffer_ == nullptr) return nullptr;
   if (buffer_->host() == nullptr) {
@@ -67,7 +82,7 @@ void StateBuffer::resize(int64_t size) {
 }
 
 void StateBuffer::fill_zero() {
-  shadow_.reset();
+  forget_shadow();
   zero(0, size_);
 }
 
@@ -83,7 +98,7 @@ void StateBuffer::zero(int64_t begin, int64_t end) {
 }
 
 void StateBuffer::assign(std::span<const float> values) {
-  shadow_.reset();
+  forget_shadow();
   size_ = 0;
   reserve(static_cast<int64_t>(values.size()));
   if (!values.empty()) buffer_->write(0, values.data(), values.size_bytes());
@@ -96,6 +111,7 @@ std::unique_ptr<Buffer> StateBuffer::replace_shadow(std::unique_ptr<Buffer> shad
 }
 
 std::vector<float> StateBuffer::to_vector() const {
+  check_current();
   std::vector<float> out(size_);
   if (size_ > 0) buffer_->read(0, out.data(), size_ * sizeof(float));
   return out;

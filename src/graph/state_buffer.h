@@ -50,15 +50,26 @@ class StateBuffer {
   Buffer* shadow() const { return shadow_.get(); }
   // Installs a new shadow; returns the old one (work the backend recorded may still use it).
   std::unique_ptr<Buffer> replace_shadow(std::unique_ptr<Buffer> shadow) const;
+  // Whether the shadow holds newer elements than this buffer: a backend that keeps the states
+  // it computes in their shadows past a pass (Backend::keep_states) marks them so until it
+  // writes them back. Reading the elements through the host meanwhile is an error (it would
+  // read old ones); replacing them through the host (assign, fill_zero, assignment) clears it.
+  bool behind_shadow() const { return behind_shadow_; }
+  void set_behind_shadow(bool behind) const { behind_shadow_ = behind; }
+  // The newer elements are lost (the device that held them failed): this buffer's are the
+  // state's again, and the shadow is dropped.
+  void forget_shadow() const;
 
  private:
   void reallocate(int64_t capacity);  // keeps the first size_ elements
+  void check_current() const;         // before the host reads the elements
   void zero(int64_t begin, int64_t end);
 
   const BufferType* type_ = nullptr;
   std::unique_ptr<Buffer> buffer_;
   int64_t size_ = 0;
   mutable std::unique_ptr<Buffer> shadow_;  // not copied: a copy's host elements are its truth
+  mutable bool behind_shadow_ = false;
 };
 
 }  // namespace qhx

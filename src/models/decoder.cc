@@ -186,6 +186,17 @@ class Decoder final : public Model {
   Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
                          PlanKind kind = PlanKind::kForward) const;
   bool decodes_on_devices() const;  // whether a decode step's plan puts nodes on a device
+  // Whether every conv and delta-rule node of the schedule runs on devices that keep the states
+  // they compute (Backend::keep_states), and tells them to keep them or not accordingly.
+  bool keeps_states(const Schedule& s) const;
+  // Brings the state's host memory up to date after passes whose states a device kept
+  // (DecoderState::device_passes): writes them back, or when the device fails, redoes the passes
+  // on the CPU from that memory. settle takes the context's turn; settle_on_turn is for a caller
+  // that has it.
+  void settle(const DecoderState& state) const;
+  void settle_on_turn(const DecoderState& state) const;
+  // A device failed: it is not used again, and the state's kept passes are redone on the CPU.
+  void device_failed(const Error& e, DecoderState& state) const;
   std::span<Backend* const> backends(bool devices) const {
     return std::span<Backend* const>(backends_).first(devices ? backends_.size() : 1);
   }
@@ -439,8 +450,27 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   if (devices && !uses_devices(*s)) {
     devices = false;  // nothing of this pass runs on a device (a decode step, say)
   }
+  const bool kept = devices && keeps_states(*s);
+  if (!kept) settle_on_turn(state);  // this pass reads the states' host memory
+  const auto on_cpu = [&] {
+    execute(schedule_for(n_tokens, which, false, kind), backends(false), inputs);
+  };
   if (!devices) {
-    execute(*s, backends(false), inputs);
+    on_cpu();
+  } else if (kept) {
+    // The device leaves the states' host memory as it was (at the start of the kept passes).
+    try {
+      execute(*s, backends(true), inputs);
+      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes};
+      DecoderState::DevicePasses& passes = state.device_passes;
+      passes.passes.push_back({{ids.begin(), ids.end()}, which});
+      passes.tokens += n_tokens;
+      passes.settle = [this](const DecoderState& settled) { settle(settled); };
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kDeviceFailed) throw;
+      device_failed(e, state);
+      on_cpu();
+    }
   } else {
     // A device may fail part-way, after updating recurrent states in place: what it started
     // from is kept (the conv and recurrent states; KV rows past n_past are rewritten anyway).
@@ -450,14 +480,79 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
       traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes};
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kDeviceFailed) throw;
-      devices_enabled_ = false;
-      ++device_failures_;
-      device_failure_ = e.what();
+      device_failed(e, state);
       state.rewind(first_pos, &start);
-      execute(schedule_for(n_tokens, which, false, kind), backends(false), inputs);
+      on_cpu();
     }
   }
   state.advance(n_tokens);
+  // Written back now and then: a failure then costs the CPU at most this many tokens to redo.
+  constexpr int64_t kMaxKeptTokens = 256;
+  if (state.device_passes.tokens >= kMaxKeptTokens) settle_on_turn(state);
+}
+
+bool Decoder::keeps_states(const Schedule& s) const {
+  // (Attention-only models have no such states: their passes change only KV rows past the
+  // sequence, which the device writes back as it goes.)
+  bool any = false, on_devices = true;
+  for (const Node& n : s.plan.nodes) {
+    if (n.op != Op::kConvSilu && n.op != Op::kDeltaRule) continue;
+    any = true;
+    if (n.backend == 0) on_devices = false;
+  }
+  on_devices = on_devices && any;
+  bool kept = on_devices;
+  for (const std::shared_ptr<Backend>& device : devices_) {
+    kept = device->keep_states(on_devices) && kept;
+  }
+  return kept;
+}
+
+void Decoder::settle(const DecoderState& state) const {
+  const CpuContext::Turn turn(*context_);
+  settle_on_turn(state);
+}
+
+void Decoder::settle_on_turn(const DecoderState& settled) const {
+  if (settled.device_passes.passes.empty()) return;
+  // Settling changes no token of the sequence, only where its states' newest elements lie.
+  auto& state = const_cast<DecoderState&>(settled);
+  try {
+    const std::vector<const StateBuffer*> whole = state.whole_states();
+    for (const std::shared_ptr<Backend>& device : devices_) device->write_back_states(whole);
+    state.device_passes = {};
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kDeviceFailed) throw;
+    device_failed(e, state);
+  }
+}
+
+void Decoder::device_failed(const Error& e, DecoderState& state) const {
+  devices_enabled_ = false;
+  ++device_failures_;
+  device_failure_ = e.what();
+  // What the device kept is lost: the host memory holds the states as the kept passes found
+  // them, and the CPU redoes those passes as they ran (their logits are not needed again).
+  for (const StateBuffer* whole : state.whole_states()) whole->forget_shadow();
+  const std::vector<DecoderState::DevicePasses::Pass> passes =
+      std::move(state.device_passes.passes);
+  state.back_to(state.n_past() - state.device_passes.tokens);
+  state.device_passes = {};
+  std::vector<float> logits;
+  for (const DecoderState::DevicePasses::Pass& pass : passes) {
+    const int64_t n = static_cast<int64_t>(pass.ids.size());
+    const bool stepwise =
+        pass.which == LogitsFor::kEveryStep || pass.which == LogitsFor::kNoneStepwise;
+    const LogitsFor which = stepwise ? LogitsFor::kNoneStepwise : LogitsFor::kLastToken;
+    logits.resize(which == LogitsFor::kLastToken ? config_.vocab_size : 0);
+    BorrowedBuffer logits_memory(BufferKind::kHost, logits.data(), logits.size() * sizeof(float),
+                                 BorrowedBuffer::kWritable);
+    Buffer* const outputs[] = {&logits_memory};
+    const RunInputs inputs{
+        .ids = pass.ids, .first_pos = state.n_past(), .layers = state.layers, .external = outputs};
+    execute(schedule_for(n, which, false), backends(false), inputs);
+    state.advance(n);
+  }
 }
 
 void Decoder::mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,

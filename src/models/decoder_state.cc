@@ -13,6 +13,7 @@ int64_t StateCheckpoint::bytes() const {
 }
 
 void DecoderState::reset() {
+  device_passes = {};
   for (LayerState& l : layers) {
     l.keys.clear();
     l.values.clear();
@@ -27,10 +28,12 @@ void DecoderState::restore(const ModelState& snapshot) {
   if (other == nullptr || other->layers.size() != layers.size()) {
     fail("state", "snapshot belongs to a different model");
   }
-  *this = *other;
+  other->settle();
+  *this = *other;  // this one's device passes forgotten with its elements
 }
 
 std::vector<StateTensor> DecoderState::tensors() const {
+  settle();
   std::vector<StateTensor> out;
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string p = "layer" + std::to_string(i) + ".";
@@ -56,6 +59,7 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
                     std::to_string(expected.size()));
   }
   if (n_past < 0) fail(where, "negative token count");
+  device_passes = {};  // every element is replaced
   StateBuffer* targets[2];
   size_t t = 0;
   for (LayerState& l : layers) {
@@ -84,6 +88,7 @@ bool DecoderState::can_truncate() const {
 }
 
 StateCheckpoint DecoderState::checkpoint() const {
+  settle();
   StateCheckpoint c;
   c.n_past = n_past_;
   for (const LayerState& l : layers) {
@@ -107,6 +112,7 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
   if (at != nullptr && at->recurrent.size() != checkpoint_parts()) {
     fail("state", "checkpoint belongs to a different model");
   }
+  if (!truncatable) device_passes = {};  // the conv and recurrent states are replaced
   size_t part = 0;
   for (LayerState& l : layers) {
     if (l.conv.empty()) {
@@ -122,6 +128,24 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
     }
   }
   n_past_ = n;
+}
+
+void DecoderState::back_to(int64_t n) {
+  for (LayerState& l : layers) {
+    if (l.conv.empty()) {
+      l.keys.resize(std::min(l.keys.size(), n * l.kv_width));
+      l.values.resize(std::min(l.values.size(), n * l.kv_width));
+    }
+  }
+  n_past_ = n;
+}
+
+std::vector<const StateBuffer*> DecoderState::whole_states() const {
+  std::vector<const StateBuffer*> out;
+  for (const LayerState& l : layers) {
+    if (!l.conv.empty()) out.insert(out.end(), {&l.conv, &l.recurrent});
+  }
+  return out;
 }
 
 size_t DecoderState::checkpoint_parts() const {

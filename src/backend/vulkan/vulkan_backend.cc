@@ -369,6 +369,10 @@ const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const cha
   if (!private_states_) return own;
   const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
   const VulkanBuffer* shadow = as_vulkan(s.shadow(), *device_);
+  if (shadow == nullptr && s.behind_shadow()) {
+    fail("vulkan", "layer " + std::to_string(layer) + "'s " + what +
+                       ": its newest elements were lost with a failed submission");
+  }
   if (shadow == nullptr || shadow->bytes() < bytes) {
     // As large as the state's own memory (which grows twofold), holding what the old shadow
     // held, or the state's elements. Without the device memory for it, the state's own memory.
@@ -390,10 +394,60 @@ const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const cha
   return *shadow;
 }
 
+const VulkanBuffer& VulkanBackend::whole_state(const StateBuffer& s, const char* what, int layer) {
+  const VulkanBuffer& working = working_state(s, what, layer);
+  if (keep_states_ && s.shadow() == nullptr) {  // computing in its own memory would change it
+    fail(
+        "vulkan",
+        "layer " + std::to_string(layer) + "'s " + what + ": no device memory for its private copy",
+        ErrorKind::kDeviceFailed);
+  }
+  return working;
+}
+
 void VulkanBackend::mirror(const StateBuffer& s, const VulkanBuffer& working, size_t offset,
                            size_t bytes) {
   const VulkanBuffer& own = *as_vulkan(s.buffer(), *device_);
   if (&working != &own) copy(working, offset, own, offset, bytes);
+}
+
+void VulkanBackend::updated(const StateBuffer& s, const VulkanBuffer& working) {
+  if (keep_states_) {
+    s.set_behind_shadow(true);
+  } else {
+    mirror(s, working, 0, s.size() * sizeof(float));
+  }
+}
+
+bool VulkanBackend::keep_states(bool keep) {
+  keep_states_ = keep && private_states_;
+  return keep_states_;
+}
+
+void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states) {
+  // Into host-visible memory of its own, then copied by the host once the device is done: a
+  // failure part-way leaves the states' own memory untouched.
+  std::vector<std::pair<const StateBuffer*, size_t>> behind;  // and where it passes through
+  size_t total = 0;
+  for (const StateBuffer* s : states) {
+    if (!s->behind_shadow() || as_vulkan(s->shadow(), *device_) == nullptr) continue;
+    behind.emplace_back(s, total);
+    total += (static_cast<size_t>(s->size()) * sizeof(float) + 15) / 16 * 16;
+  }
+  if (behind.empty()) return;
+  if (write_back_ == nullptr || write_back_->bytes() < total) {
+    write_back_.reset();
+    write_back_ = shared_memory_.allocate(std::bit_ceil(total));
+  }
+  const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
+  for (const auto& [s, at] : behind) {
+    copy(*as_vulkan(s->shadow(), *device_), 0, through, at, s->size() * sizeof(float));
+  }
+  synchronize();
+  for (const auto& [s, at] : behind) {
+    copy_bytes(through, at, *s->buffer(), 0, s->size() * sizeof(float));
+    s->set_behind_shadow(false);
+  }
 }
 
 uint32_t VulkanBackend::upload(const void* bytes, size_t n) {
@@ -800,12 +854,12 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     case Op::kConvSilu: {
       const int64_t channels = cols(node.out);
       const StateBuffer& conv_state = inputs.layers[node.layer].conv;
-      const VulkanBuffer& conv = working_state(conv_state, "conv state", node.layer);
+      const VulkanBuffer& conv = whole_state(conv_state, "conv state", node.layer);
       dispatch(
           "conv_silu", {&arena, &vector(node.vector, channels * node.width), &conv},
           {offset(node.in[0]), offset(node.out), u32(channels), u32(node.width), u32(node.rows)},
           groups_of(channels));
-      return mirror(conv_state, conv, 0, conv_state.size() * sizeof(float));
+      return updated(conv_state, conv);
     }
     case Op::kDeltaGates: {
       const int64_t heads = cols(node.out);
@@ -817,7 +871,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     case Op::kDeltaRule: {
       const DeltaRuleShape& h = node.heads;
       const StateBuffer& recurrent_state = inputs.layers[node.layer].recurrent;
-      const VulkanBuffer& recurrent = working_state(recurrent_state, "recurrent state", node.layer);
+      const VulkanBuffer& recurrent = whole_state(recurrent_state, "recurrent state", node.layer);
       const uint32_t operands[] = {offset(node.in[0]), offset(node.in[1]), offset(node.in[2]),
                                    offset(node.in[3]), offset(node.in[4]), offset(node.out),
                                    u32(node.rows),     u32(h.n_k_heads),   u32(h.n_v_heads),
@@ -826,7 +880,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       if (node.rows == 1 || node.chunk == 0) {
         dispatch("delta_rule", {&arena, &recurrent}, push.first(11),
                  h.n_v_heads * ((h.v_dim + kWorkgroup - 1) / kWorkgroup));
-        return mirror(recurrent_state, recurrent, 0, recurrent_state.size() * sizeof(float));
+        return updated(recurrent_state, recurrent);
       }
       // Prefill: the chunked form (delta_chunk.comp), its intermediates in scratch.
       const VulkanBuffer& work =
@@ -836,7 +890,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       dispatch("delta_chunk_state", {&arena, &recurrent, &work}, push,
                h.n_v_heads * ((h.v_dim + kDeltaColumns - 1) / kDeltaColumns));
       dispatch("delta_chunk_output", {&arena, &recurrent, &work}, push, h.n_v_heads * chunks);
-      return mirror(recurrent_state, recurrent, 0, recurrent_state.size() * sizeof(float));
+      return updated(recurrent_state, recurrent);
     }
     case Op::kCopy: {
       const TensorRef &from = args.values[node.in[0].value], &to = args.values[node.out.value];

@@ -69,6 +69,8 @@ class VulkanBackend final : public Backend {
   int64_t max_arena_span_bytes(const Node& node) const override;
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override;
   void synchronize() override;
+  bool keep_states(bool keep) override;
+  void write_back_states(std::span<const StateBuffer* const> states) override;
   int64_t submissions() const { return submissions_; }  // command buffers submitted so far
   WeightMemory weight_memory() const override { return weight_memory_; }
 
@@ -125,9 +127,15 @@ class VulkanBackend final : public Backend {
   // The buffer a node computes the state in: its own, or with private states its shadow (made
   // or grown from what it holds, recorded before the node).
   const VulkanBuffer& working_state(const StateBuffer& s, const char* what, int layer);
+  // A conv or recurrent state's working buffer: with kept states (keep_states) always its
+  // shadow, else as working_state.
+  const VulkanBuffer& whole_state(const StateBuffer& s, const char* what, int layer);
   // After a node wrote [offset, offset + bytes) of `working`: the state's own memory made equal
   // to it there again (nothing when they are one).
   void mirror(const StateBuffer& s, const VulkanBuffer& working, size_t offset, size_t bytes);
+  // After a node updated a whole conv or recurrent state in `working`: kept there (its own
+  // memory marked behind), or mirrored.
+  void updated(const StateBuffer& s, const VulkanBuffer& working);
   // Bytes to the upload ring (valid until the next submission); returns their element offset.
   uint32_t upload(const void* bytes, size_t n);
   const VulkanBuffer* ring() const { return static_cast<const VulkanBuffer*>(ring_.get()); }
@@ -149,6 +157,8 @@ class VulkanBackend final : public Backend {
   VulkanBackendOptions options_;
   bool subgroup_reductions_ = false, int8_dot_ = false;  // the faster variants in use
   bool private_states_ = false;
+  bool keep_states_ = false;            // conv and recurrent states stay in their shadows
+  std::unique_ptr<Buffer> write_back_;  // host-visible: kept states pass through it to the host
   VulkanBufferType device_memory_, shared_memory_;
   std::unique_ptr<Buffer> arena_;
   // Where the window of the arena that the node being recorded binds begins (bytes): an arena
