@@ -44,7 +44,8 @@ class StateBuffer {
   std::vector<float> to_vector() const;
 
   // A backend's private copy of the elements (a discrete GPU's device-local memory, which it
-  // reads faster than this buffer), which that backend keeps equal to this one. Anything that may
+  // reads faster than this buffer), which that backend keeps equal to this one, or ahead of it
+  // while it marks this one behind (behind_shadow below). Anything that may
   // change the elements through the host (data(), assign, fill_zero, assignment) drops it;
   // resize and reserve keep it, as the backend writes the elements they add itself.
   Buffer* shadow() const { return shadow_.get(); }

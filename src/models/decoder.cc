@@ -451,7 +451,12 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
     devices = false;  // nothing of this pass runs on a device (a decode step, say)
   }
   const bool kept = devices && keeps_states(*s);
-  if (!kept) settle_on_turn(state);  // this pass reads the states' host memory
+  if (!kept) {
+    settle_on_turn(state);  // this pass reads the states' host memory
+    // A write-back that failed has turned the devices off; replaying may evict schedules.
+    devices = devices && devices_enabled_;
+    s = &schedule_for(n_tokens, which, devices, kind);
+  }
   const auto on_cpu = [&] {
     execute(schedule_for(n_tokens, which, false, kind), backends(false), inputs);
   };
@@ -534,10 +539,11 @@ void Decoder::device_failed(const Error& e, DecoderState& state) const {
   // What the device kept is lost: the host memory holds the states as the kept passes found
   // them, and the CPU redoes those passes as they ran (their logits are not needed again).
   for (const StateBuffer* whole : state.whole_states()) whole->forget_shadow();
+  const int64_t redone = state.device_passes.tokens;
   const std::vector<DecoderState::DevicePasses::Pass> passes =
       std::move(state.device_passes.passes);
-  state.back_to(state.n_past() - state.device_passes.tokens);
   state.device_passes = {};
+  state.back_to(state.n_past() - redone);
   std::vector<float> logits;
   for (const DecoderState::DevicePasses::Pass& pass : passes) {
     const int64_t n = static_cast<int64_t>(pass.ids.size());

@@ -29,6 +29,7 @@ void DecoderState::restore(const ModelState& snapshot) {
     fail("state", "snapshot belongs to a different model");
   }
   other->settle();
+  device_passes = {};
   *this = *other;  // this one's device passes forgotten with its elements
 }
 
@@ -112,7 +113,10 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
   if (at != nullptr && at->recurrent.size() != checkpoint_parts()) {
     fail("state", "checkpoint belongs to a different model");
   }
-  if (!truncatable) device_passes = {};  // the conv and recurrent states are replaced
+  if (!truncatable) {  // the conv and recurrent states are replaced, what a device kept too
+    for (const StateBuffer* whole : whole_states()) whole->forget_shadow();
+    device_passes = {};
+  }
   size_t part = 0;
   for (LayerState& l : layers) {
     if (l.conv.empty()) {

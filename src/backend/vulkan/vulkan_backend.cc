@@ -370,8 +370,10 @@ const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const cha
   const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
   const VulkanBuffer* shadow = as_vulkan(s.shadow(), *device_);
   if (shadow == nullptr && s.behind_shadow()) {
-    fail("vulkan", "layer " + std::to_string(layer) + "'s " + what +
-                       ": its newest elements were lost with a failed submission");
+    fail("vulkan",
+         "layer " + std::to_string(layer) + "'s " + what +
+             ": its newest elements were lost with a failed submission",
+         ErrorKind::kDeviceFailed);
   }
   if (shadow == nullptr || shadow->bytes() < bytes) {
     // As large as the state's own memory (which grows twofold), holding what the old shadow
@@ -416,6 +418,7 @@ void VulkanBackend::updated(const StateBuffer& s, const VulkanBuffer& working) {
     s.set_behind_shadow(true);
   } else {
     mirror(s, working, 0, s.size() * sizeof(float));
+    s.set_behind_shadow(false);
   }
 }
 
@@ -430,7 +433,11 @@ void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states
   std::vector<std::pair<const StateBuffer*, size_t>> behind;  // and where it passes through
   size_t total = 0;
   for (const StateBuffer* s : states) {
-    if (!s->behind_shadow() || as_vulkan(s->shadow(), *device_) == nullptr) continue;
+    if (!s->behind_shadow()) continue;
+    if (as_vulkan(s->shadow(), *device_) == nullptr) {  // lost with a batch it did not finish
+      fail("vulkan: writing states back", "newer elements of a state were lost",
+           ErrorKind::kDeviceFailed);
+    }
     behind.emplace_back(s, total);
     total += (static_cast<size_t>(s->size()) * sizeof(float) + 15) / 16 * 16;
   }
