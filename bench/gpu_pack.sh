@@ -25,22 +25,26 @@ trap 'rm -rf "$stage"' EXIT
 [ -x "$build/qhx" ] || tools/setup.sh "$build"
 tools/install_packages.sh xz-utils
 
+# apt-get on amd64 packages of one Debian suite, with lists of its own (nothing is installed).
+apt_amd64() {
+  local suite=$1 lists=/tmp/qhx-apt-$1
+  shift
+  mkdir -p "$lists/partial"
+  echo "deb http://deb.debian.org/debian $suite main" >"$lists/sources.list"
+  apt-get -oDir::Etc::SourceList="$lists/sources.list" -oDir::Etc::SourceParts=/dev/null \
+    -oDir::State::Lists="$lists" -oAPT::Architecture=amd64 -oAPT::Architectures=amd64 \
+    -oAPT::Sandbox::User=root "$@"
+}
+
 # llama.cpp's Vulkan backend needs newer Vulkan headers than Debian 12's (VK_EXT_layer_settings),
 # and its cooperative-matrix shaders (the tensor cores it uses on NVIDIA, AMD and Intel GPUs) a
 # newer glslc: Debian 13's, unpacked under the cache and run with Debian 13's own C and C++
-# libraries through their loader (nothing is installed).
-apt_trixie() {
-  local lists=/tmp/qhx-trixie-lists
-  mkdir -p "$lists/partial"
-  echo 'deb http://deb.debian.org/debian trixie main' >"$lists/sources.list"
-  apt-get -oDir::Etc::SourceList="$lists/sources.list" -oDir::Etc::SourceParts=/dev/null \
-    -oDir::State::Lists="$lists" -oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oAPT::Sandbox::User=root "$@"
-}
+# libraries through their loader.
 toolchain=$cache/trixie
 if [ ! -x "$toolchain/glslc" ]; then
   rm -rf "$toolchain" && mkdir -p "$toolchain/debs"
-  apt_trixie update >/dev/null
-  (cd "$toolchain/debs" && apt_trixie download glslc libshaderc1 libc6 libstdc++6 libgcc-s1 \
+  apt_amd64 trixie update >/dev/null
+  (cd "$toolchain/debs" && apt_amd64 trixie download glslc libshaderc1 libc6 libstdc++6 libgcc-s1 \
     libvulkan-dev spirv-headers >/dev/null)
   for f in "$toolchain"/debs/*.deb; do dpkg -x "$f" "$toolchain/root"; done
   libs=$toolchain/root/usr/lib/x86_64-linux-gnu
@@ -81,12 +85,8 @@ bin=build-$version-vulkan-portable/bin
   "$vendor/CMakeLists.txt" "$vendor/LICENSE" "$vendor/convert_hf_to_gguf.py" "$vendor/conversion" \
   "$vendor/gguf-py" "$vendor/src/llama-arch.h") >"$out/llama.tar.xz"
 
-arch='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/qhx-amd64-lists'
-mkdir -p /tmp/qhx-amd64-lists/partial
-# shellcheck disable=SC2086
-apt-get $arch update >/dev/null
-# shellcheck disable=SC2086
-(cd "$out/debs" && apt-get $arch download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 \
+apt_amd64 bookworm update >/dev/null
+(cd "$out/debs" && apt_amd64 bookworm download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 \
   libglx0 libgles2 >/dev/null)
 
 ls -l "$out" "$out/debs"

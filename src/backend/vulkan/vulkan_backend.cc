@@ -363,6 +363,17 @@ const VulkanBuffer& VulkanBackend::state(const StateBuffer& s, const char* what,
   return *buffer;
 }
 
+namespace {
+
+// A state behind a shadow that a failed batch dropped (abandon): its newest elements are gone,
+// which the model handles as the device's failure (it redoes the passes that made them).
+[[noreturn]] void fail_lost(const std::string& where) {
+  fail("vulkan: " + where, "its newest elements were lost with a failed submission",
+       ErrorKind::kDeviceFailed);
+}
+
+}  // namespace
+
 const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const char* what,
                                                  int layer) {
   const VulkanBuffer& own = state(s, what, layer);
@@ -370,10 +381,7 @@ const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const cha
   const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
   const VulkanBuffer* shadow = as_vulkan(s.shadow(), *device_);
   if (shadow == nullptr && s.behind_shadow()) {
-    fail("vulkan",
-         "layer " + std::to_string(layer) + "'s " + what +
-             ": its newest elements were lost with a failed submission",
-         ErrorKind::kDeviceFailed);
+    fail_lost("layer " + std::to_string(layer) + "'s " + what);
   }
   if (shadow == nullptr || shadow->bytes() < bytes) {
     // As large as the state's own memory (which grows twofold), holding what the old shadow
@@ -434,10 +442,7 @@ void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states
   size_t total = 0;
   for (const StateBuffer* s : states) {
     if (!s->behind_shadow()) continue;
-    if (as_vulkan(s->shadow(), *device_) == nullptr) {  // lost with a batch it did not finish
-      fail("vulkan: writing states back", "newer elements of a state were lost",
-           ErrorKind::kDeviceFailed);
-    }
+    if (as_vulkan(s->shadow(), *device_) == nullptr) fail_lost("writing a state back");
     behind.emplace_back(s, total);
     total += (static_cast<size_t>(s->size()) * sizeof(float) + 15) / 16 * 16;
   }
