@@ -60,3 +60,20 @@ const ShaderCode* find_shader(std::string_view name) {
   target_sources(${target} PRIVATE ${generated} ${incs})
   target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_BINARY_DIR})
 endfunction()
+
+# Sets `result` to whether glslc compiles `source` (with the given definitions), at configure time.
+function(qhx_glslc_compiles result source)
+  set(defines "")
+  foreach(d ${ARGN})
+    list(APPEND defines -D${d})
+  endforeach()
+  get_filename_component(dir ${source} DIRECTORY)
+  execute_process(
+    COMMAND ${Vulkan_GLSLC_EXECUTABLE} --target-env=vulkan1.1 ${defines} -I ${dir} -o /dev/null ${source}
+    RESULT_VARIABLE status OUTPUT_QUIET ERROR_QUIET)
+  if(status EQUAL 0)
+    set(${result} TRUE PARENT_SCOPE)
+  else()
+    set(${result} FALSE PARENT_SCOPE)
+  endif()
+endfunction()

@@ -176,9 +176,31 @@ bool same_bits(const Outcome& a, const Outcome& b) {
   return true;
 }
 
+// The weight types and activations of the matmul cases.
+const std::pair<DType, Activations> kMatrixTypes[] = {
+    {DType::kF32, Activations::kF32}, {DType::kBF16, Activations::kF32},
+    {DType::kF16, Activations::kF32}, {DType::kW8, Activations::kF32},
+    {DType::kW8, Activations::kInt8}, {DType::kW4, Activations::kF32},
+    {DType::kW4, Activations::kInt8}};
+constexpr int64_t kPromptRows = 70;
+
+std::string matmul_name(DType dtype, Activations activations) {
+  return "matmul " + std::string(dtype_name(dtype)) +
+         (activations == Activations::kInt8 ? " int8" : "");
+}
+
+// A rows × cols matmul of n tokens.
+void add_matmul(OpCase& k, int64_t n, DType dtype, Activations activations, int64_t rows,
+                int64_t cols) {
+  Node& m = k.node(Op::kMatmul, n);
+  m.in[0] = {k.plan.add_value(n, cols)};
+  m.out = {k.plan.add_value(n, rows)};
+  m.matrix = k.matrix(dtype, rows, cols, 4, activations);
+}
+
 // The cases for one model configuration, each op at rows 1 (decode) and 5 (a prompt; the delta
-// rule a whole chunk and 5 more, so that a chunk boundary is crossed). A deque: the nodes point
-// into their case, which must not move.
+// rule a whole chunk and 5 more, so that a chunk boundary is crossed), and the matmuls at
+// kPromptRows too. A deque: the nodes point into their case, which must not move.
 std::deque<OpCase> cases_for(const ModelConfig& c) {
   std::deque<OpCase> cases;
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
@@ -233,23 +255,11 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
       r.vector = k.vector(H, 3, 0.5f, 1.0f);
       r.eps = 1e-6f;
     });
-    const std::pair<DType, Activations> dtypes[] = {
-        {DType::kF32, Activations::kF32}, {DType::kBF16, Activations::kF32},
-        {DType::kF16, Activations::kF32}, {DType::kW8, Activations::kF32},
-        {DType::kW8, Activations::kInt8}, {DType::kW4, Activations::kF32},
-        {DType::kW4, Activations::kInt8}};
-    for (const auto& pair : dtypes) {
+    for (const auto& pair : kMatrixTypes) {
       const DType dtype = pair.first;  // named: lambdas may not capture structured bindings
       const Activations activations = pair.second;
-      std::string name = "matmul ";
-      name += dtype_name(dtype);
-      if (activations == Activations::kInt8) name += " int8";
-      add(name, rows, [&](OpCase& k, int64_t n) {
-        Node& m = k.node(Op::kMatmul, n);
-        m.in[0] = {k.plan.add_value(n, H)};
-        m.out = {k.plan.add_value(n, I)};
-        m.matrix = k.matrix(dtype, I, H, 4, activations);
-      });
+      const std::string name = matmul_name(dtype, activations);
+      add(name, rows, [&](OpCase& k, int64_t n) { add_matmul(k, n, dtype, activations, I, H); });
       add(name + " x3 of one input", rows, [&](OpCase& k, int64_t n) {
         const ValueId x = k.plan.add_value(n, H);
         for (const int64_t out : {q_width, kv_width, kv_width}) {
@@ -393,6 +403,16 @@ std::deque<OpCase> cases_for(const ModelConfig& c) {
       p.out = {k.plan.add_value(n, H)};
     });
   }
+  // Prompt-sized matmuls: more tokens than a workgroup of any matmul shader takes (the
+  // cooperative-matrix one takes 64) and a partial workgroup's worth, both ways round.
+  for (const auto& pair : kMatrixTypes) {
+    const DType dtype = pair.first;
+    const Activations activations = pair.second;
+    add(matmul_name(dtype, activations), kPromptRows,
+        [&](OpCase& k, int64_t n) { add_matmul(k, n, dtype, activations, I, H); });
+    add(matmul_name(dtype, activations) + " down", kPromptRows,
+        [&](OpCase& k, int64_t n) { add_matmul(k, n, dtype, activations, H, I); });
+  }
   return cases;
 }
 
@@ -425,6 +445,7 @@ TEST(BackendOps, EveryOpOnEveryBackendMatchesTheReferenceOnEveryFixturesShapes) 
 TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
   std::printf("vulkan: %s\n", device->info().describe().c_str());
+  std::printf("shaders: %s\n", VulkanBackend(device).name().c_str());
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
   // A phone-like device too: only the portable shaders, storage-buffer bindings so small that

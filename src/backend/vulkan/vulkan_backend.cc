@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "backend/vulkan/vulkan_shaders.h"
 #include "core/dtype.h"
 #include "kernels/kernels.h"
 #include "util/error.h"
@@ -16,11 +17,15 @@ namespace {
 constexpr uint32_t kSetsPerSubmission = 1024;  // descriptor sets: one per dispatch
 constexpr uint32_t kWorkgroup = 64;            // every shader's local size
 constexpr uint32_t kMatmulTokens = 8;          // tokens per matmul workgroup (matmul*.comp)
-constexpr int64_t kMaxHeadDim = 256;           // attention.comp
-constexpr int64_t kMaxKDim = 128;              // delta_rule.comp, delta_chunk.comp
-constexpr int64_t kMaxDeltaChunk = 64;         // delta_chunk.comp
-constexpr int64_t kDeltaColumns = 16;          // value columns per delta_chunk_state workgroup
-constexpr int64_t kMaxConvKernel = 8;          // conv_silu.comp
+// matmul_q8_coopmat.comp: weight rows and tokens per workgroup, and the tokens from which the int8
+// matmuls run on cooperative matrices (fewer leave most of a workgroup's tile empty).
+constexpr int64_t kMatrixTile = 64;
+constexpr int64_t kMatrixMinTokens = 16;
+constexpr int64_t kMaxHeadDim = 256;    // attention.comp
+constexpr int64_t kMaxKDim = 128;       // delta_rule.comp, delta_chunk.comp
+constexpr int64_t kMaxDeltaChunk = 64;  // delta_chunk.comp
+constexpr int64_t kDeltaColumns = 16;   // value columns per delta_chunk_state workgroup
+constexpr int64_t kMaxConvKernel = 8;   // conv_silu.comp
 // Split-key attention (attention.comp PARTIAL/COMBINE): when fewer (query, head) pairs than this
 // would each walk more than one split's keys alone, as a decode step over a long context does.
 constexpr int64_t kKeysPerSplit = 256;
@@ -90,6 +95,9 @@ VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackend
       shared_memory_(device_, VulkanBufferType::kHostVisible) {
   subgroup_reductions_ = !options_.portable && device_->info().subgroup_arithmetic;
   int8_dot_ = !options_.portable && device_->info().int8_dot;
+  // Built only where glslc knows GL_KHR_cooperative_matrix (cmake/embed_shaders.cmake).
+  cooperative_matrix_ = !options_.portable && device_->info().int8_matrix.k > 0 &&
+                        find_shader("matmul_q8_w8_coopmat") != nullptr;
   private_states_ = options_.decode && (device_->info().discrete || options_.private_states);
   VkDevice d = device_->device();
   auto pool = vk_info<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
@@ -127,7 +135,10 @@ VulkanBackend::~VulkanBackend() {
 std::string VulkanBackend::name() const {
   const VulkanDeviceInfo& i = device_->info();
   std::string variants = subgroup_reductions_ ? "subgroup reductions" : "";
-  if (int8_dot_) variants += variants.empty() ? "int8 dot" : ", int8 dot";
+  for (const auto& [used, what] :
+       {std::pair{int8_dot_, "int8 dot"}, std::pair{cooperative_matrix_, "cooperative matrices"}}) {
+    if (used) variants += variants.empty() ? what : std::string(", ") + what;
+  }
   return "vulkan:" + std::to_string(i.index) + " (" + i.name + ", " + i.driver + "; " +
          (variants.empty() ? "portable shaders" : variants) + ")";
 }
@@ -138,7 +149,7 @@ std::string VulkanBackend::shader(const char* name) const {
       (n == "rms_norm" || n == "l2_norm" || n == "attention" || n == "attention_partial")) {
     return n + "_subgroup";
   }
-  if (int8_dot_ && n.starts_with("matmul_q8_")) return n + "_dot";
+  if (int8_dot_ && n.starts_with("matmul_q8_") && !n.ends_with("_coopmat")) return n + "_dot";
   return n;
 }
 
@@ -682,6 +693,7 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
     const Binding xs = arena_rows(x0 + t0 * x_row, n * x_row, x);
     const Binding ys = arena_rows(y0 + t0 * y_row, n * y_row, y);
     const VulkanBuffer *quantized = nullptr, *activation_scales = nullptr;
+    const bool matrices = int8 && cooperative_matrix_ && n >= kMatrixMinTokens;
     if (int8) {
       const int64_t blocks = n * m.cols / kActivationBlock;
       quantized = &scratch(quantized_, blocks * kActivationBlock);
@@ -695,10 +707,17 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
       const int64_t row_groups = (part.rows + rows_per_group - 1) / rows_per_group;
       const VulkanBuffer *data = as_device(part.data), *scales = scales_or(part.scales, arena);
       if (int8) {
-        dispatch(shader.c_str(), {quantized, activation_scales, data, scales, ys},
-                 {out, u32(part.rows), u32(m.cols), u32(n), u32(m.group_size), u32(m.rows),
-                  part.data_word, part.scales_word},
-                 row_groups, token_groups);
+        const uint32_t push[] = {
+            out,         u32(part.rows), u32(m.cols),     u32(n), u32(m.group_size),
+            u32(m.rows), part.data_word, part.scales_word};
+        if (matrices) {
+          dispatch((shader + "_coopmat").c_str(), {quantized, activation_scales, data, scales, ys},
+                   push, (part.rows + kMatrixTile - 1) / kMatrixTile,
+                   u32((n + kMatrixTile - 1) / kMatrixTile));
+        } else {
+          dispatch(shader.c_str(), {quantized, activation_scales, data, scales, ys}, push,
+                   row_groups, token_groups);
+        }
       } else {
         dispatch(shader.c_str(), {xs, data, scales, ys},
                  {x, out, u32(part.rows), u32(m.cols), u32(n), u32(m.group_size), u32(m.rows),

@@ -33,7 +33,8 @@ struct VulkanBackendOptions {
   int64_t fail_submission = 0;
   std::string perturb_op;
   // Only the portable shaders (Vulkan 1.1 storage buffers, shared-memory reductions), not the
-  // faster variants the device supports (subgroup reductions, int8 dot products):
+  // faster variants the device supports (subgroup reductions, int8 dot products, cooperative
+  // matrices):
   // QHX_VULKAN_PORTABLE=1, for a driver whose fast paths misbehave, and the tests of both.
   bool portable = false;
   // Test switch: weight matrices and KV caches are bound in parts of at most this many bytes, as
@@ -155,7 +156,8 @@ class VulkanBackend final : public Backend {
 
   std::shared_ptr<VulkanDevice> device_;
   VulkanBackendOptions options_;
-  bool subgroup_reductions_ = false, int8_dot_ = false;  // the faster variants in use
+  // The faster variants in use.
+  bool subgroup_reductions_ = false, int8_dot_ = false, cooperative_matrix_ = false;
   bool private_states_ = false;
   bool keep_states_ = false;            // conv and recurrent states stay in their shadows
   std::unique_ptr<Buffer> write_back_;  // host-visible: kept states pass through it to the host

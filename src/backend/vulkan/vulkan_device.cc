@@ -53,6 +53,89 @@ VkResult create_instance(VkInstance* instance) {
   return vkCreateInstance(&create, nullptr, instance);
 }
 
+// VK_KHR_cooperative_matrix's structures and values, spelled out: Debian 12's Vulkan headers
+// (1.3.239) predate the extension (1.3.255).
+constexpr char kCoopmatExtension[] = "VK_KHR_cooperative_matrix";
+constexpr auto kCoopmatFeaturesType = static_cast<VkStructureType>(1000506000);
+constexpr auto kCoopmatPropertiesType = static_cast<VkStructureType>(1000506001);
+constexpr auto kCoopmatStagesType = static_cast<VkStructureType>(1000506002);
+constexpr uint32_t kComponentSint8 = 3, kComponentSint32 = 5, kScopeSubgroup = 3;
+struct CoopmatFeatures {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix, cooperativeMatrixRobustBufferAccess;
+};
+struct CoopmatProperties {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MSize, NSize, KSize;
+  uint32_t AType, BType, CType, ResultType;  // VkComponentTypeKHR
+  VkBool32 saturatingAccumulation;
+  uint32_t scope;  // VkScopeKHR
+};
+struct CoopmatStages {
+  VkStructureType sType;
+  void* pNext;
+  VkShaderStageFlags cooperativeMatrixSupportedStages;
+};
+using GetCoopmatProperties = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, CoopmatProperties*);
+// What matmul_q8_coopmat.comp needs besides the matrices: int8 in shared memory and the Vulkan
+// memory model (GL_KHR_cooperative_matrix implies it), as extensions of a Vulkan 1.1 instance.
+constexpr const char* kCoopmatExtensions[] = {kCoopmatExtension,
+                                              VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME,
+                                              VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME};
+constexpr uint32_t kCoopmatSharedBytes = 64 * 32 * 2 + 64 * 64 * 4;  // the shader's shared arrays
+
+// The device's best int8 shape for matmul_q8_coopmat.comp, or none.
+VulkanDeviceInfo::MatrixShape int8_matrix_shape(
+    VkInstance instance, VkPhysicalDevice device, const VkPhysicalDeviceProperties& limits,
+    const VkPhysicalDeviceSubgroupProperties& subgroup) {
+  for (const char* e : kCoopmatExtensions) {
+    if (!has_extension(device, e)) return {};
+  }
+  auto coopmat = vk_info<CoopmatFeatures>(kCoopmatFeaturesType);
+  auto memory_model = vk_info<VkPhysicalDeviceVulkanMemoryModelFeatures>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
+  auto int8 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+  coopmat.pNext = &memory_model;
+  memory_model.pNext = &int8;
+  auto features = vk_info<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+  features.pNext = &coopmat;
+  vkGetPhysicalDeviceFeatures2(device, &features);
+  auto stages = vk_info<CoopmatStages>(kCoopmatStagesType);
+  auto properties =
+      vk_info<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+  properties.pNext = &stages;
+  vkGetPhysicalDeviceProperties2(device, &properties);
+  const auto list_shapes = reinterpret_cast<GetCoopmatProperties>(
+      vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+  if (!coopmat.cooperativeMatrix || !memory_model.vulkanMemoryModel || !int8.shaderInt8 ||
+      (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) == 0 ||
+      (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) == 0 ||
+      (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) == 0 ||
+      subgroup.subgroupSize == 0 || 128 % subgroup.subgroupSize != 0 ||
+      limits.limits.maxComputeSharedMemorySize < kCoopmatSharedBytes || list_shapes == nullptr) {
+    return {};
+  }
+  uint32_t n = 0;
+  list_shapes(device, &n, nullptr);
+  std::vector<CoopmatProperties> shapes(n, vk_info<CoopmatProperties>(kCoopmatPropertiesType));
+  list_shapes(device, &n, shapes.data());
+  VulkanDeviceInfo::MatrixShape best;
+  for (const CoopmatProperties& s : shapes) {
+    const bool fits = s.AType == kComponentSint8 && s.BType == kComponentSint8 &&
+                      s.CType == kComponentSint32 && s.ResultType == kComponentSint32 &&
+                      !s.saturatingAccumulation && s.scope == kScopeSubgroup && s.MSize > 0 &&
+                      s.NSize > 0 && s.KSize > 0 && 64 % s.MSize == 0 && 64 % s.NSize == 0 &&
+                      32 % s.KSize == 0;
+    if (fits && s.MSize * s.NSize * s.KSize > best.m * best.n * best.k) {
+      best = {s.MSize, s.NSize, s.KSize};
+    }
+  }
+  return best;
+}
+
 std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
   uint32_t n = 0;
   vkEnumeratePhysicalDevices(instance, &n, nullptr);
@@ -62,7 +145,7 @@ std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
   return devices;
 }
 
-VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
+VulkanDeviceInfo read_info(VkInstance instance, VkPhysicalDevice device, int index) {
   VulkanDeviceInfo info;
   info.index = index;
   auto subgroup = vk_info<VkPhysicalDeviceSubgroupProperties>(
@@ -122,7 +205,10 @@ VulkanDeviceInfo read_info(VkPhysicalDevice device, int index) {
   vkGetPhysicalDeviceFeatures2(device, &features);
   info.fp16 = f16.shaderFloat16 == VK_TRUE;
   info.int8_dot = has_dot && dot.shaderIntegerDotProduct == VK_TRUE;
-  info.cooperative_matrix = has_extension(device, "VK_KHR_cooperative_matrix");
+  info.cooperative_matrix = has_extension(device, kCoopmatExtension);
+  if (info.cooperative_matrix) {
+    info.int8_matrix = int8_matrix_shape(instance, device, properties.properties, subgroup);
+  }
 
   VkPhysicalDeviceMemoryProperties memory;
   vkGetPhysicalDeviceMemoryProperties(device, &memory);
@@ -162,6 +248,10 @@ std::string VulkanDeviceInfo::describe() const {
   if (int8_dot) features += ", int8-dot";
   if (subgroup_arithmetic) features += ", subgroup-arithmetic";
   if (cooperative_matrix) features += ", cooperative-matrix";
+  if (int8_matrix.k > 0) {
+    features += " (int8 " + std::to_string(int8_matrix.m) + "x" + std::to_string(int8_matrix.n) +
+                "x" + std::to_string(int8_matrix.k) + ")";
+  }
   if (host_import_alignment > 0) features += ", host-import";
   return name + " · " + type + " · " + memory + " · " + driver + " · Vulkan " + api + " · " +
          features;
@@ -179,7 +269,8 @@ std::vector<VulkanDeviceInfo> vulkan_devices(std::string* why) {
   }
   std::vector<VulkanDeviceInfo> out;
   int index = 0;
-  for (VkPhysicalDevice d : physical_devices(instance)) out.push_back(read_info(d, index++));
+  for (VkPhysicalDevice d : physical_devices(instance))
+    out.push_back(read_info(instance, d, index++));
   vkDestroyInstance(instance, nullptr);
   if (out.empty() && why != nullptr) *why = "the Vulkan driver reports no device";
   return out;
@@ -198,7 +289,7 @@ std::shared_ptr<VulkanDevice> VulkanDevice::open(int index,
          "no such device (" + std::to_string(devices.size()) + " found; `qhx devices` lists them)");
   }
   d->physical_ = devices[index];
-  d->info_ = read_info(d->physical_, index);
+  d->info_ = read_info(d->instance_, d->physical_, index);
   vkGetPhysicalDeviceMemoryProperties(d->physical_, &d->memory_);
 
   uint32_t n_families = 0;
@@ -228,8 +319,25 @@ std::shared_ptr<VulkanDevice> VulkanDevice::open(int index,
   std::vector<const char*> extensions;
   if (d->info_.int8_dot) {
     dot.shaderIntegerDotProduct = VK_TRUE;
+    dot.pNext = const_cast<void*>(create.pNext);
     create.pNext = &dot;
     extensions.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+  }
+  auto coopmat = vk_info<CoopmatFeatures>(kCoopmatFeaturesType);
+  auto memory_model = vk_info<VkPhysicalDeviceVulkanMemoryModelFeatures>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
+  auto int8 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+  if (d->info_.int8_matrix.k > 0) {
+    coopmat.cooperativeMatrix = VK_TRUE;
+    memory_model.vulkanMemoryModel = VK_TRUE;
+    int8.shaderInt8 = VK_TRUE;
+    coopmat.pNext = &memory_model;
+    memory_model.pNext = &int8;
+    int8.pNext = const_cast<void*>(create.pNext);
+    create.pNext = &coopmat;
+    extensions.insert(extensions.end(), std::begin(kCoopmatExtensions),
+                      std::end(kCoopmatExtensions));
   }
   // Weights used in place from their mapped files (VulkanBackend::matrix).
   if (d->info_.host_import_alignment > 0) {
@@ -369,9 +477,16 @@ VkPipeline VulkanDevice::pipeline(std::string_view shader) {
   create.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   create.stage.module = module;
   create.stage.pName = "main";
-  const uint32_t lanes = matmul_lanes();
-  const VkSpecializationMapEntry entry{0, 0, sizeof lanes};
-  const VkSpecializationInfo specialization{1, &entry, sizeof lanes, &lanes};
+  // A shader ignores the constants it does not declare.
+  const VulkanDeviceInfo::MatrixShape& matrix = info_.int8_matrix;
+  const uint32_t constants[] = {matmul_lanes(), matrix.m, matrix.n, matrix.k};
+  VkSpecializationMapEntry entries[std::size(constants)];
+  for (uint32_t i = 0; i < std::size(constants); ++i) {
+    entries[i] = {i, i * 4, sizeof(uint32_t)};
+  }
+  // Without a shape no shader that declares 1-3 is used: lanes alone.
+  const uint32_t n_constants = matrix.k > 0 ? std::size(constants) : 1;
+  const VkSpecializationInfo specialization{n_constants, entries, n_constants * 4, constants};
   create.stage.pSpecializationInfo = &specialization;
   create.layout = pipeline_layout_;
   VkPipeline pipeline = VK_NULL_HANDLE;
