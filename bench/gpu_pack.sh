@@ -22,8 +22,16 @@ out=.gpu
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 
-[ -x "$build/qhx" ] || tools/setup.sh "$build"
 tools/install_packages.sh xz-utils
+
+# llama.cpp's Vulkan backend needs newer Vulkan headers than Debian 12's (VK_EXT_layer_settings),
+# and its cooperative-matrix shaders (the tensor cores it uses on NVIDIA, AMD and Intel GPUs) a
+# newer glslc: Debian 13's, unpacked under the cache. qhx's cooperative-matrix shaders need that
+# glslc too.
+toolchain=$cache/trixie
+[ -x "$toolchain/bin/glslc" ] || tools/unpack_debs.sh trixie "$toolchain" glslc libvulkan-dev \
+  spirv-headers
+tools/setup.sh "$build" -DVulkan_GLSLC_EXECUTABLE="$toolchain/bin/glslc"
 
 # apt-get on amd64 packages of one Debian suite, with lists of its own (nothing is installed).
 apt_amd64() {
@@ -36,25 +44,9 @@ apt_amd64() {
     -oAPT::Sandbox::User=root "$@"
 }
 
-# llama.cpp's Vulkan backend needs newer Vulkan headers than Debian 12's (VK_EXT_layer_settings),
-# and its cooperative-matrix shaders (the tensor cores it uses on NVIDIA, AMD and Intel GPUs) a
-# newer glslc: Debian 13's, unpacked under the cache and run with Debian 13's own C and C++
-# libraries through their loader.
-toolchain=$cache/trixie
-if [ ! -x "$toolchain/glslc" ]; then
-  rm -rf "$toolchain" && mkdir -p "$toolchain/debs"
-  apt_amd64 trixie update >/dev/null
-  (cd "$toolchain/debs" && apt_amd64 trixie download glslc libshaderc1 libc6 libstdc++6 libgcc-s1 \
-    libvulkan-dev spirv-headers >/dev/null)
-  for f in "$toolchain"/debs/*.deb; do dpkg -x "$f" "$toolchain/root"; done
-  libs=$toolchain/root/usr/lib/x86_64-linux-gnu
-  printf '#!/bin/sh\nexec %s --library-path %s %s "$@"\n' "$libs/ld-linux-x86-64.so.2" "$libs" \
-    "$toolchain/root/usr/bin/glslc" >"$toolchain/glslc"
-  chmod +x "$toolchain/glslc"
-fi
-"$toolchain/glslc" --version | head -1
+"$toolchain/bin/glslc" --version | head -1
 python3 bench/compare_llama_cpp.py --vulkan --portable-cpu --setup-only --cache "$cache" \
-  --llama-cmake-args "-DVulkan_GLSLC_EXECUTABLE=$toolchain/glslc \
+  --llama-cmake-args "-DVulkan_GLSLC_EXECUTABLE=$toolchain/bin/glslc \
     -DVulkan_INCLUDE_DIR=$toolchain/root/usr/include \
     -DSPIRV-Headers_DIR=$toolchain/root/usr/share/cmake/SPIRV-Headers"
 rm -rf "$out" && mkdir -p "$out/debs"
