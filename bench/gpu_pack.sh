@@ -11,11 +11,11 @@
 #   debs/         the Vulkan loader and GLVND as Debian amd64 packages (the device README's list:
 #                 the machine may have no loader, and NVIDIA's ICD needs GLVND).
 # Then it prints what a device call would send (bench/device_tree.sh size).
-# Usage: bench/gpu_pack.sh     (QHX_BUILD: qhx build directory, default build;
+# Usage: bench/gpu_pack.sh     (QHX_BUILD: qhx build directory, default build-gpu;
 #                               QHX_LLAMA_CACHE: compare_llama_cpp.py's cache)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${QHX_BUILD:-build}
+build=${QHX_BUILD:-build-gpu}  # its own: configured with a glslc from the cache
 cache=${QHX_LLAMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qhx-llama-cpp}
 version=$(sed -n 's/^DEFAULT_VERSION = "\([^"]*\)".*/\1/p' bench/compare_llama_cpp.py)
 out=.gpu

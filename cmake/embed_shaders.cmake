@@ -61,15 +61,30 @@ const ShaderCode* find_shader(std::string_view name) {
   target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_BINARY_DIR})
 endfunction()
 
-# Sets `result` to whether glslc compiles `source` (with the given definitions), at configure time.
-function(qhx_glslc_compiles result source)
-  set(defines "")
-  foreach(d ${ARGN})
-    list(APPEND defines -D${d})
-  endforeach()
-  get_filename_component(dir ${source} DIRECTORY)
+# Sets `result` to whether glslc knows GL_KHR_cooperative_matrix: a minimal shader compiled at
+# configure time with the flags the shaders get (a mistake in a real shader fails the build).
+function(qhx_glslc_has_coopmat result)
+  set(probe ${CMAKE_CURRENT_BINARY_DIR}/coopmat_probe.comp)
+  file(WRITE ${probe} "#version 450
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+layout(local_size_x = 32) in;
+shared int8_t a[256];
+shared int c[256];
+void main() {
+  coopmat<int8_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> x;
+  coopmat<int8_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> y;
+  coopMatLoad(x, a, 0, 16, gl_CooperativeMatrixLayoutRowMajor);
+  coopMatLoad(y, a, 0, 16, gl_CooperativeMatrixLayoutColumnMajor);
+  coopmat<int, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> z =
+      coopmat<int, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0);
+  z = coopMatMulAdd(x, y, z);
+  coopMatStore(z, c, 0, 16, gl_CooperativeMatrixLayoutRowMajor);
+}
+")
   execute_process(
-    COMMAND ${Vulkan_GLSLC_EXECUTABLE} --target-env=vulkan1.1 ${defines} -I ${dir} -o /dev/null ${source}
+    COMMAND ${Vulkan_GLSLC_EXECUTABLE} --target-env=vulkan1.1 -O -mfmt=num -o ${probe}.inc ${probe}
     RESULT_VARIABLE status OUTPUT_QUIET ERROR_QUIET)
   if(status EQUAL 0)
     set(${result} TRUE PARENT_SCOPE)

@@ -455,18 +455,26 @@ TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
   constrained.portable = true;
   constrained.max_binding_bytes = 1024;
   constrained.offset_alignment = 256;  // windows start before their operands' first bytes
+  // The device's faster shaders on matrices bound in such parts (their rows start anywhere in a
+  // 64-row tile of the cooperative-matrix matmul, and at word offsets in their binding).
+  VulkanBackendOptions split = constrained;
+  split.portable = false;
   std::set<Op> covered;
   for (const fs::path& dir : test::fixture_checkpoints()) {
     const ModelConfig config = load_model_config(dir / "config.json");
     // Backends per configuration: they keep the weights they uploaded by their host address,
     // and the cases' weights live as long as `cases`.
-    VulkanBackend vulkan(device), constrained_device(device, constrained);
+    VulkanBackend vulkan(device), constrained_device(device, constrained),
+        split_device(device, split);
     for (const OpCase& c : cases_for(config)) {
       const std::string what = dir.filename().string() + ": " + c.name;
       for (const Node& n : c.plan.nodes) covered.insert(n.op);
       const Outcome want = run_on(c, reference);
       expect_close(run_on(c, vulkan), want, what + " on " + vulkan.name());
       expect_close(run_on(c, constrained_device), want, what + " on a constrained device");
+      if (c.plan.nodes.front().op == Op::kMatmul) {
+        expect_close(run_on(c, split_device), want, what + " with matrices in parts");
+      }
     }
   }
   EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << "an op kind has no case";
