@@ -84,7 +84,8 @@ using GetCoopmatProperties = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, C
 constexpr const char* kCoopmatExtensions[] = {kCoopmatExtension,
                                               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME,
                                               VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME};
-constexpr uint32_t kCoopmatSharedBytes = 64 * 32 * 2 + 64 * 64 * 4;  // the shader's shared arrays
+// The shader's shared arrays: int8 blocks, int32 sums, float scales.
+constexpr uint32_t kCoopmatSharedBytes = 64 * 32 * 2 + 64 * 64 * 4 + 2 * 64 * 4 * 2;
 
 // The device's best int8 shape for matmul_q8_coopmat.comp, or none.
 VulkanDeviceInfo::MatrixShape int8_matrix_shape(

@@ -8,9 +8,9 @@
 // y[t, r] = Σ_b sw(r, b) · sx(t, b) · Σ_{c ∈ b} qw[r, c] · qx[t, c], W8 (WEIGHT_W8) or W4
 // (WEIGHT_W4) weights and activations quantized by quantize_q8. A workgroup computes BM weight
 // rows × BN tokens: per block of 32 columns it stages the block's int8 weights and activations in
-// shared memory, its subgroups multiply them in int8 × int8 → int32 matrices (the block's inner
-// sums, exact), and every thread scales the sums of its elements by sw · sx in float and adds
-// them up, block after block. The matrix sizes are the device's (VulkanDevice::coopmat_shape,
+// shared memory with its scales, its subgroups multiply them in int8 × int8 → int32 matrices (the
+// block's inner sums, exact), and every thread scales the sums of its elements by sw · sx in
+// float and adds them up, block after block. The matrix sizes are the device's (VulkanDevice::coopmat_shape,
 // specialization constants 1-3); the shader works for any subgroup size dividing THREADS.
 layout(local_size_x = 128) in;
 const uint THREADS = 128, BM = 64, BN = 64;
@@ -33,7 +33,10 @@ layout(push_constant) uniform Params {
 
 shared int8_t weights_block[BM * 32];  // [row][column of the block]: A, row-major
 shared int8_t tokens_block[BN * 32];   // [token][column of the block]: B, column-major
-shared int sums[BM * BN];              // [row][token]: the block's inner sums
+shared int sums[BN * BM];              // [token][row]: the block's inner sums, column-major
+// The block's sw and sx, two blocks' worth: a thread may stage block b + 1's while others still
+// scale block b's sums.
+shared float row_scales[2][BM], token_scales[2][BN];
 
 // The four int8 values of word `word` (0..7) of block b of weight row `row`: W4 nibbles widened.
 uint weight_bytes(uint row, uint b, uint word) {
@@ -71,7 +74,8 @@ void main() {
   const uint row0 = flat_group() * BM, t0 = gl_WorkGroupID.z * BN;
   const uint id = gl_LocalInvocationID.x;
   const uint blocks = p.cols / 32;
-  // Thread `id` owns elements id + i · THREADS of the BM × BN tile, row-major.
+  // Thread `id` owns elements id + i · THREADS of the BM × BN tile, column-major: neighbouring
+  // threads read neighbouring sums and write neighbouring outputs.
   const uint OWN = BM * BN / THREADS;
   float acc[OWN];
   for (uint i = 0; i < OWN; ++i) acc[i] = 0.0;
@@ -83,6 +87,13 @@ void main() {
     for (uint i = id; i < BN * 8; i += THREADS) {
       const uint t = t0 + i / 8;
       store_bytes(false, i * 4, t < p.n_tokens ? qx[(t * blocks + b) * 8 + i % 8] : 0u);
+    }
+    const uint slot = b & 1u;
+    if (id < BM) {
+      row_scales[slot][id] = row0 + id < p.rows ? weight_scale(row0 + id, b) : 0.0;
+    } else if (id < BM + BN) {
+      const uint t = t0 + id - BM;
+      token_scales[slot][id - BM] = t < p.n_tokens ? sx[t * blocks + b] : 0.0;
     }
     barrier();
     for (uint tile = gl_SubgroupID; tile < TILES; tile += gl_NumSubgroups) {
@@ -96,18 +107,16 @@ void main() {
         coopMatLoad(x, tokens_block, tn * TN * 32 + k, 32, gl_CooperativeMatrixLayoutColumnMajor);
         sum = coopMatMulAdd(a, x, sum);
       }
-      coopMatStore(sum, sums, tm * TM * BN + tn * TN, BN, gl_CooperativeMatrixLayoutRowMajor);
+      coopMatStore(sum, sums, tn * TN * BM + tm * TM, BM, gl_CooperativeMatrixLayoutColumnMajor);
     }
     barrier();
     for (uint i = 0; i < OWN; ++i) {
-      const uint e = id + i * THREADS, row = row0 + e / BN, t = t0 + e % BN;
-      if (row < p.rows && t < p.n_tokens) {
-        acc[i] += weight_scale(row, b) * sx[t * blocks + b] * float(sums[e]);
-      }
+      const uint e = id + i * THREADS;
+      acc[i] += row_scales[slot][e % BM] * token_scales[slot][e / BM] * float(sums[e]);
     }
   }
   for (uint i = 0; i < OWN; ++i) {
-    const uint e = id + i * THREADS, row = row0 + e / BN, t = t0 + e % BN;
+    const uint e = id + i * THREADS, row = row0 + e % BM, t = t0 + e / BM;
     if (row < p.rows && t < p.n_tokens) y[p.y_offset + t * p.y_stride + row] = acc[i];
   }
 }
