@@ -149,6 +149,58 @@ TEST(DeviceFallback, AFailureMidReplyIsFinishedByTheCpuWithTheSameTokens) {
   }
 }
 
+// Device memory running out is the device's failure too: as the model loads (no room for its
+// weights: it runs on the CPU and says so) or mid-reply (the arena, scratch, a state's private
+// copy: the CPU finishes the reply). Every allocation of an uninterrupted chat fails in turn; the
+// replies stay the same.
+TEST(DeviceFallback, RunningOutOfDeviceMemoryLeavesTheRepliesTheSame) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  SessionOptions chunked;
+  chunked.prefill_chunk = 4;
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    for (const bool private_states : {false, true}) {
+      VulkanBackendOptions options;
+      options.decode = true;
+      options.private_states = private_states;
+      options.weights_in_place = false;  // uploaded, as a discrete GPU's are
+      auto backend = std::make_shared<VulkanBackend>(device, options);
+      auto model = load_model(fixture(name), {.devices = {backend}});
+      const int64_t at_load = backend->device_allocations();
+      const auto reference = chat(*model, 2, 6, chunked);
+      const int64_t total = backend->device_allocations();
+      ASSERT_GT(at_load, 0);
+      ASSERT_GT(total, at_load);
+      model.reset();
+      for (int64_t n = 1; n <= total; ++n) {
+        SCOPED_TRACE("private states " + std::to_string(private_states) + ", failing allocation " +
+                     std::to_string(n) + " of " + std::to_string(total) + " (" +
+                     std::to_string(at_load) + " at load)");
+        options.fail_allocation = n;
+        const auto failing = on_device(fixture(name), device, options);
+        if (n <= at_load) {
+          // Nothing runs on the device, and the device check says why.
+          EXPECT_FALSE(failing->devices_enabled());
+          const DeviceCheckResult check = check_devices(*failing, "vulkan:0", nullptr, {});
+          EXPECT_FALSE(check.passed);
+          EXPECT_NE(check.summary.find("failed as the model loaded"), std::string::npos)
+              << check.summary;
+        }
+        EXPECT_EQ(chat(*failing, 2, 6, chunked), reference);
+        // A private copy of a KV cache without room is computed in the cache's own memory
+        // instead: not every allocation that fails is a failure of the device.
+        EXPECT_LE(failing->device_failures(), 1);
+        if (failing->device_failures() == 1) {
+          EXPECT_NE(failing->device_failure().find("out of device memory"), std::string::npos)
+              << failing->device_failure();
+        } else {
+          EXPECT_TRUE(private_states && n > at_load) << "an allocation failed unnoticed";
+        }
+      }
+    }
+  }
+}
+
 // Decoding on the device with private device-local copies of the states (as on a discrete GPU)
 // computes what it computes in the states' own memory, to the bit, and keeps that memory equal to
 // the copies: the states the CPU would read after each pass are the same, and a state read by the

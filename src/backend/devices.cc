@@ -88,6 +88,9 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   if (const char* n = std::getenv("QHX_VULKAN_FAIL_SUBMISSION")) {
     options.fail_submission = std::atoll(n);
   }
+  if (const char* n = std::getenv("QHX_VULKAN_FAIL_ALLOCATION")) {
+    options.fail_allocation = std::atoll(n);
+  }
   if (const char* op = std::getenv("QHX_VULKAN_PERTURB")) options.perturb_op = op;
   if (const char* p = std::getenv("QHX_VULKAN_PORTABLE")) options.portable = std::string(p) == "1";
   if (const char* s = std::getenv("QHX_VULKAN_PRIVATE_STATES")) {

@@ -206,7 +206,20 @@ class Decoder final : public Model {
   // read from the lm_head's layout (read_row).
   void prepare_weights() {
     const std::vector<MatrixRef*> matrices = matrix_list(weights_);
-    for (size_t b = backends_.size(); b-- > 0;) backends_[b]->prepare_weights(matrices);
+    for (size_t b = backends_.size(); b-- > 1;) {
+      try {
+        backends_[b]->prepare_weights(matrices);
+      } catch (const Error& e) {
+        // A device without room for the weights (or failing as they go up) leaves the model on
+        // the CPU, saying why (check_devices), rather than failing to load it.
+        if (e.kind() != ErrorKind::kOutOfMemory && e.kind() != ErrorKind::kDeviceFailed) throw;
+        backends_[b]->release_weights(matrices);
+        devices_enabled_ = false;
+        ++device_failures_;
+        device_failure_ = e.what();
+      }
+    }
+    cpu_->prepare_weights(matrices);
     MatrixRef& embed = weights_.embed_tokens;
     if (embed.data == weights_.lm_head.data) embed.packed = weights_.lm_head.packed;
     // The MTP head drafts on the CPU.

@@ -61,6 +61,19 @@ const char* weight_suffix(DType dtype) {
   }
 }
 
+// Runs `work`, for which memory running out (the device's, or the driver's on the host) is the
+// device's failure (util/error.h): the CPU can redo a pass the device had no memory for, where
+// asking for less would not help.
+template <typename Work>
+auto as_device_failure(Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kOutOfMemory) throw;
+    throw Error(e.what(), ErrorKind::kDeviceFailed);
+  }
+}
+
 // A buffer this backend allocated, as the Vulkan buffer it is.
 const VulkanBuffer* as_device(const std::unique_ptr<Buffer>& b) {
   return static_cast<const VulkanBuffer*>(b.get());
@@ -91,7 +104,7 @@ int64_t delta_scratch_floats(const Node& node) {
 VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackendOptions options)
     : device_(std::move(device)),
       options_(options),
-      device_memory_(device_, VulkanBufferType::kDeviceLocal),
+      device_memory_(device_, VulkanBufferType::kDeviceLocal, options_.fail_allocation),
       shared_memory_(device_, VulkanBufferType::kHostVisible) {
   subgroup_reductions_ = !options_.portable && device_->info().subgroup_arithmetic;
   int8_dot_ = !options_.portable && device_->info().int8_dot;
@@ -234,7 +247,7 @@ Buffer& VulkanBackend::arena(size_t bytes) {
   if (arena_ == nullptr || arena_->bytes() < bytes) {
     synchronize();
     arena_.reset();
-    arena_ = device_memory_.allocate(bytes);
+    arena_ = as_device_failure([&] { return device_memory_.allocate(bytes); });
   }
   return *arena_;
 }
@@ -418,10 +431,10 @@ const VulkanBuffer& VulkanBackend::working_state(const StateBuffer& s, const cha
 const VulkanBuffer& VulkanBackend::whole_state(const StateBuffer& s, const char* what, int layer) {
   const VulkanBuffer& working = working_state(s, what, layer);
   if (keep_states_ && s.shadow() == nullptr) {  // computing in its own memory would change it
-    fail(
-        "vulkan",
-        "layer " + std::to_string(layer) + "'s " + what + ": no device memory for its private copy",
-        ErrorKind::kDeviceFailed);
+    fail("vulkan",
+         "layer " + std::to_string(layer) + "'s " + what +
+             ": out of device memory for its private copy",
+         ErrorKind::kDeviceFailed);
   }
   return working;
 }
@@ -460,7 +473,7 @@ void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states
   if (behind.empty()) return;
   if (write_back_ == nullptr || write_back_->bytes() < total) {
     write_back_.reset();
-    write_back_ = shared_memory_.allocate(std::bit_ceil(total));
+    write_back_ = as_device_failure([&] { return shared_memory_.allocate(std::bit_ceil(total)); });
   }
   const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
   for (const auto& [s, at] : behind) {
@@ -610,8 +623,10 @@ void VulkanBackend::synchronize() {
                          VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &b, 0, nullptr, 0, nullptr);
     vk_check(vkEndCommandBuffer(commands_), "recording commands");
     ++submissions_;
-    device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
-                             "running a plan");
+    as_device_failure([&] {
+      device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
+                               "running a plan");
+    });
   } catch (...) {
     abandon();
     throw;
@@ -642,25 +657,30 @@ void VulkanBackend::abandon() {
 
 void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
   try {
-    for (const Node& node : nodes) {
-      set_arena_window(plan, node, args);
-      record(plan, node, args);
-      if (!options_.perturb_op.empty() && options_.perturb_op == op_name(node.op)) {
-        // Over windows of its own: a matmul's output may be larger than one.
-        const int64_t n = node.rows * plan.values[node.out.value].cols;
-        const int64_t per_window = static_cast<int64_t>(max_window_bytes() / sizeof(float));
-        for (int64_t first = 0; first < n; first += per_window) {
-          const int64_t here = std::min(per_window, n - first);
-          uint32_t out = 0;
-          const Binding rows = arena_rows(byte_at(args, node.out) + first * sizeof(float),
-                                          here * sizeof(float), out);
-          dispatch("perturb", {rows}, {out, 0, out, u32(here)}, groups_of(here));
-        }
-      }
-    }
+    as_device_failure([&] { record_nodes(plan, nodes, args); });
   } catch (...) {
     abandon();
     throw;
+  }
+}
+
+void VulkanBackend::record_nodes(const Plan& plan, std::span<const Node> nodes,
+                                 const NodeArgs& args) {
+  for (const Node& node : nodes) {
+    set_arena_window(plan, node, args);
+    record(plan, node, args);
+    if (!options_.perturb_op.empty() && options_.perturb_op == op_name(node.op)) {
+      // Over windows of its own: a matmul's output may be larger than one.
+      const int64_t n = node.rows * plan.values[node.out.value].cols;
+      const int64_t per_window = static_cast<int64_t>(max_window_bytes() / sizeof(float));
+      for (int64_t first = 0; first < n; first += per_window) {
+        const int64_t here = std::min(per_window, n - first);
+        uint32_t out = 0;
+        const Binding rows =
+            arena_rows(byte_at(args, node.out) + first * sizeof(float), here * sizeof(float), out);
+        dispatch("perturb", {rows}, {out, 0, out, u32(here)}, groups_of(here));
+      }
+    }
   }
 }
 

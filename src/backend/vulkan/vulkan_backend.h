@@ -32,6 +32,9 @@ struct VulkanBackendOptions {
   // output of every node of one op kind (op_name, e.g. "silu_mul") is perturbed ("": none).
   int64_t fail_submission = 0;
   std::string perturb_op;
+  // Test switch (QHX_VULKAN_FAIL_ALLOCATION): the N-th allocation of device memory fails as a
+  // device out of memory would (0: none).
+  int64_t fail_allocation = 0;
   // Only the portable shaders (Vulkan 1.1 storage buffers, shared-memory reductions), not the
   // faster variants the device supports (subgroup reductions, int8 dot products, cooperative
   // matrices):
@@ -73,6 +76,8 @@ class VulkanBackend final : public Backend {
   bool keep_states(bool keep) override;
   void write_back_states(std::span<const StateBuffer* const> states) override;
   int64_t submissions() const { return submissions_; }  // command buffers submitted so far
+  // Allocations of device memory attempted so far (the fail_allocation switch counts them).
+  int64_t device_allocations() const { return device_memory_.allocations(); }
   WeightMemory weight_memory() const override { return weight_memory_; }
 
  private:
@@ -114,6 +119,7 @@ class VulkanBackend final : public Backend {
   Binding arena_rows(size_t byte, size_t bytes, uint32_t& lead) const;
   // The variant of a shader this backend runs: `name` or a faster one the device supports.
   std::string shader(const char* name) const;
+  void record_nodes(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args);
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
   void set_arena_window(const Plan& plan, const Node& node, const NodeArgs& args);
   const DeviceMatrix& matrix(const MatrixRef& m);

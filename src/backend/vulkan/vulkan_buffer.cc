@@ -254,6 +254,12 @@ std::string VulkanBufferType::name() const {
 }
 
 std::unique_ptr<Buffer> VulkanBufferType::allocate(size_t bytes) const {
+  if (++allocations_ == fail_allocation_) {
+    fail("vulkan: allocating " + std::to_string(bytes) + " bytes",
+         "out of device memory (fault injected at allocation " + std::to_string(fail_allocation_) +
+             ")",
+         ErrorKind::kOutOfMemory);
+  }
   return std::make_unique<VulkanBuffer>(device_, this, bytes, memory_ == kHostVisible);
 }
 

@@ -9,6 +9,7 @@
 
 #include <vulkan/vulkan.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -74,17 +75,22 @@ class VulkanBuffer final : public Buffer {
 class VulkanBufferType final : public BufferType {
  public:
   enum Memory { kDeviceLocal, kHostVisible };
-  VulkanBufferType(std::shared_ptr<VulkanDevice> device, Memory memory)
-      : device_(std::move(device)), memory_(memory) {}
+  // fail_allocation: a test switch, the N-th allocation fails as a device out of memory would
+  // (0: none).
+  VulkanBufferType(std::shared_ptr<VulkanDevice> device, Memory memory, int64_t fail_allocation = 0)
+      : device_(std::move(device)), memory_(memory), fail_allocation_(fail_allocation) {}
   std::string name() const override;
   BufferKind kind() const override {
     return memory_ == kHostVisible ? BufferKind::kHostVisibleDevice : BufferKind::kDevice;
   }
   std::unique_ptr<Buffer> allocate(size_t bytes) const override;
+  int64_t allocations() const { return allocations_.load(); }  // attempted so far
 
  private:
   std::shared_ptr<VulkanDevice> device_;
   Memory memory_;
+  int64_t fail_allocation_;
+  mutable std::atomic<int64_t> allocations_{0};
 };
 
 // The Vulkan buffer of `buffer` when it is one of `device`'s, else null.
