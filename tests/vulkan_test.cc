@@ -177,16 +177,20 @@ TEST(DeviceFallback, RunningOutOfDeviceMemoryLeavesTheRepliesTheSame) {
                      std::to_string(n) + " of " + std::to_string(total) + " (" +
                      std::to_string(at_load) + " at load)");
         options.fail_allocation = n;
-        const auto failing = on_device(fixture(name), device, options);
+        const auto failing_backend = std::make_shared<VulkanBackend>(device, options);
+        const auto failing = load_model(fixture(name), {.devices = {failing_backend}});
         if (n <= at_load) {
-          // Nothing runs on the device, and the device check says why.
+          // Nothing runs on the device, not even when asked to, and the device check says why.
+          failing->set_devices_enabled(true);
           EXPECT_FALSE(failing->devices_enabled());
+          EXPECT_EQ(failing_backend->weight_memory().copied_bytes, 0);
           const DeviceCheckResult check = check_devices(*failing, "vulkan:0", nullptr, {});
           EXPECT_FALSE(check.passed);
           EXPECT_NE(check.summary.find("failed as the model loaded"), std::string::npos)
               << check.summary;
         }
         EXPECT_EQ(chat(*failing, 2, 6, chunked), reference);
+        EXPECT_GE(failing_backend->device_allocations(), n) << "the failing one was not reached";
         // A private copy of a KV cache without room is computed in the cache's own memory
         // instead: not every allocation that fails is a failure of the device.
         EXPECT_LE(failing->device_failures(), 1);

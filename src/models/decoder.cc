@@ -73,14 +73,15 @@ class Decoder final : public Model {
         devices_enabled_(!devices_.empty()) {
     backends_.push_back(cpu_.get());
     for (const auto& d : devices_) backends_.push_back(d.get());
-    prepare_weights();
+    try {
+      prepare_weights();
+    } catch (...) {  // no destructor runs: the devices must not keep addresses into the files
+      release_device_weights();
+      throw;
+    }
   }
   // The devices may read the mapped files in place, and may outlive the model.
-  ~Decoder() override {
-    std::vector<MatrixRef*> matrices = matrix_list(weights_);
-    matrices.push_back(&weights_.embed_tokens);  // a device looks its rows up when it decodes
-    for (const auto& d : devices_) d->release_weights(matrices);
-  }
+  ~Decoder() override { release_device_weights(); }
 
   const ModelConfig& config() const override { return config_; }
   CpuContext& context() const override { return *context_; }
@@ -113,7 +114,10 @@ class Decoder final : public Model {
 
   bool has_devices() const override { return !devices_.empty(); }
   bool devices_enabled() const override { return devices_enabled_.load(); }
-  void set_devices_enabled(bool on) override { devices_enabled_ = on && !devices_.empty(); }
+  void set_devices_enabled(bool on) override {
+    devices_enabled_ = on && !devices_.empty() && load_failure_.empty();
+  }
+  std::string device_load_failure() const override { return load_failure_; }
   int64_t device_failures() const override { return device_failures_.load(); }
   DeviceTraffic device_traffic() const override {
     const CpuContext::Turn turn(*context_);
@@ -127,8 +131,9 @@ class Decoder final : public Model {
   std::unique_ptr<ModelState> new_state() const override {
     // In memory the CPU and the device the sequence shares with it both address (the CPU's
     // when it runs alone).
-    const BufferType& memory =
-        devices_.empty() ? cpu_->buffer_type() : devices_[0]->state_buffer_type();
+    const BufferType& memory = devices_.empty() || !load_failure_.empty()
+                                   ? cpu_->buffer_type()
+                                   : devices_[0]->state_buffer_type();
     std::vector<LayerState> layers(weights_.layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
       LayerState& l = layers[i];
@@ -216,7 +221,7 @@ class Decoder final : public Model {
         backends_[b]->release_weights(matrices);
         devices_enabled_ = false;
         ++device_failures_;
-        device_failure_ = e.what();
+        device_failure_ = load_failure_ = e.what();
       }
     }
     cpu_->prepare_weights(matrices);
@@ -237,6 +242,17 @@ class Decoder final : public Model {
                                       &m.layer.mlp.down_proj};
       if (m.vocab_head) head.push_back(&m.vocab_head->matrix);
       cpu_->prepare_weights(head);
+    }
+  }
+
+  void release_device_weights() noexcept {
+    std::vector<MatrixRef*> matrices = matrix_list(weights_);
+    matrices.push_back(&weights_.embed_tokens);  // a device looks its rows up when it decodes
+    for (const auto& d : devices_) {
+      try {
+        d->release_weights(matrices);
+      } catch (...) {  // a lost device: its memory went with it
+      }
     }
   }
 
@@ -278,6 +294,7 @@ class Decoder final : public Model {
   mutable std::atomic<int64_t> device_failures_{0};
   mutable DeviceTraffic traffic_;       // under the context's turn, as the schedules
   mutable std::string device_failure_;  // on the turn
+  std::string load_failure_;            // why the devices took no weights: they stay unused
 };
 
 Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {

@@ -140,6 +140,9 @@ class Model {
   virtual int64_t device_failures() const { return 0; }
   // Why the devices were last disabled by a failure ("" if never).
   virtual std::string device_failure() const { return ""; }
+  // Why the devices could not take the model as it loaded (no room for its weights): they stay
+  // unused. Empty when they did.
+  virtual std::string device_load_failure() const { return ""; }
   // Since load: the forward passes that ran partly on a device, and the activations they handed
   // between backends (the plans' copy nodes). Sequence states need no hand-off: they live in
   // memory every backend of the model reads (Backend::state_buffer_type).

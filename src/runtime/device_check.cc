@@ -117,10 +117,8 @@ DeviceCheckResult check_devices(Model& model, const std::string& device, const T
     result.passed = true;
     return result;
   }
-  if (model.device_failures() > 0) {  // as the model loaded: no room for its weights, say
-    model.set_devices_enabled(false);
-    result.summary =
-        device + " failed as the model loaded (" + model.device_failure() + "); running on the CPU";
+  if (const std::string why = model.device_load_failure(); !why.empty()) {
+    result.summary = device + " failed as the model loaded (" + why + "); running on the CPU";
     return result;
   }
   if (options.mode == DeviceCheckMode::kNever) {

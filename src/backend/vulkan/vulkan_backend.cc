@@ -175,7 +175,11 @@ void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
 void VulkanBackend::release_weights(std::span<MatrixRef* const> list) {
   synchronize();  // recorded work may read them
   for (const MatrixRef* m : list) {
-    matrices_.erase(m->data);
+    if (const auto it = matrices_.find(m->data); it != matrices_.end()) {
+      weight_memory_.in_place_bytes -= it->second.memory.in_place_bytes;
+      weight_memory_.copied_bytes -= it->second.memory.copied_bytes;
+      matrices_.erase(it);
+    }
     if (m->buffer != nullptr) imports_.erase(m->buffer);
   }
   vectors_.clear();  // keyed by host addresses that may be reused; uploaded again on first use
@@ -279,12 +283,12 @@ const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
     }
     if (b != nullptr) {
       word = u32(static_cast<int64_t>(lead / 4));
-      weight_memory_.in_place_bytes += static_cast<int64_t>(n);
+      d.memory.in_place_bytes += static_cast<int64_t>(n);
     } else {
       b = device_memory_.allocate(padded);
       b->write(0, bytes, n);
       word = 0;
-      weight_memory_.copied_bytes += static_cast<int64_t>(n);
+      d.memory.copied_bytes += static_cast<int64_t>(n);
     }
     return b;
   };
@@ -298,6 +302,8 @@ const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
           place(scales + first * scale_row_bytes, part.rows * scale_row_bytes, part.scales_word);
     }
   }
+  weight_memory_.in_place_bytes += d.memory.in_place_bytes;
+  weight_memory_.copied_bytes += d.memory.copied_bytes;
   return matrices_.emplace(m.data, std::move(d)).first->second;
 }
 
@@ -471,15 +477,23 @@ void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states
     total += (static_cast<size_t>(s->size()) * sizeof(float) + 15) / 16 * 16;
   }
   if (behind.empty()) return;
-  if (write_back_ == nullptr || write_back_->bytes() < total) {
-    write_back_.reset();
-    write_back_ = as_device_failure([&] { return shared_memory_.allocate(std::bit_ceil(total)); });
+  try {
+    as_device_failure([&] {
+      if (write_back_ == nullptr || write_back_->bytes() < total) {
+        write_back_.reset();
+        write_back_ = shared_memory_.allocate(std::bit_ceil(total));
+      }
+      const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
+      for (const auto& [s, at] : behind) {
+        copy(*as_vulkan(s->shadow(), *device_), 0, through, at, s->size() * sizeof(float));
+      }
+      synchronize();
+    });
+  } catch (...) {
+    abandon();
+    throw;
   }
   const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
-  for (const auto& [s, at] : behind) {
-    copy(*as_vulkan(s->shadow(), *device_), 0, through, at, s->size() * sizeof(float));
-  }
-  synchronize();
   for (const auto& [s, at] : behind) {
     copy_bytes(through, at, *s->buffer(), 0, s->size() * sizeof(float));
     s->set_behind_shadow(false);
@@ -492,8 +506,9 @@ uint32_t VulkanBackend::upload(const void* bytes, size_t n) {
     synchronize();  // what the ring holds is read by recorded work
     ring_used_ = 0;
     if (aligned > ring_->bytes()) {
-      ring_.reset();
-      ring_ = shared_memory_.allocate(std::bit_ceil(aligned));
+      // The old ring stays if the new one cannot be had.
+      std::unique_ptr<Buffer> grown = shared_memory_.allocate(std::bit_ceil(aligned));
+      ring_ = std::move(grown);
     }
   }
   const size_t offset = ring_used_;
@@ -621,9 +636,10 @@ void VulkanBackend::synchronize() {
     vkCmdPipelineBarrier(commands_,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                          VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &b, 0, nullptr, 0, nullptr);
-    vk_check(vkEndCommandBuffer(commands_), "recording commands");
+    const VkResult result = vkEndCommandBuffer(commands_);
     ++submissions_;
     as_device_failure([&] {
+      vk_check(result, "recording commands");
       device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
                                "running a plan");
     });
@@ -656,11 +672,24 @@ void VulkanBackend::abandon() {
 }
 
 void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
+  // Grown before the device's own memory is asked for: a sequence's states running out of
+  // memory is for the caller (ask for less), as on the CPU, not the device's failure.
+  grow_caches(nodes, args);
   try {
     as_device_failure([&] { record_nodes(plan, nodes, args); });
   } catch (...) {
     abandon();
     throw;
+  }
+}
+
+void VulkanBackend::grow_caches(std::span<const Node> nodes, const NodeArgs& args) {
+  for (const Node& node : nodes) {
+    if (node.op != Op::kAttention) continue;
+    LayerState& cache = args.inputs->layers[node.layer];
+    const int64_t floats = (args.inputs->first_pos + node.rows) * cache.kv_width;
+    cache.keys.resize(floats);
+    cache.values.resize(floats);
   }
 }
 

@@ -91,6 +91,7 @@ class VulkanBackend final : public Backend {
   };
   struct DeviceMatrix {
     std::vector<MatrixPart> parts;
+    WeightMemory memory;  // what its parts count in weight_memory_
   };
   struct DeviceVector {
     int64_t floats = 0;
@@ -120,6 +121,7 @@ class VulkanBackend final : public Backend {
   // The variant of a shader this backend runs: `name` or a faster one the device supports.
   std::string shader(const char* name) const;
   void record_nodes(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args);
+  void grow_caches(std::span<const Node> nodes, const NodeArgs& args);
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
   void set_arena_window(const Plan& plan, const Node& node, const NodeArgs& args);
   const DeviceMatrix& matrix(const MatrixRef& m);

@@ -52,12 +52,18 @@ Allocation allocate_memory(const VulkanDevice& d, size_t bytes, bool host_visibl
     vkDestroyBuffer(d.device(), a.buffer, nullptr);
     vk_check(r, ("allocating " + std::to_string(bytes) + " bytes").c_str());
   }
-  vk_check(vkBindBufferMemory(d.device(), a.buffer, a.memory, 0), "binding memory");
-  const VkMemoryPropertyFlags flags = d.memory_flags(type);
-  if ((flags & visible) == visible) {
-    void* mapped = nullptr;
-    vk_check(vkMapMemory(d.device(), a.memory, 0, VK_WHOLE_SIZE, 0, &mapped), "mapping memory");
-    a.host = static_cast<std::byte*>(mapped);
+  try {
+    vk_check(vkBindBufferMemory(d.device(), a.buffer, a.memory, 0), "binding memory");
+    const VkMemoryPropertyFlags flags = d.memory_flags(type);
+    if ((flags & visible) == visible) {
+      void* mapped = nullptr;
+      vk_check(vkMapMemory(d.device(), a.memory, 0, VK_WHOLE_SIZE, 0, &mapped), "mapping memory");
+      a.host = static_cast<std::byte*>(mapped);
+    }
+  } catch (...) {
+    vkDestroyBuffer(d.device(), a.buffer, nullptr);
+    vkFreeMemory(d.device(), a.memory, nullptr);
+    throw;
   }
   return a;
 }
@@ -110,8 +116,14 @@ VulkanBuffer::VulkanBuffer(std::shared_ptr<VulkanDevice> device, const BufferTyp
   if (a.host != nullptr) {
     std::memset(a.host, 0, bytes);
   } else {
-    run_once(*device_, "zeroing a buffer",
-             [&](VkCommandBuffer c) { vkCmdFillBuffer(c, buffer_, 0, VK_WHOLE_SIZE, 0); });
+    try {
+      run_once(*device_, "zeroing a buffer",
+               [&](VkCommandBuffer c) { vkCmdFillBuffer(c, buffer_, 0, VK_WHOLE_SIZE, 0); });
+    } catch (...) {  // no destructor runs for an object whose constructor throws
+      vkDestroyBuffer(device_->device(), buffer_, nullptr);
+      vkFreeMemory(device_->device(), memory_, nullptr);
+      throw;
+    }
   }
 }
 
