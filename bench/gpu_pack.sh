@@ -33,17 +33,6 @@ toolchain=$cache/trixie
   spirv-headers
 tools/setup.sh "$build" -DVulkan_GLSLC_EXECUTABLE="$toolchain/bin/glslc"
 
-# apt-get on amd64 packages of one Debian suite, with lists of its own (nothing is installed).
-apt_amd64() {
-  local suite=$1 lists=/tmp/qhx-apt-$1
-  shift
-  mkdir -p "$lists/partial"
-  echo "deb http://deb.debian.org/debian $suite main" >"$lists/sources.list"
-  apt-get -oDir::Etc::SourceList="$lists/sources.list" -oDir::Etc::SourceParts=/dev/null \
-    -oDir::State::Lists="$lists" -oAPT::Architecture=amd64 -oAPT::Architectures=amd64 \
-    -oAPT::Sandbox::User=root "$@"
-}
-
 "$toolchain/bin/glslc" --version | head -1
 python3 bench/compare_llama_cpp.py --vulkan --portable-cpu --setup-only --cache "$cache" \
   --llama-cmake-args "-DVulkan_GLSLC_EXECUTABLE=$toolchain/bin/glslc \
@@ -77,9 +66,9 @@ bin=build-$version-vulkan-portable/bin
   "$vendor/CMakeLists.txt" "$vendor/LICENSE" "$vendor/convert_hf_to_gguf.py" "$vendor/conversion" \
   "$vendor/gguf-py" "$vendor/src/llama-arch.h") >"$out/llama.tar.xz"
 
-apt_amd64 bookworm update >/dev/null
-(cd "$out/debs" && apt_amd64 bookworm download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 \
-  libglx0 libgles2 >/dev/null)
+loader=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+tools/unpack_debs.sh bookworm "$stage/bookworm" "${loader[@]}"
+for package in "${loader[@]}"; do cp "$stage/bookworm/debs/${package}_"*.deb "$out/debs/"; done
 
 ls -l "$out" "$out/debs"
 bench/device_tree.sh size

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "backend/vulkan/vulkan_shaders.h"
@@ -477,22 +478,17 @@ void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states
     total += (static_cast<size_t>(s->size()) * sizeof(float) + 15) / 16 * 16;
   }
   if (behind.empty()) return;
-  try {
-    as_device_failure([&] {
-      if (write_back_ == nullptr || write_back_->bytes() < total) {
-        write_back_.reset();
-        write_back_ = shared_memory_.allocate(std::bit_ceil(total));
-      }
-      const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
-      for (const auto& [s, at] : behind) {
-        copy(*as_vulkan(s->shadow(), *device_), 0, through, at, s->size() * sizeof(float));
-      }
-      synchronize();
-    });
-  } catch (...) {
-    abandon();
-    throw;
-  }
+  abandoning_on_failure([&] {
+    if (write_back_ == nullptr || write_back_->bytes() < total) {
+      write_back_.reset();
+      write_back_ = shared_memory_.allocate(std::bit_ceil(total));
+    }
+    const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
+    for (const auto& [s, at] : behind) {
+      copy(*as_vulkan(s->shadow(), *device_), 0, through, at, s->size() * sizeof(float));
+    }
+    synchronize();
+  });
   const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
   for (const auto& [s, at] : behind) {
     copy_bytes(through, at, *s->buffer(), 0, s->size() * sizeof(float));
@@ -628,7 +624,7 @@ void VulkanBackend::synchronize() {
          ErrorKind::kDeviceFailed);
   }
   recording_ = false;
-  try {
+  abandoning_on_failure([&] {
     // What the host reads next (results, states' own memory) made visible to it.
     auto b = vk_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
     b.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
@@ -636,17 +632,11 @@ void VulkanBackend::synchronize() {
     vkCmdPipelineBarrier(commands_,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                          VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &b, 0, nullptr, 0, nullptr);
-    const VkResult result = vkEndCommandBuffer(commands_);
+    vk_check(vkEndCommandBuffer(commands_), "recording commands");
     ++submissions_;
-    as_device_failure([&] {
-      vk_check(result, "recording commands");
-      device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
-                               "running a plan");
-    });
-  } catch (...) {
-    abandon();
-    throw;
-  }
+    device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
+                             "running a plan");
+  });
   vkResetCommandBuffer(commands_, 0);
   vkResetDescriptorPool(device_->device(), descriptors_, 0);
   sets_left_ = kSetsPerSubmission;
@@ -675,8 +665,12 @@ void VulkanBackend::run(const Plan& plan, std::span<const Node> nodes, const Nod
   // Grown before the device's own memory is asked for: a sequence's states running out of
   // memory is for the caller (ask for less), as on the CPU, not the device's failure.
   grow_caches(nodes, args);
+  abandoning_on_failure([&] { record_nodes(plan, nodes, args); });
+}
+
+void VulkanBackend::abandoning_on_failure(const std::function<void()>& work) {
   try {
-    as_device_failure([&] { record_nodes(plan, nodes, args); });
+    as_device_failure(work);
   } catch (...) {
     abandon();
     throw;
@@ -783,8 +777,7 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
   LayerState& cache = args.inputs->layers[node.layer];
   const int64_t kv_width = cache.kv_width, first_pos = args.inputs->first_pos;
   const int64_t n_keys = first_pos + node.rows;
-  cache.keys.resize(n_keys * kv_width);
-  cache.values.resize(n_keys * kv_width);
+  // (grown to n_keys rows by grow_caches)
   const VulkanBuffer& keys = working_state(cache.keys, "key cache", node.layer);
   const VulkanBuffer& values = working_state(cache.values, "value cache", node.layer);
   const size_t row_bytes = kv_width * sizeof(float);

@@ -11,6 +11,7 @@
 // `decode`, single-token steps too; the embedding lookup stays on the CPU unless decoding here.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -120,6 +121,9 @@ class VulkanBackend final : public Backend {
   Binding arena_rows(size_t byte, size_t bytes, uint32_t& lead) const;
   // The variant of a shader this backend runs: `name` or a faster one the device supports.
   std::string shader(const char* name) const;
+  // Runs `work`, which records or submits commands: on an error what was recorded is dropped
+  // (abandon), and memory running out is the device's failure (kDeviceFailed: the CPU redoes it).
+  void abandoning_on_failure(const std::function<void()>& work);
   void record_nodes(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args);
   void grow_caches(std::span<const Node> nodes, const NodeArgs& args);
   void record(const Plan& plan, const Node& node, const NodeArgs& args);

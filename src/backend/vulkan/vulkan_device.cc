@@ -203,11 +203,14 @@ VulkanDeviceInfo read_info(VkInstance instance, VkPhysicalDevice device, int ind
   const bool has_f16 = has_extension(device, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
   auto features = vk_info<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
   // Only the structures of extensions the device has (its instance is Vulkan 1.1).
-  dot.pNext = nullptr;
-  f16.pNext = has_dot ? &dot : nullptr;
-  features.pNext = has_f16   ? static_cast<void*>(&f16)
-                   : has_dot ? static_cast<void*>(&dot)
-                             : nullptr;
+  if (has_dot) {
+    dot.pNext = features.pNext;
+    features.pNext = &dot;
+  }
+  if (has_f16) {
+    f16.pNext = features.pNext;
+    features.pNext = &f16;
+  }
   vkGetPhysicalDeviceFeatures2(device, &features);
   info.fp16 = f16.shaderFloat16 == VK_TRUE;
   info.int8_dot = has_dot && dot.shaderIntegerDotProduct == VK_TRUE;

@@ -10,8 +10,9 @@
 // rows × BN tokens: per block of 32 columns it stages the block's int8 weights and activations in
 // shared memory with its scales, its subgroups multiply them in int8 × int8 → int32 matrices (the
 // block's inner sums, exact), and every thread scales the sums of its elements by sw · sx in
-// float and adds them up, block after block. The matrix sizes are the device's (VulkanDevice::coopmat_shape,
-// specialization constants 1-3); the shader works for any subgroup size dividing THREADS.
+// float and adds them up, block after block. The matrix sizes are the device's
+// (VulkanDeviceInfo::int8_matrix, specialization constants 1-3); the shader works for any
+// subgroup size dividing THREADS.
 layout(local_size_x = 128) in;
 const uint THREADS = 128, BM = 64, BN = 64;
 layout(constant_id = 1) const uint TM = 16;  // rows of A and of the sums
