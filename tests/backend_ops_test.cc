@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include "backend/cpu_backend.h"
 #include "graph/schedule.h"
 #include "io/hf_config.h"
+#include "kernels/kernels.h"
 #include "models/model.h"
 #include "support/fixtures.h"
 #include "support/subset_backend.h"
@@ -67,6 +69,7 @@ struct OpCase {
   int64_t first_pos = 0;
   std::deque<std::vector<float>> vectors;  // weights the nodes point into
   std::deque<test::TestMatrix> matrices;
+  std::map<int, std::vector<float>> inputs;  // values' contents by id (others: random)
 
   const float* vector(int64_t n, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
     std::vector<float>& v = vectors.emplace_back(random_vector(n, seed, scale));
@@ -124,7 +127,9 @@ Outcome run_on(const OpCase& c, Backend& backend) {
   Buffer& arena = backend.arena(floats * sizeof(float));
   for (size_t v = 0; v < s.plan.values.size(); ++v) {
     const Value& value = s.plan.values[v];
-    const std::vector<float> init = random_vector(value.floats(), 1000 + v, 0.5f);
+    const auto given = c.inputs.find(static_cast<int>(v));
+    const std::vector<float> init =
+        given != c.inputs.end() ? given->second : random_vector(value.floats(), 1000 + v, 0.5f);
     arena.write(value.offset * sizeof(float), init.data(), init.size() * sizeof(float));
   }
   Outcome out;
@@ -478,6 +483,74 @@ TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
     }
   }
   EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << "an op kind has no case";
+}
+
+// A prompt's matmul with float activations keeps float32's precision on every weight type, with
+// activations of every size (blocks from 2^-30 to 2^20, a larger outlier in each token, zeros in
+// a block): each output within cols · 2^-24 · Σ_c |w·x| of the exact (double) sum, float32's
+// bound for a sum of cols terms, plus 2^-28 · Σ_c |w| · max|x| over c's block of 32 columns. f16
+// activations miss that by far (their error is 2^-12 of a term), so the cooperative-matrix form
+// that holds activations as two f16 parts (matmul_coopmat.comp SPLIT_F16) has to keep more; the
+// second part of the bound is its floor (split_f16.comp: a block's values far below its largest
+// keep fewer bits). Column counts with a partial block.
+TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  std::printf("shaders: %s\n", VulkanBackend(device).name().c_str());
+  const int64_t n = kPromptRows, rows = 72;
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kW8, DType::kW4}) {
+    for (const int64_t cols : {int64_t{160}, int64_t{100}}) {
+      OpCase k;
+      k.name = matmul_name(dtype, Activations::kF32) + " " + std::to_string(cols) + " columns";
+      Node& node = k.node(Op::kMatmul, n);
+      node.in[0] = {k.plan.add_value(n, cols)};
+      node.out = {k.plan.add_value(n, rows)};
+      // Rows of sizes 2^-20 to 2^10 (of 0.1): f16 holds BF16's smallest only scaled.
+      std::vector<float> weights = random_vector(rows * cols, 5, 0.1f);
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        weights[i] = std::ldexp(weights[i], static_cast<int>((i / cols) % 31) - 20);
+      }
+      const int64_t group = cols % 32 == 0 ? 32 : 4;  // W4: whole blocks, or not
+      const MatrixRef& m = k.matrices.emplace_back(dtype, weights, rows, cols, group).ref;
+      node.matrix = &m;
+      std::vector<float>& x = k.inputs[node.in[0].value];
+      x = random_vector(n * cols, 77, 1.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t block = c / kActivationBlock;
+          float& v = x[t * cols + c];
+          v = block == 1 && t % 3 == 0 ? 0.0f
+                                       : std::ldexp(v, static_cast<int>((t + 7 * block) % 51) - 30);
+        }
+        x[t * cols + (t * 13) % cols] = std::ldexp(1.0f, 21) * 1.37f;
+      }
+      VulkanBackend vulkan(device);  // one per case: it keeps weights by their host address
+      const Outcome got = run_on(k, vulkan);
+      const std::vector<float>& y = got.values[node.out.value];
+      std::vector<float> w(cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        ref::read_row(m, r, w.data());
+        for (int64_t t = 0; t < n; ++t) {
+          double exact = 0.0, magnitude = 0.0, floor = 0.0;
+          for (int64_t b = 0; b < cols; b += kActivationBlock) {
+            const int64_t end = std::min(cols, b + kActivationBlock);
+            double largest = 0.0;
+            for (int64_t c = b; c < end; ++c) {
+              largest = std::max(largest, std::fabs(double{x[t * cols + c]}));
+            }
+            for (int64_t c = b; c < end; ++c) {
+              const double term = static_cast<double>(w[c]) * x[t * cols + c];
+              exact += term;
+              magnitude += std::fabs(term);
+              floor += std::fabs(double{w[c]}) * largest;
+            }
+          }
+          ASSERT_NEAR(y[t * rows + r], exact,
+                      std::ldexp(magnitude * cols, -24) + std::ldexp(floor, -28))
+              << k.name << ", token " << t << ", row " << r;
+        }
+      }
+    }
+  }
 }
 #endif
 

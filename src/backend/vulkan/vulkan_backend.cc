@@ -18,8 +18,8 @@ namespace {
 constexpr uint32_t kSetsPerSubmission = 1024;  // descriptor sets: one per dispatch
 constexpr uint32_t kWorkgroup = 64;            // every shader's local size
 constexpr uint32_t kMatmulTokens = 8;          // tokens per matmul workgroup (matmul*.comp)
-// matmul_q8_coopmat.comp: weight rows and tokens per workgroup, and the tokens from which the int8
-// matmuls run on cooperative matrices (fewer leave most of a workgroup's tile empty).
+// matmul_coopmat.comp: weight rows and tokens per workgroup, and the tokens from which matmuls
+// run on cooperative matrices (fewer leave most of a workgroup's tile empty).
 constexpr int64_t kMatrixTile = 64;
 constexpr int64_t kMatrixMinTokens = 16;
 constexpr int64_t kMaxHeadDim = 256;    // attention.comp
@@ -110,8 +110,9 @@ VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackend
   subgroup_reductions_ = !options_.portable && device_->info().subgroup_arithmetic;
   int8_dot_ = !options_.portable && device_->info().int8_dot;
   // Built only where glslc knows GL_KHR_cooperative_matrix (cmake/embed_shaders.cmake).
-  cooperative_matrix_ = !options_.portable && device_->info().int8_matrix.k > 0 &&
-                        find_shader("matmul_q8_w8_coopmat") != nullptr;
+  const bool matrices = !options_.portable && find_shader("matmul_q8_w8_coopmat") != nullptr;
+  int8_matrices_ = matrices && device_->info().int8_matrix.k > 0;
+  f16_matrices_ = matrices && device_->info().f16_matrix.k > 0;
   private_states_ = options_.decode && (device_->info().discrete || options_.private_states);
   VkDevice d = device_->device();
   auto pool = vk_info<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
@@ -149,8 +150,11 @@ VulkanBackend::~VulkanBackend() {
 std::string VulkanBackend::name() const {
   const VulkanDeviceInfo& i = device_->info();
   std::string variants = subgroup_reductions_ ? "subgroup reductions" : "";
+  const char* matrices = int8_matrices_ && f16_matrices_ ? "cooperative matrices (int8, f16)"
+                         : int8_matrices_                ? "cooperative matrices (int8)"
+                                                         : "cooperative matrices (f16)";
   for (const auto& [used, what] :
-       {std::pair{int8_dot_, "int8 dot"}, std::pair{cooperative_matrix_, "cooperative matrices"}}) {
+       {std::pair{int8_dot_, "int8 dot"}, std::pair{int8_matrices_ || f16_matrices_, matrices}}) {
     if (used) variants += variants.empty() ? what : std::string(", ") + what;
   }
   return "vulkan:" + std::to_string(i.index) + " (" + i.name + ", " + i.driver + "; " +
@@ -726,7 +730,14 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
   int64_t slab = std::min<int64_t>(node.rows, room / std::max(x_row, y_row));
   if (slab > kMatmulTokens) slab = slab / kMatmulTokens * kMatmulTokens;
   const int64_t rows_per_group = kWorkgroup / device_->matmul_lanes();
+  // Prompts' matmuls run on cooperative matrices where the device has the form: int8 activations
+  // on int8 ones, float activations on f16 ones in two parts (matmul_coopmat.comp says why that
+  // keeps float32's precision) for the weights f16 holds exactly.
   const bool int8 = uses_int8_activations(m);
+  // (W4: a block within one group of scales.)
+  const bool split_fits = m.dtype == DType::kW4 ? m.group_size % kActivationBlock == 0
+                                                : m.dtype != DType::kF32 && m.cols % 4 == 0;
+  const bool can_use_matrices = int8 ? int8_matrices_ : f16_matrices_ && split_fits;
   const std::string shader = int8 ? (m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4")
                                   : std::string("matmul_") + weight_suffix(m.dtype);
   for (int64_t t0 = 0; t0 < node.rows; t0 += slab) {
@@ -735,32 +746,36 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
     uint32_t x = 0, y = 0;
     const Binding xs = arena_rows(x0 + t0 * x_row, n * x_row, x);
     const Binding ys = arena_rows(y0 + t0 * y_row, n * y_row, y);
-    const VulkanBuffer *quantized = nullptr, *activation_scales = nullptr;
-    const bool matrices = int8 && cooperative_matrix_ && n >= kMatrixMinTokens;
-    if (int8) {
-      const int64_t blocks = n * m.cols / kActivationBlock;
-      quantized = &scratch(quantized_, blocks * kActivationBlock);
+    const bool matrices = can_use_matrices && n >= kMatrixMinTokens;
+    // The activations as the shader reads them, per block of 32 columns: int8 (8 words a
+    // block) or f16 hi and lo (32 words), each block with its scale.
+    const VulkanBuffer *prepared = nullptr, *activation_scales = nullptr;
+    if (int8 || matrices) {
+      const int64_t blocks = n * ((m.cols + kActivationBlock - 1) / kActivationBlock);
+      const int64_t block_bytes = int8 ? kActivationBlock : 2 * kActivationBlock * 2;
+      prepared = &scratch(quantized_, blocks * block_bytes);
       activation_scales = &scratch(scales_, blocks * sizeof(float));
-      dispatch("quantize_q8", {xs, quantized, activation_scales}, {x, u32(m.cols), u32(blocks)},
-               groups_of(blocks));
+      dispatch(int8 ? "quantize_q8" : "split_f16", {xs, prepared, activation_scales},
+               {x, u32(m.cols), u32(blocks)}, groups_of(blocks));
     }
     // Each part of the matrix writes its rows' columns of the output.
     for (const MatrixPart& part : matrix(m).parts) {
       const uint32_t out = y + u32(part.first_row);
       const int64_t row_groups = (part.rows + rows_per_group - 1) / rows_per_group;
       const VulkanBuffer *data = as_device(part.data), *scales = scales_or(part.scales, arena);
-      if (int8) {
-        const uint32_t push[] = {
-            out,         u32(part.rows), u32(m.cols),     u32(n), u32(m.group_size),
-            u32(m.rows), part.data_word, part.scales_word};
-        if (matrices) {
-          dispatch((shader + "_coopmat").c_str(), {quantized, activation_scales, data, scales, ys},
-                   push, (part.rows + kMatrixTile - 1) / kMatrixTile,
-                   u32((n + kMatrixTile - 1) / kMatrixTile));
-        } else {
-          dispatch(shader.c_str(), {quantized, activation_scales, data, scales, ys}, push,
-                   row_groups, token_groups);
-        }
+      const uint32_t push[] = {
+          out,         u32(part.rows), u32(m.cols),     u32(n), u32(m.group_size),
+          u32(m.rows), part.data_word, part.scales_word};
+      if (matrices) {
+        const std::string name =
+            int8 ? shader + "_coopmat"
+                 : std::string("matmul_split_") + weight_suffix(m.dtype) + "_coopmat";
+        dispatch(name.c_str(), {prepared, activation_scales, data, scales, ys}, push,
+                 (part.rows + kMatrixTile - 1) / kMatrixTile,
+                 u32((n + kMatrixTile - 1) / kMatrixTile));
+      } else if (int8) {
+        dispatch(shader.c_str(), {prepared, activation_scales, data, scales, ys}, push, row_groups,
+                 token_groups);
       } else {
         dispatch(shader.c_str(), {xs, data, scales, ys},
                  {x, out, u32(part.rows), u32(m.cols), u32(n), u32(m.group_size), u32(m.rows),

@@ -169,7 +169,8 @@ class VulkanBackend final : public Backend {
   std::shared_ptr<VulkanDevice> device_;
   VulkanBackendOptions options_;
   // The faster variants in use.
-  bool subgroup_reductions_ = false, int8_dot_ = false, cooperative_matrix_ = false;
+  bool subgroup_reductions_ = false, int8_dot_ = false;
+  bool int8_matrices_ = false, f16_matrices_ = false;  // matmul_coopmat.comp's two forms
   bool private_states_ = false;
   bool keep_states_ = false;            // conv and recurrent states stay in their shadows
   std::unique_ptr<Buffer> write_back_;  // host-visible: kept states pass through it to the host
@@ -180,7 +181,9 @@ class VulkanBackend final : public Backend {
   size_t arena_window_ = 0;
   std::unique_ptr<Buffer> ring_;  // host-visible: token ids, RoPE tables
   size_t ring_used_ = 0;
-  std::unique_ptr<Buffer> quantized_, scales_;    // int8 activations of a matmul
+  // A matmul's activations as its shader reads them: int8 (quantize_q8) or f16 parts (split_f16),
+  // and their scales.
+  std::unique_ptr<Buffer> quantized_, scales_;
   std::unique_ptr<Buffer> delta_scratch_;         // the chunked delta rule's intermediates
   std::unique_ptr<Buffer> attention_partials_;    // split-key attention's per-split results
   std::map<const void*, DeviceMatrix> matrices_;  // by the host data they copy

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <span>
 
 #include "backend/vulkan/vulkan_shaders.h"
 #include "util/error.h"
@@ -59,7 +60,8 @@ constexpr char kCoopmatExtension[] = "VK_KHR_cooperative_matrix";
 constexpr auto kCoopmatFeaturesType = static_cast<VkStructureType>(1000506000);
 constexpr auto kCoopmatPropertiesType = static_cast<VkStructureType>(1000506001);
 constexpr auto kCoopmatStagesType = static_cast<VkStructureType>(1000506002);
-constexpr uint32_t kComponentSint8 = 3, kComponentSint32 = 5, kScopeSubgroup = 3;
+constexpr uint32_t kComponentFloat16 = 0, kComponentFloat32 = 1, kComponentSint8 = 3,
+                   kComponentSint32 = 5, kScopeSubgroup = 3;
 struct CoopmatFeatures {
   VkStructureType sType;
   void* pNext;
@@ -79,28 +81,50 @@ struct CoopmatStages {
   VkShaderStageFlags cooperativeMatrixSupportedStages;
 };
 using GetCoopmatProperties = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, CoopmatProperties*);
-// What matmul_q8_coopmat.comp needs besides the matrices: int8 in shared memory and the Vulkan
-// memory model (GL_KHR_cooperative_matrix implies it), as extensions of a Vulkan 1.1 instance.
+// What matmul_coopmat.comp needs besides the matrices: int8 or f16 in shared memory and the
+// Vulkan memory model (GL_KHR_cooperative_matrix implies it), as extensions of a Vulkan 1.1
+// instance.
 constexpr const char* kCoopmatExtensions[] = {kCoopmatExtension,
                                               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME,
                                               VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME};
-// The shader's shared arrays: int8 blocks, int32 sums, float scales.
-constexpr uint32_t kCoopmatSharedBytes = 64 * 32 * 2 + 64 * 64 * 4 + 2 * 64 * 4 * 2;
+// The shader's shared arrays in each form: the blocks (int8: weights and tokens; f16: weights,
+// tokens' hi and lo), the sums, two blocks' scales, and (f16) the BF16 rows' exponents.
+constexpr uint32_t kInt8MatrixSharedBytes = 64 * 32 * 2 + 64 * 64 * 4 + 2 * 64 * 4 * 2;
+constexpr uint32_t kF16MatrixSharedBytes = 64 * 32 * 2 * 3 + 64 * 64 * 4 + 2 * 64 * 4 * 2 + 128 * 4;
 
-// The device's best int8 shape for matmul_q8_coopmat.comp, or none.
-VulkanDeviceInfo::MatrixShape int8_matrix_shape(
-    VkInstance instance, VkPhysicalDevice device, const VkPhysicalDeviceProperties& limits,
-    const VkPhysicalDeviceSubgroupProperties& subgroup) {
+// The device's largest subgroup shape multiplying `element`s into `sum`s with M and N dividing
+// 64 and K dividing 32 (matmul_coopmat.comp's tile and block), or none.
+VulkanDeviceInfo::MatrixShape best_shape(std::span<const CoopmatProperties> shapes,
+                                         uint32_t element, uint32_t sum) {
+  VulkanDeviceInfo::MatrixShape best;
+  for (const CoopmatProperties& s : shapes) {
+    const bool fits = s.AType == element && s.BType == element && s.CType == sum &&
+                      s.ResultType == sum && !s.saturatingAccumulation &&
+                      s.scope == kScopeSubgroup && s.MSize > 0 && s.NSize > 0 && s.KSize > 0 &&
+                      64 % s.MSize == 0 && 64 % s.NSize == 0 && 32 % s.KSize == 0;
+    if (fits && s.MSize * s.NSize * s.KSize > best.m * best.n * best.k) {
+      best = {s.MSize, s.NSize, s.KSize};
+    }
+  }
+  return best;
+}
+
+// Sets info's int8_matrix and f16_matrix: the shapes matmul_coopmat.comp's int8 and f16 forms
+// use, where the device has what each needs.
+void find_matrix_shapes(VkInstance instance, VkPhysicalDevice device,
+                        const VkPhysicalDeviceProperties& limits,
+                        const VkPhysicalDeviceSubgroupProperties& subgroup,
+                        VulkanDeviceInfo& info) {
   for (const char* e : kCoopmatExtensions) {
-    if (!has_extension(device, e)) return {};
+    if (!has_extension(device, e)) return;
   }
   auto coopmat = vk_info<CoopmatFeatures>(kCoopmatFeaturesType);
   auto memory_model = vk_info<VkPhysicalDeviceVulkanMemoryModelFeatures>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
-  auto int8 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
+  auto types = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
   coopmat.pNext = &memory_model;
-  memory_model.pNext = &int8;
+  memory_model.pNext = &types;
   auto features = vk_info<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
   features.pNext = &coopmat;
   vkGetPhysicalDeviceFeatures2(device, &features);
@@ -111,30 +135,24 @@ VulkanDeviceInfo::MatrixShape int8_matrix_shape(
   vkGetPhysicalDeviceProperties2(device, &properties);
   const auto list_shapes = reinterpret_cast<GetCoopmatProperties>(
       vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
-  if (!coopmat.cooperativeMatrix || !memory_model.vulkanMemoryModel || !int8.shaderInt8 ||
+  if (!coopmat.cooperativeMatrix || !memory_model.vulkanMemoryModel ||
       (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) == 0 ||
       (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) == 0 ||
       (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) == 0 ||
-      subgroup.subgroupSize == 0 || 128 % subgroup.subgroupSize != 0 ||
-      limits.limits.maxComputeSharedMemorySize < kCoopmatSharedBytes || list_shapes == nullptr) {
-    return {};
+      subgroup.subgroupSize == 0 || 128 % subgroup.subgroupSize != 0 || list_shapes == nullptr) {
+    return;
   }
   uint32_t n = 0;
   list_shapes(device, &n, nullptr);
   std::vector<CoopmatProperties> shapes(n, vk_info<CoopmatProperties>(kCoopmatPropertiesType));
   list_shapes(device, &n, shapes.data());
-  VulkanDeviceInfo::MatrixShape best;
-  for (const CoopmatProperties& s : shapes) {
-    const bool fits = s.AType == kComponentSint8 && s.BType == kComponentSint8 &&
-                      s.CType == kComponentSint32 && s.ResultType == kComponentSint32 &&
-                      !s.saturatingAccumulation && s.scope == kScopeSubgroup && s.MSize > 0 &&
-                      s.NSize > 0 && s.KSize > 0 && 64 % s.MSize == 0 && 64 % s.NSize == 0 &&
-                      32 % s.KSize == 0;
-    if (fits && s.MSize * s.NSize * s.KSize > best.m * best.n * best.k) {
-      best = {s.MSize, s.NSize, s.KSize};
-    }
+  const uint32_t shared_bytes = limits.limits.maxComputeSharedMemorySize;
+  if (types.shaderInt8 && shared_bytes >= kInt8MatrixSharedBytes) {
+    info.int8_matrix = best_shape(shapes, kComponentSint8, kComponentSint32);
   }
-  return best;
+  if (types.shaderFloat16 && shared_bytes >= kF16MatrixSharedBytes) {
+    info.f16_matrix = best_shape(shapes, kComponentFloat16, kComponentFloat32);
+  }
 }
 
 std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
@@ -216,7 +234,7 @@ VulkanDeviceInfo read_info(VkInstance instance, VkPhysicalDevice device, int ind
   info.int8_dot = has_dot && dot.shaderIntegerDotProduct == VK_TRUE;
   info.cooperative_matrix = has_extension(device, kCoopmatExtension);
   if (info.cooperative_matrix) {
-    info.int8_matrix = int8_matrix_shape(instance, device, properties.properties, subgroup);
+    find_matrix_shapes(instance, device, properties.properties, subgroup, info);
   }
 
   VkPhysicalDeviceMemoryProperties memory;
@@ -257,10 +275,13 @@ std::string VulkanDeviceInfo::describe() const {
   if (int8_dot) features += ", int8-dot";
   if (subgroup_arithmetic) features += ", subgroup-arithmetic";
   if (cooperative_matrix) features += ", cooperative-matrix";
-  if (int8_matrix.k > 0) {
-    features += " (int8 " + std::to_string(int8_matrix.m) + "x" + std::to_string(int8_matrix.n) +
-                "x" + std::to_string(int8_matrix.k) + ")";
+  std::string shapes;
+  for (const auto& [type, shape] : {std::pair{"int8", int8_matrix}, std::pair{"f16", f16_matrix}}) {
+    if (shape.k == 0) continue;
+    shapes += (shapes.empty() ? "" : ", ") + std::string(type) + " " + std::to_string(shape.m) +
+              "x" + std::to_string(shape.n) + "x" + std::to_string(shape.k);
   }
+  if (!shapes.empty()) features += " (" + shapes + ")";
   if (host_import_alignment > 0) features += ", host-import";
   return name + " · " + type + " · " + memory + " · " + driver + " · Vulkan " + api + " · " +
          features;
@@ -335,15 +356,16 @@ std::shared_ptr<VulkanDevice> VulkanDevice::open(int index,
   auto coopmat = vk_info<CoopmatFeatures>(kCoopmatFeaturesType);
   auto memory_model = vk_info<VkPhysicalDeviceVulkanMemoryModelFeatures>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
-  auto int8 = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
+  auto types = vk_info<VkPhysicalDeviceShaderFloat16Int8Features>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
-  if (d->info_.int8_matrix.k > 0) {
+  if (d->info_.int8_matrix.k > 0 || d->info_.f16_matrix.k > 0) {
     coopmat.cooperativeMatrix = VK_TRUE;
     memory_model.vulkanMemoryModel = VK_TRUE;
-    int8.shaderInt8 = VK_TRUE;
+    types.shaderInt8 = d->info_.int8_matrix.k > 0;
+    types.shaderFloat16 = d->info_.f16_matrix.k > 0;
     coopmat.pNext = &memory_model;
-    memory_model.pNext = &int8;
-    int8.pNext = const_cast<void*>(create.pNext);
+    memory_model.pNext = &types;
+    types.pNext = const_cast<void*>(create.pNext);
     create.pNext = &coopmat;
     extensions.insert(extensions.end(), std::begin(kCoopmatExtensions),
                       std::end(kCoopmatExtensions));
@@ -487,15 +509,15 @@ VkPipeline VulkanDevice::pipeline(std::string_view shader) {
   create.stage.module = module;
   create.stage.pName = "main";
   // A shader ignores the constants it does not declare.
-  const VulkanDeviceInfo::MatrixShape& matrix = info_.int8_matrix;
-  const uint32_t constants[] = {matmul_lanes(), matrix.m, matrix.n, matrix.k};
+  const VulkanDeviceInfo::MatrixShape &q8 = info_.int8_matrix, &f16 = info_.f16_matrix;
+  const uint32_t constants[] = {matmul_lanes(), q8.m, q8.n, q8.k, f16.m, f16.n, f16.k};
   VkSpecializationMapEntry entries[std::size(constants)];
   for (uint32_t i = 0; i < std::size(constants); ++i) {
     entries[i] = {i, i * 4, sizeof(uint32_t)};
   }
-  // Without a shape no shader that declares 1-3 is used: lanes alone.
-  const uint32_t n_constants = matrix.k > 0 ? std::size(constants) : 1;
-  const VkSpecializationInfo specialization{n_constants, entries, n_constants * 4, constants};
+  // A shape of zeros is never read: no shader that declares it is used without the shape.
+  const VkSpecializationInfo specialization{std::size(constants), entries, sizeof constants,
+                                            constants};
   create.stage.pSpecializationInfo = &specialization;
   create.layout = pipeline_layout_;
   VkPipeline pipeline = VK_NULL_HANDLE;

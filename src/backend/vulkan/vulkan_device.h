@@ -29,12 +29,14 @@ struct VulkanDeviceInfo {
   bool int8_dot = false;             // shaderIntegerDotProduct (VK_KHR_shader_integer_dot_product)
   bool subgroup_arithmetic = false;  // subgroup reductions in compute shaders
   bool cooperative_matrix = false;   // VK_KHR_cooperative_matrix
-  // The int8 × int8 → int32 cooperative-matrix shape the prompt-sized int8 matmuls use
-  // (matmul_q8_coopmat.comp: subgroup scope, M and N dividing 64, K dividing 32, with the
-  // features that shader needs); all 0 where the device has none.
+  // The cooperative-matrix shapes of the prompt-sized matmuls (matmul_coopmat.comp: subgroup
+  // scope, M and N dividing 64, K dividing 32, with the features that shader needs): int8 × int8
+  // → int32 for int8 activations, f16 × f16 → f32 for float ones; all 0 where the device has
+  // none.
   struct MatrixShape {
     uint32_t m = 0, n = 0, k = 0;
-  } int8_matrix;
+  };
+  MatrixShape int8_matrix, f16_matrix;
   uint32_t subgroup_size = 0;
   uint64_t max_storage_buffer_range = 0;  // bytes one storage buffer binding may span
   uint64_t storage_offset_alignment = 4;  // minStorageBufferOffsetAlignment of a binding's start
@@ -43,7 +45,7 @@ struct VulkanDeviceInfo {
   // file) aligned so can be used by the device in place. 0: the device cannot import it.
   uint64_t host_import_alignment = 0;
   // "llvmpipe (LLVM 15.0.6, 256 bits) · CPU · 23.9 GiB · Mesa 22.3.6 · Vulkan 1.3.230 ·
-  // subgroup 8, int8-dot", "..., cooperative-matrix (int8 16x16x32)"
+  // subgroup 8, int8-dot", "..., cooperative-matrix (int8 16x16x32, f16 16x16x16)"
   std::string describe() const;
 };
 
@@ -81,7 +83,7 @@ class VulkanDevice {
 
   VkPipeline pipeline(std::string_view shader);
   // The shaders' specialization constant 0: threads per weight row of a matmul (64 / it rows per
-  // workgroup). Constants 1-3 are info().int8_matrix's M, N and K.
+  // workgroup). Constants 1-3 are info().int8_matrix's M, N and K, 4-6 f16_matrix's.
   uint32_t matmul_lanes() const { return info_.type == "CPU" ? 1 : 16; }
   VkPipelineLayout pipeline_layout() const { return pipeline_layout_; }
   VkDescriptorSetLayout set_layout() const { return set_layout_; }
