@@ -26,6 +26,10 @@
 #include "support/vulkan_device.h"
 #include "util/error.h"
 
+#if QHX_HAVE_VULKAN
+#include "backend/vulkan/vulkan_shaders.h"
+#endif
+
 namespace qhx {
 namespace {
 
@@ -486,16 +490,21 @@ TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
 }
 
 // A prompt's matmul with float activations keeps float32's precision on every weight type, with
-// activations of every size (blocks from 2^-30 to 2^20, a larger outlier in each token, zeros in
-// a block): each output within cols · 2^-24 · Σ_c |w·x| of the exact (double) sum, float32's
-// bound for a sum of cols terms, plus 2^-28 · Σ_c |w| · max|x| over c's block of 32 columns. f16
-// activations miss that by far (their error is 2^-12 of a term), so the cooperative-matrix form
-// that holds activations as two f16 parts (matmul_coopmat.comp SPLIT_F16) has to keep more; the
-// second part of the bound is its floor (split_f16.comp: a block's values far below its largest
-// keep fewer bits). Column counts with a partial block.
+// activations of every size (blocks from 2^-30 to 2^20, a larger outlier in each token, a block
+// whose largest value is just under a power of two, zeros in a block) and weights of every size
+// (2^-22 to 2^16 of 0.1 in a row, 2^-67 of 0.1 in the last). Each output is within
+//   cols · 2^-24 · Σ_c |w·x|  +  2^-28 · Σ_c |w| · max|x over c's block of 32 columns|
+// of the exact (double) sum: float32's bound for a sum of cols terms, plus the floor of the
+// cooperative-matrix form that holds activations as two f16 parts (split_f16.comp: a block's
+// values far below its largest keep fewer bits). f16 activations miss it by far (their error is
+// 2^-12 of a term). Column counts with a partial block.
 TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
-  std::printf("shaders: %s\n", VulkanBackend(device).name().c_str());
+  const std::string shaders = VulkanBackend(device).name();
+  std::printf("shaders: %s\n", shaders.c_str());
+  if (device->info().f16_matrix.k > 0 && find_shader("split_f16") != nullptr) {
+    EXPECT_NE(shaders.find("f16)"), std::string::npos) << "the f16 matrices are not used";
+  }
   const int64_t n = kPromptRows, rows = 72;
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kW8, DType::kW4}) {
     for (const int64_t cols : {int64_t{160}, int64_t{100}}) {
@@ -504,10 +513,12 @@ TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
       Node& node = k.node(Op::kMatmul, n);
       node.in[0] = {k.plan.add_value(n, cols)};
       node.out = {k.plan.add_value(n, rows)};
-      // Rows of sizes 2^-20 to 2^10 (of 0.1): f16 holds BF16's smallest only scaled.
+      // f16 holds BF16's and F16's smallest only scaled, and no BF16 row's largest values.
       std::vector<float> weights = random_vector(rows * cols, 5, 0.1f);
       for (int64_t i = 0; i < rows * cols; ++i) {
-        weights[i] = std::ldexp(weights[i], static_cast<int>((i / cols) % 31) - 20);
+        const int64_t r = i / cols, c = i % cols;
+        const int tiny = r == rows - 1 ? -45 : 0;
+        weights[i] = std::ldexp(weights[i], static_cast<int>(r % 15 - 22 + (c % 7) * 4) + tiny);
       }
       const int64_t group = cols % 32 == 0 ? 32 : 4;  // W4: whole blocks, or not
       const MatrixRef& m = k.matrices.emplace_back(dtype, weights, rows, cols, group).ref;
@@ -522,6 +533,8 @@ TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
                                        : std::ldexp(v, static_cast<int>((t + 7 * block) % 51) - 30);
         }
         x[t * cols + (t * 13) % cols] = std::ldexp(1.0f, 21) * 1.37f;
+        // Block 0's largest: x / s rounds up to 2^15 in f16.
+        x[t * cols + 3] = std::nextafter(std::ldexp(1.0f, 22), 0.0f);
       }
       VulkanBackend vulkan(device);  // one per case: it keeps weights by their host address
       const Outcome got = run_on(k, vulkan);

@@ -726,9 +726,6 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
   // however far its input lies from its output and however many logits it writes.
   const size_t x_row = m.cols * sizeof(float), y_row = m.rows * sizeof(float);
   const size_t x0 = byte_at(args, node.in[0]), y0 = byte_at(args, node.out);
-  const uint64_t room = max_window_bytes();
-  int64_t slab = std::min<int64_t>(node.rows, room / std::max(x_row, y_row));
-  if (slab > kMatmulTokens) slab = slab / kMatmulTokens * kMatmulTokens;
   const int64_t rows_per_group = kWorkgroup / device_->matmul_lanes();
   // Prompts' matmuls run on cooperative matrices where the device has the form: int8 activations
   // on int8 ones, float activations on f16 ones in two parts (matmul_coopmat.comp says why that
@@ -737,7 +734,16 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
   // (W4: a block within one group of scales.)
   const bool split_fits = m.dtype == DType::kW4 ? m.group_size % kActivationBlock == 0
                                                 : m.dtype != DType::kF32 && m.cols % 4 == 0;
-  const bool can_use_matrices = int8 ? int8_matrices_ : f16_matrices_ && split_fits;
+  // A token's activations as the matmul reads them, per block of 32 columns: int8 (32 bytes a
+  // block) or f16 hi and lo (128 bytes, more than its floats).
+  const int64_t token_blocks = (m.cols + kActivationBlock - 1) / kActivationBlock;
+  const size_t block_bytes = int8 ? kActivationBlock : 2 * kActivationBlock * 2;
+  const uint64_t room = max_window_bytes();
+  const bool can_use_matrices =
+      int8 ? int8_matrices_ : f16_matrices_ && split_fits && token_blocks * block_bytes <= room;
+  const size_t prepared_row = int8 || can_use_matrices ? token_blocks * block_bytes : 0;
+  int64_t slab = std::min<int64_t>(node.rows, room / std::max({x_row, y_row, prepared_row}));
+  if (slab > kMatmulTokens) slab = slab / kMatmulTokens * kMatmulTokens;
   const std::string shader = int8 ? (m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4")
                                   : std::string("matmul_") + weight_suffix(m.dtype);
   for (int64_t t0 = 0; t0 < node.rows; t0 += slab) {
@@ -747,12 +753,9 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
     const Binding xs = arena_rows(x0 + t0 * x_row, n * x_row, x);
     const Binding ys = arena_rows(y0 + t0 * y_row, n * y_row, y);
     const bool matrices = can_use_matrices && n >= kMatrixMinTokens;
-    // The activations as the shader reads them, per block of 32 columns: int8 (8 words a
-    // block) or f16 hi and lo (32 words), each block with its scale.
     const VulkanBuffer *prepared = nullptr, *activation_scales = nullptr;
     if (int8 || matrices) {
-      const int64_t blocks = n * ((m.cols + kActivationBlock - 1) / kActivationBlock);
-      const int64_t block_bytes = int8 ? kActivationBlock : 2 * kActivationBlock * 2;
+      const int64_t blocks = n * token_blocks;
       prepared = &scratch(quantized_, blocks * block_bytes);
       activation_scales = &scratch(scales_, blocks * sizeof(float));
       dispatch(int8 ? "quantize_q8" : "split_f16", {xs, prepared, activation_scales},

@@ -14,10 +14,12 @@
 //   → int32 matrices: the prompt form of matmul_q8.comp.
 // - SPLIT_F16: the float32-activation matmul of matmul.comp for F16, BF16, W8 and W4 weights, in
 //   f16 × f16 → f32 matrices without losing float32's precision. Every weight is held exactly in
-//   f16: W8/W4's integers are, F16's values are, and a BF16 value is after scaling each row's
-//   block by a power of two (its sw; only values under 2^-32 of the block's largest round).
-//   The activations come from split_f16.comp as x = sx · (hi + lo) with f16 hi and lo, which
-//   keeps 22 of float32's 24 bits; the products are exact and sum in float32.
+//   f16: W8/W4's integers are, and F16's and BF16's values are after scaling each row's block by
+//   a power of two that puts its largest value in [2^15, 2^16) (its sw; only values under 2^-29
+//   of that largest may round, even on a device that flushes f16 subnormals). The activations
+//   come from split_f16.comp as x = sx · (hi + lo / 2^10) with f16 hi and lo (21 to 22 of
+//   float32's 24 bits): the products are exact, the matrices sum w · hi and w · lo in float32
+//   apart, and the second joins the first scaled by 2^-10.
 // A workgroup computes BM weight rows × BN tokens: per block of 32 columns it stages the block's
 // weights and activations in shared memory with their scales, its subgroups multiply them in the
 // device's matrix shape (VulkanDeviceInfo::int8_matrix, specialization constants 1-3, or
@@ -66,7 +68,8 @@ shared SUM sums[BN * BM];  // [token][row]: the block's inner sums, column-major
 // The block's sw and sx, two blocks' worth: a thread may stage block b + 1's while others still
 // scale block b's sums.
 shared float row_scales[2][BM], token_scales[2][BN];
-#if defined(WEIGHT_BF16)
+#if defined(SPLIT_F16) && (defined(WEIGHT_F16) || defined(WEIGHT_BF16))
+#define SCALED_BLOCKS
 shared uint half_row_exponent[THREADS];  // the largest biased exponent of a thread's half row
 #endif
 
@@ -91,7 +94,8 @@ vec4 weight_quad(uint row, uint b, uint quad) {
 #endif
 }
 
-// sw of block b of weight row `row` (BF16's comes from the block's values: stage_weights).
+// sw of block b of weight row `row` (F16's and BF16's come from the block's values:
+// stage_weights).
 float weight_scale(uint row, uint b) {
 #if defined(WEIGHT_W8)
   return uintBitsToFloat(scales[p.s_base + row]);
@@ -112,9 +116,9 @@ void stage_weights(uint id, uint row0, uint b, uint slot) {
     quads[q] = row < p.rows ? weight_quad(row, b, first_quad + q) : vec4(0.0);
   }
   float scale = row < p.rows ? weight_scale(row, b) : 0.0;
-#if defined(WEIGHT_BF16)
-  // The row's block times 2^shift, its largest value in [2^15, 2^16): f16 holds the block's
-  // values exactly down to 2^-32 of it. (A shift beyond 64 would only scale values that round anyway.)
+#if defined(SCALED_BLOCKS)
+  // The row's block times 2^shift, its largest value in [2^15, 2^16). (The shift stops where
+  // ldexp's exponents leave float's range: a block of zeros.)
   uint exponent = 0;
   for (uint q = 0; q < 4; ++q) {
     for (uint k = 0; k < 4; ++k) exponent = max(exponent, (floatBitsToUint(quads[q][k]) >> 23) & 0xFFu);
@@ -122,7 +126,7 @@ void stage_weights(uint id, uint row0, uint b, uint slot) {
   half_row_exponent[id] = exponent;
   barrier();
   exponent = max(exponent, half_row_exponent[id ^ 1u]);
-  const int shift = min(15 - (int(exponent) - 127), 64);
+  const int shift = min(15 - (int(exponent) - 127), 126);
   for (uint q = 0; q < 4; ++q) quads[q] = ldexp(quads[q], ivec4(shift));
   scale = row < p.rows ? ldexp(1.0, -shift) : 0.0;
 #endif
@@ -138,14 +142,14 @@ void stage_tokens(uint id, uint t0, uint b, uint blocks, uint slot) {
     const uint t = t0 + i / TOKEN_WORDS, word = i % TOKEN_WORDS;
     const uint bits = t < p.n_tokens ? tokens[(t * blocks + b) * TOKEN_WORDS + word] : 0u;
 #if defined(SPLIT_F16)
-    const vec2 pair = unpackHalf2x16(bits);
+    const f16vec2 pair = unpackFloat2x16(bits);  // the bits as they are: no conversion
     const uint at = (i / TOKEN_WORDS) * 32 + (word % 16) * 2;
     if (word < 16) {
-      tokens_hi[at] = float16_t(pair.x);
-      tokens_hi[at + 1] = float16_t(pair.y);
+      tokens_hi[at] = pair.x;
+      tokens_hi[at + 1] = pair.y;
     } else {
-      tokens_lo[at] = float16_t(pair.x);
-      tokens_lo[at + 1] = float16_t(pair.y);
+      tokens_lo[at] = pair.x;
+      tokens_lo[at + 1] = pair.y;
     }
 #else
     for (uint k = 0; k < 4; ++k) tokens_block[i * 4 + k] = int8_t(i8_at(bits, k));
@@ -175,25 +179,33 @@ void main() {
       const uint tm = tile / TILES_N, tn = tile % TILES_N;
       coopmat<SUM, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> sum =
           coopmat<SUM, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0);
+#if defined(SPLIT_F16)
+      coopmat<SUM, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> sum_lo =
+          coopmat<SUM, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0);
+#endif
       for (uint k = 0; k < 32; k += TK) {
         coopmat<ELEMENT, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
         coopmat<ELEMENT, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> x;
         coopMatLoad(a, weights_block, tm * TM * 32 + k, 32, gl_CooperativeMatrixLayoutRowMajor);
 #if defined(SPLIT_F16)
         coopMatLoad(x, tokens_lo, tn * TN * 32 + k, 32, gl_CooperativeMatrixLayoutColumnMajor);
-        sum = coopMatMulAdd(a, x, sum);
+        sum_lo = coopMatMulAdd(a, x, sum_lo);
         coopMatLoad(x, tokens_hi, tn * TN * 32 + k, 32, gl_CooperativeMatrixLayoutColumnMajor);
 #else
         coopMatLoad(x, tokens_block, tn * TN * 32 + k, 32, gl_CooperativeMatrixLayoutColumnMajor);
 #endif
         sum = coopMatMulAdd(a, x, sum);
       }
+#if defined(SPLIT_F16)
+      sum += sum_lo * (1.0 / 1024.0);
+#endif
       coopMatStore(sum, sums, tn * TN * BM + tm * TM, BM, gl_CooperativeMatrixLayoutColumnMajor);
     }
     barrier();
     for (uint i = 0; i < OWN; ++i) {
       const uint e = id + i * THREADS;
-      acc[i] += row_scales[slot][e % BM] * token_scales[slot][e / BM] * float(sums[e]);
+      // (sw · Σ first: the weights' true sizes, which a product of the two scales may leave.)
+      acc[i] += row_scales[slot][e % BM] * float(sums[e]) * token_scales[slot][e / BM];
     }
   }
   for (uint i = 0; i < OWN; ++i) {

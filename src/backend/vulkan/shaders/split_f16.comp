@@ -1,11 +1,13 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // One token's activations as two f16 parts, per block of 32 columns, for matmul_coopmat.comp's
-// SPLIT_F16 form: x = s · (hi + lo) with s = 2^(e - 15), e the least with every |x| of the block
-// under 2^e, hi = f16(x / s) and lo = f16(x / s − hi). x / s is exact and under 2^15, as is its
-// remainder after hi, so hi + lo is x to 22 bits down to 2^-18 of the block's largest |x|, and
-// within 2^-29 of that largest below (even where a device flushes f16 subnormals). An all-zero
-// block gets s 0, a block holding inf or NaN s NaN, both with parts 0.
+// SPLIT_F16 form: x = s · (hi + lo / 2^10) with s = 2^(e - 15), e the least with every |x| of
+// the block under 2^e, hi = f16(x / s) and lo = f16((x / s − hi) · 2^10). x / s is exact and
+// under 2^15, as is its remainder after hi; lo, scaled up, stays clear of f16's subnormals (and
+// under 2^15 whichever way the device rounds). So hi and lo keep x to 21 bits (22 where
+// conversions round to nearest) down to 2^-17 of the block's largest |x|, and within 2^-28 of
+// that largest below, even on a device that flushes f16 subnormals. An all-zero block gets s 0,
+// a block holding inf or NaN s NaN, both with parts 0.
 // A row's last block may be partial (columns a multiple of 4): its missing columns are 0. One
 // thread per block; per block 16 words of hi, then 16 of lo (two halves a word, low first).
 layout(local_size_x = 64) in;
@@ -45,6 +47,6 @@ void main() {
                                 : vec2(0.0);
     const vec2 hi = unpackHalf2x16(packHalf2x16(v));
     parts[block * 32 + word] = packHalf2x16(hi);
-    parts[block * 32 + 16 + word] = packHalf2x16(v - hi);
+    parts[block * 32 + 16 + word] = packHalf2x16((v - hi) * 1024.0);
   }
 }
