@@ -52,8 +52,9 @@ if [ "$check_only" = 1 ]; then  # one small model through every step the full ru
   mkdir -p "$work"
   "$qhx" forge synth --preset qwen3-0.6b -o "$work/check"
   cp "$root"/tokenizer/tokenizer*.json "$work/check/"
+  # (40 tokens: prompts of 16 or more take the cooperative-matrix matmuls where the GPU has them)
   "$qhx" generate --model "$work/check" --device vulkan --device-check always \
-    --prompt-ids 1,2,3,4,5,6,7,8 -n 8 --greedy --print-ids
+    --prompt-ids "$(seq -s, 1 40)" -n 8 --greedy --print-ids
   echo "check done in $(($(date +%s) - start)) s"
   exit 0
 fi
