@@ -121,7 +121,9 @@ void stage_weights(uint id, uint row0, uint b, uint slot) {
   // ldexp's exponents leave float's range: a block of zeros.)
   uint exponent = 0;
   for (uint q = 0; q < 4; ++q) {
-    for (uint k = 0; k < 4; ++k) exponent = max(exponent, (floatBitsToUint(quads[q][k]) >> 23) & 0xFFu);
+    for (uint k = 0; k < 4; ++k) {
+      exponent = max(exponent, (floatBitsToUint(quads[q][k]) >> 23) & 0xFFu);
+    }
   }
   half_row_exponent[id] = exponent;
   barrier();
@@ -131,7 +133,9 @@ void stage_weights(uint id, uint row0, uint b, uint slot) {
   scale = row < p.rows ? ldexp(1.0, -shift) : 0.0;
 #endif
   for (uint q = 0; q < 4; ++q) {
-    for (uint k = 0; k < 4; ++k) weights_block[r * 32 + (first_quad + q) * 4 + k] = ELEMENT(quads[q][k]);
+    for (uint k = 0; k < 4; ++k) {
+      weights_block[r * 32 + (first_quad + q) * 4 + k] = ELEMENT(quads[q][k]);
+    }
   }
   if (id % 2 == 0) row_scales[slot][r] = scale;
 }

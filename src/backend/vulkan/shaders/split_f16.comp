@@ -43,8 +43,8 @@ void main() {
   e = max(e, -100);  // ldexp's exponents stay in float's range: as if the largest were 2^-101
   s[block] = ldexp(1.0, e - 15);
   for (uint word = 0; word < 16; ++word) {
-    const vec2 v = word * 2 < n ? ldexp(vec2(x[base + word * 2], x[base + word * 2 + 1]), ivec2(15 - e))
-                                : vec2(0.0);
+    const vec2 pair = word * 2 < n ? vec2(x[base + word * 2], x[base + word * 2 + 1]) : vec2(0.0);
+    const vec2 v = ldexp(pair, ivec2(15 - e));
     const vec2 hi = unpackHalf2x16(packHalf2x16(v));
     parts[block * 32 + word] = packHalf2x16(hi);
     parts[block * 32 + 16 + word] = packHalf2x16((v - hi) * 1024.0);
