@@ -737,7 +737,7 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
   // A token's activations as the matmul reads them, per block of 32 columns: int8 (32 bytes a
   // block) or f16 hi and lo (128 bytes, more than its floats).
   const int64_t token_blocks = (m.cols + kActivationBlock - 1) / kActivationBlock;
-  const size_t block_bytes = int8 ? kActivationBlock : 2 * kActivationBlock * 2;
+  const size_t block_bytes = int8 ? kActivationBlock : 2 * kActivationBlock * sizeof(uint16_t);
   const uint64_t room = max_window_bytes();
   const bool can_use_matrices =
       int8 ? int8_matrices_ : f16_matrices_ && split_fits && token_blocks * block_bytes <= room;
@@ -746,6 +746,9 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
   if (slab > kMatmulTokens) slab = slab / kMatmulTokens * kMatmulTokens;
   const std::string shader = int8 ? (m.dtype == DType::kW8 ? "matmul_q8_w8" : "matmul_q8_w4")
                                   : std::string("matmul_") + weight_suffix(m.dtype);
+  const std::string matrix_shader =
+      int8 ? shader + "_coopmat"
+           : std::string("matmul_split_") + weight_suffix(m.dtype) + "_coopmat";
   for (int64_t t0 = 0; t0 < node.rows; t0 += slab) {
     const int64_t n = std::min(slab, node.rows - t0);
     const uint32_t token_groups = u32((n + kMatmulTokens - 1) / kMatmulTokens);
@@ -770,10 +773,7 @@ void VulkanBackend::record_matmul(const Node& node, const NodeArgs& args) {
           out,         u32(part.rows), u32(m.cols),     u32(n), u32(m.group_size),
           u32(m.rows), part.data_word, part.scales_word};
       if (matrices) {
-        const std::string name =
-            int8 ? shader + "_coopmat"
-                 : std::string("matmul_split_") + weight_suffix(m.dtype) + "_coopmat";
-        dispatch(name.c_str(), {prepared, activation_scales, data, scales, ys}, push,
+        dispatch(matrix_shader.c_str(), {prepared, activation_scales, data, scales, ys}, push,
                  (part.rows + kMatrixTile - 1) / kMatrixTile,
                  u32((n + kMatrixTile - 1) / kMatrixTile));
       } else if (int8) {

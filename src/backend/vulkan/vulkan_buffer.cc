@@ -15,6 +15,12 @@ struct Allocation {
   std::byte* host = nullptr;  // mapped, when the memory is host-visible
 };
 
+// What allocate_memory made, given back (memory: none where the buffer has none of its own).
+void release(VkDevice device, VkBuffer buffer, VkDeviceMemory memory) {
+  vkDestroyBuffer(device, buffer, nullptr);
+  if (memory != VK_NULL_HANDLE) vkFreeMemory(device, memory, nullptr);
+}
+
 // A buffer of `bytes` (at least 4: Vulkan has no empty buffers) for storage and copies, bound to
 // memory of its own. Host-visible memory is coherent (no flushes), cached where the device has
 // it (the CPU reads states back); device-local memory is host-visible too where that costs
@@ -42,14 +48,14 @@ Allocation allocate_memory(const VulkanDevice& d, size_t bytes, bool host_visibl
     if (type < 0) type = d.memory_type(needs.memoryTypeBits, 0, 0);
   }
   if (type < 0) {
-    vkDestroyBuffer(d.device(), a.buffer, nullptr);
+    release(d.device(), a.buffer, VK_NULL_HANDLE);
     fail("vulkan", "no memory type for a buffer of " + std::to_string(bytes) + " bytes");
   }
   auto info = vk_info<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
   info.allocationSize = needs.size;
   info.memoryTypeIndex = static_cast<uint32_t>(type);
   if (const VkResult r = vkAllocateMemory(d.device(), &info, nullptr, &a.memory); r != VK_SUCCESS) {
-    vkDestroyBuffer(d.device(), a.buffer, nullptr);
+    release(d.device(), a.buffer, VK_NULL_HANDLE);
     vk_check(r, ("allocating " + std::to_string(bytes) + " bytes").c_str());
   }
   try {
@@ -61,8 +67,7 @@ Allocation allocate_memory(const VulkanDevice& d, size_t bytes, bool host_visibl
       a.host = static_cast<std::byte*>(mapped);
     }
   } catch (...) {
-    vkDestroyBuffer(d.device(), a.buffer, nullptr);
-    vkFreeMemory(d.device(), a.memory, nullptr);
+    release(d.device(), a.buffer, a.memory);
     throw;
   }
   return a;
@@ -120,8 +125,7 @@ VulkanBuffer::VulkanBuffer(std::shared_ptr<VulkanDevice> device, const BufferTyp
       run_once(*device_, "zeroing a buffer",
                [&](VkCommandBuffer c) { vkCmdFillBuffer(c, buffer_, 0, VK_WHOLE_SIZE, 0); });
     } catch (...) {  // no destructor runs for an object whose constructor throws
-      vkDestroyBuffer(device_->device(), buffer_, nullptr);
-      vkFreeMemory(device_->device(), memory_, nullptr);
+      release(device_->device(), buffer_, memory_);
       throw;
     }
   }
@@ -133,8 +137,7 @@ VulkanBuffer::VulkanBuffer(std::shared_ptr<VulkanDevice> device, const void* dat
       device_(std::move(device)) {}
 
 VulkanBuffer::~VulkanBuffer() {
-  vkDestroyBuffer(device_->device(), buffer_, nullptr);
-  if (memory_ != VK_NULL_HANDLE) vkFreeMemory(device_->device(), memory_, nullptr);
+  release(device_->device(), buffer_, memory_);
 }
 
 namespace {

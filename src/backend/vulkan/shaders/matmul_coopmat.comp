@@ -94,31 +94,11 @@ vec4 weight_quad(uint row, uint b, uint quad) {
 #endif
 }
 
-// sw of block b of weight row `row` (F16's and BF16's come from the block's values:
-// stage_weights).
-float weight_scale(uint row, uint b) {
-#if defined(WEIGHT_W8)
-  return uintBitsToFloat(scales[p.s_base + row]);
-#elif defined(WEIGHT_W4)
-  const uint group = row * (p.cols / p.group_size) + (b * 32) / p.group_size;
-  return f16_at(scales[p.s_base + (group >> 1)], group & 1u);
-#else
-  return 1.0;
-#endif
-}
-
-// Block b of the workgroup's weight rows into weights_block and its sw into row_scales[slot]:
-// thread `id` takes half a row, 16 values.
-void stage_weights(uint id, uint row0, uint b, uint slot) {
-  const uint r = id / 2, first_quad = (id % 2) * 4, row = row0 + r;
-  vec4 quads[4];
-  for (uint q = 0; q < 4; ++q) {
-    quads[q] = row < p.rows ? weight_quad(row, b, first_quad + q) : vec4(0.0);
-  }
-  float scale = row < p.rows ? weight_scale(row, b) : 0.0;
 #if defined(SCALED_BLOCKS)
-  // The row's block times 2^shift, its largest value in [2^15, 2^16). (The shift stops where
-  // ldexp's exponents leave float's range: a block of zeros.)
+// F16's or BF16's block of a row (thread `id` holds half of it, its partner id ^ 1 the other)
+// times 2^shift, its largest value in [2^15, 2^16), where f16 holds it exactly; its sw, 2^-shift.
+// (The shift stops where ldexp's exponents leave float's range: a block of zeros.)
+float scale_block(uint id, inout vec4 quads[4]) {
   uint exponent = 0;
   for (uint q = 0; q < 4; ++q) {
     for (uint k = 0; k < 4; ++k) {
@@ -130,14 +110,39 @@ void stage_weights(uint id, uint row0, uint b, uint slot) {
   exponent = max(exponent, half_row_exponent[id ^ 1u]);
   const int shift = min(15 - (int(exponent) - 127), 126);
   for (uint q = 0; q < 4; ++q) quads[q] = ldexp(quads[q], ivec4(shift));
-  scale = row < p.rows ? ldexp(1.0, -shift) : 0.0;
+  return ldexp(1.0, -shift);
+}
+#else
+// sw of block b of weight row `row`: W8's row scale, W4's group scale.
+float weight_scale(uint row, uint b) {
+#if defined(WEIGHT_W8)
+  return uintBitsToFloat(scales[p.s_base + row]);
+#else
+  const uint group = row * (p.cols / p.group_size) + (b * 32) / p.group_size;
+  return f16_at(scales[p.s_base + (group >> 1)], group & 1u);
+#endif
+}
+#endif
+
+// Block b of the workgroup's weight rows into weights_block and its sw into row_scales[slot]:
+// thread `id` takes half a row, 16 values.
+void stage_weights(uint id, uint row0, uint b, uint slot) {
+  const uint r = id / 2, first_quad = (id % 2) * 4, row = row0 + r;
+  vec4 quads[4];
+  for (uint q = 0; q < 4; ++q) {
+    quads[q] = row < p.rows ? weight_quad(row, b, first_quad + q) : vec4(0.0);
+  }
+#if defined(SCALED_BLOCKS)
+  const float scale = scale_block(id, quads);
+#else
+  const float scale = row < p.rows ? weight_scale(row, b) : 0.0;
 #endif
   for (uint q = 0; q < 4; ++q) {
     for (uint k = 0; k < 4; ++k) {
       weights_block[r * 32 + (first_quad + q) * 4 + k] = ELEMENT(quads[q][k]);
     }
   }
-  if (id % 2 == 0) row_scales[slot][r] = scale;
+  if (id % 2 == 0) row_scales[slot][r] = row < p.rows ? scale : 0.0;
 }
 
 // Block b of the workgroup's tokens into the B arrays and its sx into token_scales[slot].
