@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "forge/convert.h"
@@ -14,6 +15,7 @@
 #include "models/model.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
+#include "support/raw_safetensors.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
 
@@ -63,6 +65,50 @@ TEST_F(BundleTest, F32BundleGivesTheCheckpointsLogitsBitwise) {
   for (const fs::path& source : {kQwen3, kQwen3Untied, kQwen3_5}) {
     const fs::path b = convert(source, "f32-" + source.filename().string(), f32_options());
     EXPECT_EQ(logits_of(b, kPrompt), logits_of(source, kPrompt)) << source;
+  }
+}
+
+// Only a whole MTP head goes into a bundle. A checkpoint without one, or with one missing a
+// tensor, converts to a text-model bundle with the checkpoint's logits (a note says what was
+// left out); a whole head converts with the model and drafts as it does.
+TEST_F(BundleTest, OnlyAWholeMtpHeadIsCarried) {
+  const auto source_model = load_model(kQwen3_5);
+  ASSERT_TRUE(source_model->has_mtp());
+  const ConvertResult whole = forge_convert(kQwen3_5, bundle("whole"), f32_options());
+  ASSERT_TRUE(whole.published);
+  EXPECT_TRUE(whole.notes.empty());
+  EXPECT_TRUE(load_model(bundle("whole"))->has_mtp());
+  const int64_t H = source_model->config().hidden_size;
+  const struct {
+    const char* name;
+    std::function<bool(const std::string&)> drop;
+    std::vector<test::NewTensor> add;
+    const char* note;
+  } variants[] = {
+      {"stripped", [](const std::string& n) { return n.starts_with("mtp."); }, {}, nullptr},
+      {"truncated", [](const std::string& n) { return n.starts_with("mtp."); },
+       {{"mtp.fc.weight", {H, 2 * H}}, {"mtp.norm.weight", {H}}}, "missing 13 of 15 tensors"},
+      {"no_k_norm",
+       [](const std::string& n) { return n == "mtp.layers.0.self_attn.k_norm.weight"; }, {},
+       "missing 1 of 15 tensors: mtp.layers.0.self_attn.k_norm.weight"},
+  };
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.name);
+    const fs::path source = dir_.path() / (std::string("source-") + v.name);
+    test::copy_checkpoint(kQwen3_5, source, v.drop, v.add);
+    const ConvertResult r = forge_convert(source, bundle(v.name), f32_options());
+    ASSERT_TRUE(r.published);
+    if (v.note == nullptr) {
+      EXPECT_TRUE(r.notes.empty());
+    } else {
+      ASSERT_EQ(r.notes.size(), 1u);
+      EXPECT_NE(r.notes[0].find(v.note), std::string::npos) << r.notes[0];
+      EXPECT_EQ(manifest(bundle(v.name))["source"]["notes"], Json(r.notes));
+    }
+    const auto model = load_model(bundle(v.name));
+    EXPECT_FALSE(model->has_mtp());
+    EXPECT_EQ(model->mtp_unavailable(), "");  // the bundle holds no mtp.* tensor at all
+    EXPECT_EQ(logits_of(bundle(v.name), kPrompt), logits_of(kQwen3_5, kPrompt));
   }
 }
 

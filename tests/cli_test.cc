@@ -315,6 +315,38 @@ TEST_F(CliBrokenQwen3_5, HeadDimsThatDisagreeWithTheWeights) {
   expect_user_error(generate(), {"model.safetensors", "expected"});
 }
 
+// The audit's checkpoint: a multimodal Qwen3.5 whose MTP module holds mtp.fc and mtp.norm only.
+// transformers runs it as a text model; so does every command here, with one note, and
+// --speculative mtp says which tensors are missing.
+TEST(Cli, AnIncompleteMtpHeadRunsAsATextModel) {
+  const fs::path whole = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+  test::TempDir dir;
+  const fs::path partial = dir.path() / "partial";
+  test::copy_checkpoint(whole, partial, [](const std::string& name) {
+    return name.starts_with("mtp.") && name != "mtp.fc.weight" && name != "mtp.norm.weight";
+  });
+  const std::string args = " --prompt-ids 1,2,3,4 -n 12 --greedy --print-ids";
+  const CliRun expected = qhx("generate --model " + whole.string() + args);
+  ASSERT_EQ(expected.exit_code, 0) << expected.err;
+  const CliRun r = qhx("generate --model " + partial.string() + args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, expected.out);
+  EXPECT_NE(r.err.find("note: " + partial.string() +
+                       ": its MTP head (mtp.*) is incomplete, missing 13 of 15 tensors: "
+                       "mtp.pre_fc_norm_embedding.weight"),
+            std::string::npos)
+      << r.err;
+  expect_user_error(qhx("generate --model " + partial.string() + args + " --speculative mtp"),
+                    {"speculative", "MTP head", "mtp.pre_fc_norm_hidden.weight"});
+  const CliRun converted =
+      qhx("forge convert " + partial.string() + " -o " + (dir.path() / "b").string());
+  ASSERT_EQ(converted.exit_code, 0) << converted.err;
+  EXPECT_NE(converted.err.find("missing 13 of 15 tensors"), std::string::npos) << converted.err;
+  const CliRun bundled = qhx("generate --model " + (dir.path() / "b").string() + args);
+  ASSERT_EQ(bundled.exit_code, 0) << bundled.err;
+  EXPECT_EQ(bundled.out, expected.out);
+}
+
 TEST(CliForge, ConvertVerifyGateAndRun) {
   test::TempDir dir;
   const std::string b = (dir.path() / "b").string();

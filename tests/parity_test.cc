@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "models/families.h"
 #include "models/model.h"
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
+#include "support/raw_safetensors.h"
 #include "support/vulkan_device.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
@@ -536,6 +538,90 @@ TEST(Mtp, HeadMatchesTheReference) {
     }
   }
   EXPECT_GE(checked, 6);  // the fixture's and the trained head's
+}
+
+// transformers ignores every mtp.* tensor, so a Qwen3.5 checkpoint whose MTP module is stripped
+// or cut short (exported or pruned by other tools) is the same text model: the same logits to
+// the bit as the whole checkpoint and the reference's greedy ids, with no head. "Truncated" is
+// the audit's checkpoint: mtp.fc and mtp.norm and nothing else of the head (added with random
+// values where the fixture has no head).
+class MtpStrippedOrTruncated : public Parity {};
+
+std::vector<std::string> qwen3_5_fixture_names() {
+  std::vector<std::string> names = fixture_names();
+  std::erase_if(names, [](const std::string& n) { return !n.starts_with("qwen3_5/"); });
+  return names;
+}
+
+TEST_P(MtpStrippedOrTruncated, IsTheSameTextModel) {
+  const int64_t H = model_->config().hidden_size;
+  const test::TempDir tmp;
+  const fs::path stripped = tmp.path() / "stripped", truncated = tmp.path() / "truncated";
+  const auto is_mtp = [](const std::string& name) { return name.starts_with("mtp."); };
+  test::copy_checkpoint(golden_.checkpoint, stripped, is_mtp);
+  test::copy_checkpoint(golden_.checkpoint, truncated, is_mtp,
+                        {{"mtp.fc.weight", {H, 2 * H}}, {"mtp.norm.weight", {H}}});
+  for (const fs::path& dir : {stripped, truncated}) {
+    SCOPED_TRACE(dir.filename().string());
+    const auto variant = load_model(dir);
+    EXPECT_FALSE(variant->has_mtp());
+    const std::string why = variant->mtp_unavailable();
+    if (dir == stripped) {
+      EXPECT_EQ(why, "");
+    } else {
+      EXPECT_NE(why.find("missing 13 of 15 tensors: mtp.pre_fc_norm_embedding.weight"),
+                std::string::npos)
+          << why;
+    }
+    for (const GoldenPrompt& p : golden_.prompts) {
+      std::vector<float> logits;
+      variant->forward(p.ids, *variant->new_state(), LogitsFor::kEveryToken, logits);
+      EXPECT_TRUE(logits == prefill_all(p.ids)) << "prompt " << p.name;
+      EXPECT_EQ(greedy_continuation(*variant, p), p.greedy) << "prompt " << p.name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpStrippedOrTruncated,
+                         ::testing::ValuesIn(qwen3_5_fixture_names()), test_name);
+
+// A head missing any one of its tensors is no head: the model loads as a text model and says
+// which tensor is missing; --speculative mtp says it too. With all of them it is the head.
+TEST(Mtp, AHeadMissingAnyTensorIsLeftOutAndNamed) {
+  const fs::path source = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+  ASSERT_TRUE(load_model(source)->has_mtp());
+  ASSERT_EQ(mtp_head_tensors().size(), 15u);
+  for (const std::string& missing : mtp_head_tensors()) {
+    SCOPED_TRACE(missing);
+    const test::TempDir tmp;
+    test::copy_checkpoint(source, tmp.path(),
+                          [&](const std::string& name) { return name == missing; });
+    const auto model = load_model(tmp.path());
+    EXPECT_FALSE(model->has_mtp());
+    EXPECT_NE(model->mtp_unavailable().find("missing 1 of 15 tensors: " + missing),
+              std::string::npos)
+        << model->mtp_unavailable();
+    Session session(*model);
+    TurnOptions options;
+    options.max_new_tokens = 2;
+    options.speculative.kind = DraftKind::kMtp;
+    const std::vector<int32_t> prompt = {1, 2, 3};
+    test::expect_error([&] { session.generate(prompt, options, [](int32_t) { return true; }); },
+                       {"speculative", "MTP head", missing});
+  }
+}
+
+// A whole module of the wrong shape is not a refusal either (transformers never reads it).
+TEST(Mtp, AHeadOfTheWrongShapeIsLeftOutAndSaysWhy) {
+  const fs::path source = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+  const test::TempDir tmp;
+  test::copy_checkpoint(
+      source, tmp.path(), [](const std::string& name) { return name == "mtp.norm.weight"; },
+      {{"mtp.norm.weight", {3}}});
+  const auto model = load_model(tmp.path());
+  EXPECT_FALSE(model->has_mtp());
+  EXPECT_NE(model->mtp_unavailable().find("mtp.norm.weight"), std::string::npos)
+      << model->mtp_unavailable();
 }
 
 TEST(Mtp, ModelsWithoutAHeadSaySo) {

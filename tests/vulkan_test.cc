@@ -19,6 +19,7 @@
 #include "runtime/session.h"
 #include "support/cli_run.h"
 #include "support/fixtures.h"
+#include "support/raw_safetensors.h"
 #include "support/vulkan_device.h"
 #include "tokenizer/tokenizer.h"
 
@@ -327,6 +328,26 @@ TEST(DeviceFallback, TheCApiReportsTheFailureAndNothingElseChanges) {
 // The command line's contract: with --device vulkan (and any --decode-device), --print-ids prints
 // exactly one line: the CPU's ids. A device that fails its check says so on stderr and the ids
 // are still the CPU's.
+// A checkpoint whose MTP head is cut short runs on the device as the text model it is.
+TEST(DeviceCli, AnIncompleteMtpHeadRunsAsATextModel) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const test::TempDir dir;
+  ::setenv("QHX_CACHE_DIR", (dir.path() / "cache").c_str(), 1);
+  const fs::path whole = fixture("qwen3_5/multimodal_layout"), partial = dir.path() / "partial";
+  test::copy_checkpoint(whole, partial, [](const std::string& name) {
+    return name.starts_with("mtp.") && name != "mtp.fc.weight" && name != "mtp.norm.weight";
+  });
+  const std::string args = " --prompt-ids 1,2,3,4 -n 9 --greedy --print-ids";
+  const test::CliRun cpu = test::run_qhx("generate --model " + whole.string() + args);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const test::CliRun r =
+      test::run_qhx("generate --model " + partial.string() + args + " --device vulkan");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, cpu.out);
+  EXPECT_NE(r.err.find("agrees with the CPU"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("missing 13 of 15 tensors"), std::string::npos) << r.err;
+}
+
 TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
   const test::TempDir cache;

@@ -95,6 +95,8 @@ typedef struct qhx_model_info {
   const char* decode_device;  /* where replies are decoded now */
   const char* device_note;    /* why a device asked for is not used, or how decoding was
                                  placed; "" if nothing to say */
+  const char* model_note;     /* what of the checkpoint is left unused and why (an incomplete
+                                 MTP head: the model runs as a text model), or "" */
 } qhx_model_info;
 
 /* The pointers stay valid while the model is open. */

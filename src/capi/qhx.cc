@@ -42,7 +42,7 @@ struct qhx_model {
   int64_t context_length = 0;
   int64_t memory_estimate = 0;
   std::string admission_note;
-  std::string prefill_device = "cpu", decode_device = "cpu", device_note;
+  std::string prefill_device = "cpu", decode_device = "cpu", device_note, model_note;
 };
 
 struct qhx_session {
@@ -151,9 +151,7 @@ qhx::SpeculativeOptions speculative_options(const qhx_model& model, const qhx_ge
   if (s.kind == qhx::DraftKind::kModel && s.draft_model == nullptr) {
     qhx::fail("speculative", "'draft' needs a model opened with a draft_model");
   }
-  if (s.kind == qhx::DraftKind::kMtp && !model.model->has_mtp()) {
-    qhx::fail("speculative", "'mtp' needs a model with an MTP head (mtp.* weights)");
-  }
+  if (s.kind == qhx::DraftKind::kMtp) qhx::require_mtp_head(*model.model);
   if (o.draft_max < 0 || o.draft_max > 32) {
     qhx::fail("draft_max", std::to_string(o.draft_max) + " is outside 0..32 (0: 4)");
   }
@@ -374,6 +372,9 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
                                           .context = context,
                                           .devices = devices.backends,
                                           .mtp_vocab_size = options->mtp_vocab_size});
+    if (const std::string why = opened->model->mtp_unavailable(); !why.empty()) {
+      opened->model_note = dir.string() + ": " + why + "; it runs as a text model";
+    }
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
     opened->generation = qhx::load_generation_config(dir, config);
@@ -461,6 +462,7 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->prefill_device = on_cpu ? "cpu" : model->prefill_device.c_str();
   info->decode_device = on_cpu ? "cpu" : model->decode_device.c_str();
   info->device_note = model->device_note.c_str();
+  info->model_note = model->model_note.c_str();
   return QHX_OK;
 }
 

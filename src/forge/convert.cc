@@ -18,6 +18,7 @@
 #include "io/qhxt.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "models/families.h"
 #include "models/model.h"
 #include "models/weights.h"
 #include "runtime/generation_config.h"
@@ -222,12 +223,18 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   }
   ConvertResult result;
   result.int8_activations = any_quantized && options.int8_activations.value_or(true);
+  // An incomplete MTP head is left out, as loading leaves it unused: the bundle is a text model.
+  const std::string mtp_missing = mtp_head_missing(checkpoint);
+  if (!mtp_missing.empty()) {
+    result.notes.push_back(hf_dir.string() + ": " + mtp_missing + "; the bundle leaves it out");
+  }
   for (const auto& file : checkpoint.files()) {
     for (const auto& [source_name, view] : file->tensors()) {
       std::string name;
+      const bool mtp = source_name.starts_with("mtp.");
       if (source_name.starts_with(prefix)) {
         name = "model." + source_name.substr(prefix.size());
-      } else if (source_name == "lm_head.weight" || source_name.starts_with("mtp.")) {
+      } else if (source_name == "lm_head.weight" || (mtp && mtp_missing.empty())) {
         name = source_name;
       } else {
         ++skipped;
@@ -347,7 +354,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       {"source",
        {{"path", fs::absolute(hf_dir).lexically_normal().string()},
         {"config_sha256", sha256_file(hf_dir / "config.json")},
-        {"skipped_tensors", skipped}}},
+        {"skipped_tensors", skipped},
+        {"notes", result.notes}}},
       {"family", family},
       {"model_config", config_json},
       {"target", options.target},

@@ -43,6 +43,7 @@ struct ConvertResult {
   std::optional<GateReport> int8_activation_gate;
   bool int8_activations = false;  // what the published bundle uses
   bool published = false;
+  std::vector<std::string> notes;  // what of the checkpoint was left out, and why
 };
 
 // Throws Error on bad input; returns published = false (and leaves nothing at `out`) when the

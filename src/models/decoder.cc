@@ -155,6 +155,7 @@ class Decoder final : public Model {
   int64_t activation_bytes(int64_t n_tokens) const override;
 
   bool has_mtp() const override { return weights_.mtp.has_value(); }
+  std::string mtp_unavailable() const override { return weights_.mtp_unavailable; }
   std::span<const int32_t> mtp_vocab() const override {
     return weights_.mtp ? std::span<const int32_t>(weights_.mtp->vocab)
                         : std::span<const int32_t>();

@@ -46,6 +46,7 @@ struct DecoderWeights {
   std::vector<float> final_norm;
   std::vector<DecoderLayer> layers;
   std::optional<MtpWeights> mtp;
+  std::string mtp_unavailable;  // why the checkpoint's mtp.* tensors are not a head ("" if none)
 };
 
 class WeightReader;

@@ -3,6 +3,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "graph/backend.h"
 #include "io/checkpoint.h"
@@ -21,5 +23,13 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkp
                                     std::shared_ptr<CpuContext> context,
                                     std::vector<std::shared_ptr<Backend>> devices,
                                     const std::function<std::vector<int32_t>()>& mtp_vocab);
+
+// Qwen3.5's multi-token-prediction head: the tensors qhx reads of it (mtp_num_hidden_layers is
+// 1 in every checkpoint; further layers are not read), whether a checkpoint has any mtp.* tensor,
+// and, when it has some but not all of the head's, a phrase naming the missing ones ("" when it
+// has none or all).
+const std::vector<std::string>& mtp_head_tensors();
+bool has_mtp_tensors(const Checkpoint& checkpoint);
+std::string mtp_head_missing(const Checkpoint& checkpoint);
 
 }  // namespace qhx

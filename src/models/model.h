@@ -116,7 +116,11 @@ class Model {
   // `out` receives each row's output [rows, hidden_size] (the next step's hidden), `logits`, if
   // given, the last row's logits: over mtp_vocab()'s tokens, in its order, or over the whole
   // vocabulary when it is empty.
+  // A checkpoint whose mtp.* tensors do not make a whole head (some missing, or of the wrong
+  // shape or type) loads as a text model, as transformers runs it: has_mtp() is false and
+  // mtp_unavailable() says why ("" when there is a head, or no mtp.* tensor at all).
   virtual bool has_mtp() const { return false; }
+  virtual std::string mtp_unavailable() const { return ""; }
   virtual std::span<const int32_t> mtp_vocab() const { return {}; }
   virtual std::unique_ptr<ModelState> new_mtp_state() const { return nullptr; }
   virtual void mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kernels/kernels.h"
+#include "util/error.h"
 
 namespace qhx {
 namespace {
@@ -27,15 +28,14 @@ AttentionWeights read_gated_attention(const WeightReader& r, const std::string& 
   return a;
 }
 
-// The multi-token-prediction head, where the checkpoint has one (top-level mtp.*, in text and
-// multimodal layouts alike). Only its first layer is read: one draft step per layer is how the
-// serving engines use it, and Qwen3.5 checkpoints carry one (mtp_num_hidden_layers: 1). Its
-// logits are over `vocab` when given (the lm_head's rows copied before packing releases them).
-std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConfig& c,
-                                   const MatrixRef& lm_head,
-                                   const std::function<std::vector<int32_t>()>& vocab_of) {
+// The multi-token-prediction head (top-level mtp.*, in text and multimodal layouts alike), read
+// only when mtp_head_missing() finds it whole. Only its first layer is read: one draft step per
+// layer is how the serving engines use it, and Qwen3.5 checkpoints carry one
+// (mtp_num_hidden_layers: 1). Its logits are over `vocab` when given (the lm_head's rows copied
+// before packing releases them).
+MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c, const MatrixRef& lm_head,
+                    const std::function<std::vector<int32_t>()>& vocab_of) {
   const WeightReader mtp(checkpoint, "mtp.", c.int8_activations);
-  if (!mtp.contains("fc.weight")) return std::nullopt;
   const int64_t H = c.hidden_size;
   MtpWeights w;
   w.embedding_norm = mtp.one_plus("pre_fc_norm_embedding.weight", H);
@@ -64,7 +64,65 @@ std::optional<MtpWeights> read_mtp(const Checkpoint& checkpoint, const ModelConf
   return w;
 }
 
+// transformers ignores every mtp.* tensor, so a module that is missing tensors or holds ones of
+// the wrong shape or type leaves the model a text model: the head is dropped, and why is kept.
+void read_mtp_if_whole(const Checkpoint& checkpoint, const ModelConfig& c,
+                       const std::function<std::vector<int32_t>()>& vocab_of, DecoderWeights& w) {
+  if (!has_mtp_tensors(checkpoint)) return;
+  w.mtp_unavailable = mtp_head_missing(checkpoint);
+  if (!w.mtp_unavailable.empty()) return;
+  try {
+    w.mtp = read_mtp(checkpoint, c, w.lm_head, vocab_of);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInvalidInput) throw;
+    w.mtp_unavailable = std::string("its MTP head (mtp.*) is not usable: ") + e.what();
+  }
+}
+
 }  // namespace
+
+const std::vector<std::string>& mtp_head_tensors() {
+  static const std::vector<std::string> names = {
+      "mtp.fc.weight",
+      "mtp.pre_fc_norm_embedding.weight",
+      "mtp.pre_fc_norm_hidden.weight",
+      "mtp.norm.weight",
+      "mtp.layers.0.input_layernorm.weight",
+      "mtp.layers.0.post_attention_layernorm.weight",
+      "mtp.layers.0.self_attn.q_proj.weight",
+      "mtp.layers.0.self_attn.k_proj.weight",
+      "mtp.layers.0.self_attn.v_proj.weight",
+      "mtp.layers.0.self_attn.o_proj.weight",
+      "mtp.layers.0.self_attn.q_norm.weight",
+      "mtp.layers.0.self_attn.k_norm.weight",
+      "mtp.layers.0.mlp.gate_proj.weight",
+      "mtp.layers.0.mlp.up_proj.weight",
+      "mtp.layers.0.mlp.down_proj.weight",
+  };
+  return names;
+}
+
+bool has_mtp_tensors(const Checkpoint& checkpoint) {
+  for (const auto& file : checkpoint.files()) {
+    for (const auto& [name, view] : file->tensors()) {
+      if (name.starts_with("mtp.")) return true;
+    }
+  }
+  return false;
+}
+
+std::string mtp_head_missing(const Checkpoint& checkpoint) {
+  if (!has_mtp_tensors(checkpoint)) return "";
+  std::string missing;
+  int n = 0;
+  for (const std::string& name : mtp_head_tensors()) {
+    if (checkpoint.contains(name)) continue;
+    missing += (n++ == 0 ? "" : ", ") + name;
+  }
+  if (n == 0) return "";
+  return "its MTP head (mtp.*) is incomplete, missing " + std::to_string(n) + " of " +
+         std::to_string(mtp_head_tensors().size()) + " tensors: " + missing;
+}
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
@@ -109,7 +167,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
     l.mlp = read_mlp(model, p, c);
     w.layers.push_back(std::move(l));
   }
-  w.mtp = read_mtp(checkpoint, c, w.lm_head, mtp_vocab);
+  read_mtp_if_whole(checkpoint, c, mtp_vocab, w);
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
                       attention_params(c, /*output_gate=*/true), deltanet, std::move(context),

@@ -215,9 +215,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
          ErrorKind::kContextFull);
   }
   const SpeculativeOptions& spec = options.speculative;
-  if (spec.kind == DraftKind::kMtp && !model_.has_mtp()) {
-    fail("speculative", "'mtp' needs a model with an MTP head (mtp.* weights)");
-  }
+  if (spec.kind == DraftKind::kMtp) require_mtp_head(model_);
   // The head follows the conversation from this turn's first pass, or goes on following it.
   mtp_on_ = spec.kind == DraftKind::kMtp;
   if (!mtp_on_) mtp_stop();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "models/model.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -12,6 +13,13 @@ DraftKind parse_draft_kind(const std::string& name, const std::string& where) {
   if (name == "draft") return DraftKind::kModel;
   if (name == "mtp") return DraftKind::kMtp;
   fail(where, "unknown speculative draft '" + name + "' (none, ngram, draft or mtp)");
+}
+
+void require_mtp_head(const Model& model) {
+  if (model.has_mtp()) return;
+  const std::string why = model.mtp_unavailable();
+  fail("speculative", "'mtp' needs a model with an MTP head (mtp.* weights)" +
+                          (why.empty() ? std::string() : "; " + why));
 }
 
 std::vector<int32_t> ngram_draft(std::span<const int32_t> context, int64_t ngram_max,

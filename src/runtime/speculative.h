@@ -36,6 +36,10 @@ struct SpeculativeOptions {
 // "none", "ngram", "draft" (kModel) or "mtp"; Error naming `where` on anything else.
 DraftKind parse_draft_kind(const std::string& name, const std::string& where);
 
+// Error naming "speculative" when `model` has no MTP head for kMtp, with the reason its
+// checkpoint's mtp.* tensors are not one (Model::mtp_unavailable), if it has any.
+void require_mtp_head(const Model& model);
+
 // The continuation (at most max_tokens) after the most recent earlier occurrence of the longest
 // suffix of `context` of ngram_max down to ngram_min tokens; empty when none occurs.
 std::vector<int32_t> ngram_draft(std::span<const int32_t> context, int64_t ngram_max,

@@ -1,8 +1,11 @@
 #include "support/raw_safetensors.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "support/fixtures.h"
 
 namespace qhx::test {
 
@@ -59,6 +62,42 @@ void copy_dir(const std::filesystem::path& from, const std::filesystem::path& to
     std::filesystem::permissions(e.path(), std::filesystem::perms::owner_write,
                                  std::filesystem::perm_options::add);
   }
+}
+
+void copy_checkpoint(const std::filesystem::path& from, const std::filesystem::path& to,
+                     const std::function<bool(const std::string&)>& drop,
+                     const std::vector<NewTensor>& add) {
+  namespace fs = std::filesystem;
+  copy_dir(from, to);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(to)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("model") && name.ends_with(".safetensors")) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw std::runtime_error("no weight file in " + from.string());
+  const fs::path index_path = to / "model.safetensors.index.json";
+  Json index = fs::exists(index_path) ? Json::parse(std::ifstream(index_path)) : Json();
+  for (size_t f = 0; f < files.size(); ++f) {
+    RawSafetensors raw = RawSafetensors::read(files[f]);
+    std::vector<std::string> names;
+    for (const auto& [name, entry] : raw.header.items()) {
+      if (name != "__metadata__" && drop(name)) names.push_back(name);
+    }
+    for (const std::string& name : names) {
+      raw.erase(name);
+      if (!index.is_null()) index["weight_map"].erase(name);
+    }
+    for (size_t i = 0; f == 0 && i < add.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : add[i].shape) n *= d;
+      const std::vector<float> values = random_vector(n, static_cast<uint32_t>(i) + 1, 0.02f);
+      raw.add(add[i].name, "F32", add[i].shape, values.data(), values.size() * sizeof(float));
+      if (!index.is_null()) index["weight_map"][add[i].name] = files[f].filename().string();
+    }
+    raw.write(files[f]);
+  }
+  if (!index.is_null()) std::ofstream(index_path) << index.dump(2);
 }
 
 }  // namespace qhx::test

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,5 +29,16 @@ struct RawSafetensors {
 };
 
 void copy_dir(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// Copies the checkpoint directory `from` to `to` without the tensors `drop` is true for (taken
+// out of model.safetensors.index.json too, if it has one), and with `add`'s F32 tensors (random
+// values) appended to its first weight file.
+struct NewTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+void copy_checkpoint(const std::filesystem::path& from, const std::filesystem::path& to,
+                     const std::function<bool(const std::string&)>& drop,
+                     const std::vector<NewTensor>& add = {});
 
 }  // namespace qhx::test

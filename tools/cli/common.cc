@@ -52,6 +52,12 @@ std::shared_ptr<qhx::CpuContext> cpu_context(int threads) {
   return std::make_shared<qhx::CpuContext>(threads, qhx::CpuKernels::from_environment());
 }
 
+void print_model_note(const qhx_model_info& info, const SpeculativeArgs& speculative,
+                      const char* prefix) {
+  if (*info.model_note == '\0' || speculative.value == "mtp") return;
+  std::fprintf(stderr, "%snote: %s\n", prefix, info.model_note);
+}
+
 qhx::OpenedDevices open_devices(const DeviceArgs& args) {
   qhx::DeviceChoice choice;
   choice.prefill = qhx::parse_device_name(args.device, "--device");

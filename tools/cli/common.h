@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/devices.h"
+#include "qhx/qhx.h"
 
 namespace qhx {
 class CpuContext;
@@ -53,6 +54,12 @@ struct SpeculativeArgs {
     return value.rfind("draft:", 0) == 0 ? value.c_str() + 6 : nullptr;
   }
 };
+
+// The model's note (what of the checkpoint it leaves unused, qhx_model_info.model_note) on
+// stderr after `prefix`, unless --speculative mtp is asked for: generation refuses that with the
+// same reason, in one line.
+void print_model_note(const qhx_model_info& info, const SpeculativeArgs& speculative,
+                      const char* prefix);
 
 // The backends they name (backend/devices.h), for commands that load a model themselves; the
 // note, if any, goes to stderr.

@@ -68,6 +68,7 @@ int run_convert(const ForgeArgs& a) {
   o.overwrite = a.force;
   o.int8_activations = int8_activations_choice(a.activations);
   const qhx::ConvertResult r = qhx::forge_convert(a.source, a.out, o);
+  for (const std::string& note : r.notes) std::fprintf(stderr, "qhx: note: %s\n", note.c_str());
   if (r.int8_activation_gate) {
     std::fprintf(stderr, "with int8 activations:\n");
     print_gate(*r.int8_activation_gate);

@@ -42,6 +42,7 @@ int run_serve(const ServeArgs& serve_args) {
                *info.admission_note != '\0' ? " | " : "", info.admission_note);
   std::fprintf(stderr, "devices: prompts on %s, replies on %s%s%s\n", info.prefill_device,
                info.decode_device, *info.device_note != '\0' ? " | " : "", info.device_note);
+  print_model_note(info, args.speculative, "");
   // SIGINT and SIGTERM stop the server cleanly: they are blocked here (and so in every thread
   // started from now on) and waited for by one thread.
   sigset_t stop_signals;
