@@ -86,10 +86,13 @@ TEST_F(BundleTest, OnlyAWholeMtpHeadIsCarried) {
     const char* note;
   } variants[] = {
       {"stripped", [](const std::string& n) { return n.starts_with("mtp."); }, {}, nullptr},
-      {"truncated", [](const std::string& n) { return n.starts_with("mtp."); },
-       {{"mtp.fc.weight", {H, 2 * H}}, {"mtp.norm.weight", {H}}}, "missing 13 of 15 tensors"},
+      {"truncated",
+       [](const std::string& n) { return n.starts_with("mtp."); },
+       {{"mtp.fc.weight", {H, 2 * H}}, {"mtp.norm.weight", {H}}},
+       "missing 13 of 15 tensors"},
       {"no_k_norm",
-       [](const std::string& n) { return n == "mtp.layers.0.self_attn.k_norm.weight"; }, {},
+       [](const std::string& n) { return n == "mtp.layers.0.self_attn.k_norm.weight"; },
+       {},
        "missing 1 of 15 tensors: mtp.layers.0.self_attn.k_norm.weight"},
   };
   for (const auto& v : variants) {

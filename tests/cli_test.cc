@@ -239,7 +239,34 @@ TEST_F(CliBrokenModel, MissingTensor) {
   test::RawSafetensors raw = weights();
   raw.erase("model.layers.1.mlp.up_proj.weight");
   raw.write(model() / "model.safetensors");
-  expect_user_error(generate(), {"model", "missing tensor 'model.layers.1.mlp.up_proj.weight'"});
+  expect_user_error(generate(),
+                    {"model.safetensors: missing tensor 'model.layers.1.mlp.up_proj.weight'"});
+}
+
+// A flipped bit in a tensor's name: the error names the damaged file and the name it holds.
+TEST_F(CliBrokenModel, DamagedTensorName) {
+  test::RawSafetensors raw = weights();
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  raw.header["model.layers.1.mlp.up_proj.weighu"] = raw.header[name];
+  raw.header.erase(name);
+  raw.write(model() / "model.safetensors");
+  expect_user_error(generate(), {"model.safetensors: missing tensor '" + name + "'",
+                                 "'model.layers.1.mlp.up_proj.weighu' instead"});
+  // In a bundle, the .qhxt file that holds it.
+  const fs::path bundle = dir_.path() / "bundle";
+  test::copy_dir(kSmallModel, dir_.path() / "intact");
+  ASSERT_EQ(qhx("forge convert " + (dir_.path() / "intact").string() + " -o " + bundle.string())
+                .exit_code,
+            0);
+  const fs::path shard = bundle / "decoder-0.qhxt";
+  std::string bytes = read_file(shard);
+  const size_t at = bytes.find(name);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + name.size() - 1] ^= 1;  // 't' -> 'u'
+  std::ofstream(shard, std::ios::binary) << bytes;
+  expect_user_error(
+      qhx("generate --model " + bundle.string() + " --prompt-ids 1,2,3 -n 4 --print-ids"),
+      {"decoder-0.qhxt: missing tensor '" + name + "'"});
 }
 
 TEST_F(CliBrokenModel, TensorOfTheWrongShape) {

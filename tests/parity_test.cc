@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -611,13 +612,35 @@ TEST(Mtp, AHeadMissingAnyTensorIsLeftOutAndNamed) {
   }
 }
 
+// A pruning tool that takes tensors out of a shard may leave them in the index: transformers
+// picks files by the index and ignores what it does not read, and so does qhx. A tensor the
+// model reads that is listed but absent is named with the file the index puts it in.
+TEST(Mtp, AnIndexListingPrunedTensorsIsNoRefusal) {
+  const fs::path source = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+  const test::TempDir tmp;
+  test::copy_checkpoint(source, tmp.path(),
+                        [](const std::string& n) { return n == "mtp.fc.weight"; });
+  Json index = read_json_file(source / "model.safetensors.index.json");
+  std::ofstream(tmp.path() / "model.safetensors.index.json") << index.dump();
+  const auto model = load_model(tmp.path());
+  EXPECT_FALSE(model->has_mtp());
+  EXPECT_NE(model->mtp_unavailable().find("missing 1 of 15 tensors: mtp.fc.weight"),
+            std::string::npos);
+  const std::string norm = "model.language_model.norm.weight";
+  test::copy_checkpoint(source, tmp.path(), [&](const std::string& n) { return n == norm; });
+  std::ofstream(tmp.path() / "model.safetensors.index.json") << index.dump();
+  const std::string file = index["weight_map"][norm];
+  test::expect_error([&] { load_model(tmp.path()); },
+                     {file + ": missing tensor '" + norm + "'", "index.json lists in it"});
+}
+
 // A whole module of the wrong shape is not a refusal either (transformers never reads it).
 TEST(Mtp, AHeadOfTheWrongShapeIsLeftOutAndSaysWhy) {
   const fs::path source = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
   const test::TempDir tmp;
-  test::copy_checkpoint(
-      source, tmp.path(), [](const std::string& name) { return name == "mtp.norm.weight"; },
-      {{"mtp.norm.weight", {3}}});
+  test::copy_checkpoint(source, tmp.path(),
+                        [](const std::string& name) { return name == "mtp.norm.weight"; },
+                        {{"mtp.norm.weight", {3}}});
   const auto model = load_model(tmp.path());
   EXPECT_FALSE(model->has_mtp());
   EXPECT_NE(model->mtp_unavailable().find("mtp.norm.weight"), std::string::npos)

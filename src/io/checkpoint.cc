@@ -1,5 +1,6 @@
 #include "io/checkpoint.h"
 
+#include <cctype>
 #include <map>
 #include <set>
 
@@ -31,14 +32,11 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
     for (const auto& name : shard_names) {
       ckpt.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(dir / name)));
     }
-    // Every tensor the index promises must be in the file it names.
-    std::map<std::string, const TensorFile*> by_name;
-    for (const auto& f : ckpt.files_) by_name[f->path().filename().string()] = f.get();
+    // Where the index says each tensor is: a tensor the model reads and its file lacks is
+    // named with that file (require). transformers picks files by the index and ignores what
+    // it does not read, so a pruned optional tensor (mtp.*) still listed is no refusal.
     for (const auto& [tensor, file] : weight_map.items()) {
-      if (by_name.at(file.get<std::string>())->find(tensor) == nullptr) {
-        fail((dir / file.get<std::string>()).string(),
-             "tensor '" + tensor + "' listed in model.safetensors.index.json is missing");
-      }
+      ckpt.indexed_in_[tensor] = dir / file.get<std::string>();
     }
   } else if (std::filesystem::exists(single_path)) {
     ckpt.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single_path)));
@@ -74,7 +72,7 @@ const TensorView* Checkpoint::find(const std::string& name) const {
 const TensorView& Checkpoint::require(const std::string& name,
                                       std::initializer_list<int64_t> shape) const {
   const TensorView* t = find(name);
-  if (t == nullptr) fail(dir_.string(), "missing tensor '" + name + "'");
+  if (t == nullptr) fail_missing(name);
   if (!std::equal(t->shape.begin(), t->shape.end(), shape.begin(), shape.end())) {
     TensorView expected;
     expected.shape.assign(shape.begin(), shape.end());
@@ -82,6 +80,42 @@ const TensorView& Checkpoint::require(const std::string& name,
          "shape " + t->shape_string() + ", expected " + expected.shape_string());
   }
   return *t;
+}
+
+namespace {
+
+// Names of the same length that differ in one or two bytes, neither a digit in both (that is
+// another layer's tensor): a damaged name in a file's header.
+bool near_name(const std::string& a, const std::string& b) {
+  if (a.size() != b.size() || a == b) return false;
+  int differences = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    if ((std::isdigit(static_cast<unsigned char>(a[i])) &&
+         std::isdigit(static_cast<unsigned char>(b[i]))) ||
+        ++differences > 2) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void Checkpoint::fail_missing(const std::string& name) const {
+  const std::string what = "missing tensor '" + name + "'";
+  for (const auto& f : files_) {
+    for (const auto& [other, view] : f->tensors()) {
+      if (near_name(name, other) && find(other) == &view) {
+        fail(f->path().string(), what + " (it has '" + other + "' instead: a damaged name?)");
+      }
+    }
+  }
+  if (const auto it = indexed_in_.find(name); it != indexed_in_.end()) {
+    fail(it->second.string(), what + ", which model.safetensors.index.json lists in it");
+  }
+  if (files_.size() == 1) fail(files_[0]->path().string(), what);
+  fail(dir_.string(), what + " (in none of its " + std::to_string(files_.size()) + " files)");
 }
 
 std::string Checkpoint::fingerprint() const {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,8 +24,9 @@ class Checkpoint {
                                std::vector<std::unique_ptr<TensorFile>> files);
 
   const TensorView* find(const std::string& name) const;
-  // The tensor, or an Error naming the checkpoint and the tensor if it is missing or its shape
-  // is not `shape`.
+  // The tensor, or an Error naming the tensor and the file it should be in (the one the index
+  // lists it in, or the only one, or the one holding a name a flipped bit or two away) if it is
+  // missing, or the file that has it if its shape is not `shape`.
   const TensorView& require(const std::string& name, std::initializer_list<int64_t> shape) const;
   bool contains(const std::string& name) const { return find(name) != nullptr; }
 
@@ -36,8 +38,11 @@ class Checkpoint {
   const std::vector<std::unique_ptr<TensorFile>>& files() const { return files_; }
 
  private:
+  [[noreturn]] void fail_missing(const std::string& name) const;
+
   std::filesystem::path dir_;
   std::vector<std::unique_ptr<TensorFile>> files_;
+  std::map<std::string, std::filesystem::path> indexed_in_;  // model.safetensors.index.json
 };
 
 }  // namespace qhx
