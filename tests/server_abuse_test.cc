@@ -7,9 +7,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,39 +242,136 @@ TEST_F(ServerAbuseTest, ValuesTheCApiRefusesAre400) {
 
 // D6 and D4's last case: stopping the server refuses what waits (503) and ends a stream that
 // began with an error event, never a finish_reason.
-TEST_F(ServerAbuseTest, ShutdownIsNotAFinishedAnswer) {
-  start(1, 4);
-  std::vector<std::string> events;
-  std::atomic<bool> streaming{false};
-  std::thread running([&] {
-    events = stream("/v1/completions", endless("And God said"), [&](size_t n) {
-      if (n >= 2) streaming = true;
-      return true;
+// A stream running and a request queued when the server is told to stop: the queued one gets a
+// 503, the stream ends with the server_shutdown error event and [DONE], and no chunk says the
+// answer finished.
+class ShutdownTest : public ServerAbuseTest {
+ public:
+  void expect_honest_shutdown(const std::function<void()>& stop) {
+    std::vector<std::string> events;
+    std::atomic<bool> streaming{false};
+    std::thread running([&] {
+      events = stream("/v1/completions", endless("And God said"), [&](size_t n) {
+        if (n >= 2) streaming = true;
+        return true;
+      });
     });
-  });
-  const auto deadline = Clock::now() + 10s;
-  while (!streaming && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
-  ASSERT_TRUE(streaming);
-  std::pair<int, Json> queued;
-  std::thread waiting([&] {
-    queued = post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 4}});
-  });
-  ASSERT_TRUE(wait_for_health([](const Json& h) { return h["queue_length"] == 1; }, 10s));
-  server_->stop();
-  running.join();
-  waiting.join();
-  expect_error(queued, 503, "", "server_shutdown");
-  ASSERT_GE(events.size(), 2u);
-  EXPECT_EQ(events.back(), "[DONE]");
-  const Json last = Json::parse(events[events.size() - 2], nullptr, false);
-  ASSERT_TRUE(last.contains("error")) << events[events.size() - 2];
-  EXPECT_EQ(last["error"]["code"], "server_shutdown");
-  // No chunk says the answer finished (stop or length).
-  for (const std::string& e : events) {
-    const Json chunk = Json::parse(e, nullptr, false);
-    if (!chunk.is_object() || !chunk.contains("choices")) continue;
-    for (const Json& choice : chunk["choices"]) EXPECT_TRUE(choice["finish_reason"].is_null()) << e;
+    const auto deadline = Clock::now() + 60s;
+    while (!streaming && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    std::pair<int, Json> queued;
+    std::thread waiting([&] {
+      queued = post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", 4}});
+    });
+    const bool was_queued =
+        streaming && wait_for_health([](const Json& h) { return h["queue_length"] == 1; }, 30s);
+    stop();
+    running.join();
+    waiting.join();
+    ASSERT_TRUE(streaming);
+    ASSERT_TRUE(was_queued);
+    expect_error(queued, 503, "", "server_shutdown");
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(events.back(), "[DONE]");
+    const Json last = Json::parse(events[events.size() - 2], nullptr, false);
+    ASSERT_TRUE(last.contains("error")) << events[events.size() - 2];
+    EXPECT_EQ(last["error"]["code"], "server_shutdown");
+    for (const std::string& e : events) {
+      const Json chunk = Json::parse(e, nullptr, false);
+      if (!chunk.is_object() || !chunk.contains("choices")) continue;
+      for (const Json& choice : chunk["choices"])
+        EXPECT_TRUE(choice["finish_reason"].is_null()) << e;
+    }
   }
+};
+
+TEST_F(ShutdownTest, ShutdownIsNotAFinishedAnswer) {
+  start(1, 4);
+  expect_honest_shutdown([&] { server_->stop(); });
+}
+
+// `qhx serve` as systemd and Ctrl-C stop it: SIGTERM or SIGINT to the process, whose model has
+// compute threads (and, on Vulkan, the driver's) started before any request. It must end as
+// Server::stop() does and exit 0, never by the signal's default action.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::string& extra_args, const std::string& environment = "") {
+    const std::string command = environment + "exec " + QHX_CLI_PATH + " serve --model " +
+                                kModelDir + " --port 0 --parallel 1 --queue 4 -c 4096 " +
+                                extra_args + " 2>" + (log_.path() / "err").string();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  // The port it listens on (0 if it did not say within the time).
+  int port() const {
+    const auto deadline = Clock::now() + 120s;
+    const std::string mark = "listening on http://127.0.0.1:";
+    while (Clock::now() < deadline) {
+      const std::string err = log();
+      if (const size_t at = err.find(mark); at != std::string::npos) {
+        return std::atoi(err.c_str() + at + mark.size());
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return 0;
+  }
+  void signal(int number) const { ::kill(pid_, number); }
+  // The exit status as the shell's $? gives it (128 + N for signal N).
+  int wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string log() const { return test::read_file(log_.path() / "err"); }
+
+ private:
+  test::TempDir log_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+void expect_clean_stop(ShutdownTest& test, const std::string& args, int signal_number, int& port) {
+  ServeProcess serve(args);
+  port = serve.port();
+  ASSERT_NE(port, 0) << serve.log();
+  test.expect_honest_shutdown([&] { serve.signal(signal_number); });
+  EXPECT_EQ(serve.wait(), 0) << serve.log();
+  EXPECT_NE(serve.log().find("stopping (signal " + std::to_string(signal_number) + ")"),
+            std::string::npos)
+      << serve.log();
+}
+
+TEST_F(ShutdownTest, StopSignalsEndTheServeProcessCleanly) {
+  for (const int signal_number : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(signal_number);
+    expect_clean_stop(*this, "-t 2", signal_number, port_);
+  }
+}
+
+// The Vulkan driver starts threads of its own as the device opens, even with -t 1. (Lavapipe's
+// JIT keeps allocations to exit, so a sanitizer build's leak check is off for this process.)
+TEST_F(ShutdownTest, StopSignalsEndTheServeProcessCleanlyOnVulkan) {
+  ServeProcess serve("-t 1 --device vulkan", "ASAN_OPTIONS=detect_leaks=0 ");
+  port_ = serve.port();
+  ASSERT_NE(port_, 0) << serve.log();
+  if (serve.log().find("prompts on vulkan") == std::string::npos) {
+    if (std::getenv("QHX_REQUIRE_VULKAN") != nullptr) FAIL() << serve.log();
+    GTEST_SKIP() << "no Vulkan device: " << serve.log();
+  }
+  expect_honest_shutdown([&] { serve.signal(SIGTERM); });
+  EXPECT_EQ(serve.wait(), 0) << serve.log();
 }
 
 // D8: an API key as OpenAI clients send it; /health stays open for load balancers.

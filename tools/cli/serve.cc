@@ -13,6 +13,15 @@ namespace qhx::cli {
 
 // The OpenAI-compatible server (src/server), on the C API like any other embedder of qhx.
 int run_serve(const ServeArgs& serve_args) {
+  // SIGINT and SIGTERM stop the server cleanly: they are blocked before anything starts a thread
+  // (the model's compute threads, a GPU driver's), so that every thread inherits the mask and
+  // none takes the signal's default action, and waited for by one thread once it serves. One
+  // that comes while the model opens is kept pending and stops the server as it starts.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   ServeArgs args = serve_args;
   args.server.speculative = args.speculative.kind();
   args.server.draft_max = args.speculative.draft_max;
@@ -43,13 +52,6 @@ int run_serve(const ServeArgs& serve_args) {
   std::fprintf(stderr, "devices: prompts on %s, replies on %s%s%s\n", info.prefill_device,
                info.decode_device, *info.device_note != '\0' ? " | " : "", info.device_note);
   print_model_note(info, args.speculative, "");
-  // SIGINT and SIGTERM stop the server cleanly: they are blocked here (and so in every thread
-  // started from now on) and waited for by one thread.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   int status = 0;
   try {
     qhx::server::Server server(model, args.server);
