@@ -374,6 +374,36 @@ TEST(Cli, AnIncompleteMtpHeadRunsAsATextModel) {
   EXPECT_EQ(bundled.out, expected.out);
 }
 
+// Options out of range are refused in one short line that names the option and the bound.
+TEST(Cli, OutOfRangeOptionsNameTheirBound) {
+  const std::string model = " --model " + kSmallModel.string() + " --prompt-ids 1,2 --print-ids";
+  for (const auto& [args, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"-n -1", "--n-predict: must be >= 0, got -1"},
+           {"-n 2 --seed -1", "--seed: must be >= 0, got -1"},
+           {"-n abc", "--n-predict: 'abc' is not a number"}}) {
+    const CliRun r = qhx("generate" + model + " " + args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.err.substr(0, r.err.find('\n')), expected);
+    EXPECT_LT(r.err.size(), 200u) << r.err;
+  }
+}
+
+// An empty API key would turn authentication off: refused however it is given.
+TEST(Cli, ServeRefusesAnEmptyApiKey) {
+  const std::string serve = "serve --model " + kSmallModel.string() + " --port 0";
+  const std::string qhx_path = QHX_CLI_PATH;
+  for (const std::string& command : {"timeout 60 " + qhx_path + " " + serve + " --api-key ''",
+                                     "QHX_API_KEY= timeout 60 " + qhx_path + " " + serve}) {
+    const test::TempDir dir;
+    const int status =
+        std::system((command + " 2>" + (dir.path() / "err").string() + " >/dev/null").c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124)
+        << command;  // refused at once, not stopped by the timeout
+    const std::string err = read_file(dir.path() / "err");
+    EXPECT_NE(err.find("would turn authentication off"), std::string::npos) << err;
+  }
+}
+
 TEST(CliForge, ConvertVerifyGateAndRun) {
   test::TempDir dir;
   const std::string b = (dir.path() / "b").string();

@@ -3,6 +3,7 @@
 // main() only wires the subcommands' options to the commands (commands.h, chat.h).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -14,6 +15,29 @@
 #include "util/error.h"
 
 namespace {
+
+// A number of at least `low` (above it when `strict`). CLI11's NonNegativeNumber and
+// PositiveNumber would name the largest double, 309 digits, as the bound.
+CLI::Validator at_least(double low, bool strict) {
+  const std::string bound = (strict ? "> " : ">= ") + std::to_string(static_cast<int64_t>(low));
+  return CLI::Validator(
+      [=](const std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return "'" + text + "' is not a number";
+        if (strict ? value > low : value >= low) return "";
+        return "must be " + bound + ", got " + text;
+      },
+      "NUMBER " + bound);
+}
+const CLI::Validator kNonNegative = at_least(0, false);
+const CLI::Validator kPositive = at_least(0, true);
+
+// An option that refuses an empty value: the empty string would silently mean "off".
+CLI::Validator not_empty(const std::string& why) {
+  return CLI::Validator(
+      [=](const std::string& text) -> std::string { return text.empty() ? why : ""; }, "TEXT");
+}
 
 void add_threads_option(CLI::App* command, int& threads) {
   command->add_option("-t,--threads", threads, "Compute threads (default: all hardware threads)")
@@ -70,7 +94,7 @@ int main(int argc, char** argv) {
   generate
       ->add_option("-n,--n-predict", gen.n,
                    "Tokens to generate (default: generation_config.json's max_new_tokens, or 64)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   generate->add_flag("--greedy", gen.greedy,
                      "Pick the most likely token (default unless generation_config.json samples)");
   generate->add_option("--temperature", gen.temperature, "Sampling temperature");
@@ -90,7 +114,8 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   generate->add_option("--stop", gen.stop, "Stop before this text (repeatable)")
       ->allow_extra_args(false);
-  generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)");
+  generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)")
+      ->check(kNonNegative);
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated ids, comma-separated, on one line instead of text");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
@@ -108,10 +133,10 @@ int main(int argc, char** argv) {
       ->required();
   chat->add_option("--system", chat_args.system, "System prompt");
   chat->add_option("-n,--max-new-tokens", chat_args.max_new_tokens, "Longest reply in tokens")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   chat->add_option("-c,--ctx-size", chat_args.context_length,
                    "Context length (default: the model's, lowered to fit in memory)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   auto* think = chat->add_flag_callback(
       "--think", [&] { chat_args.thinking = true; }, "Thinking on (default: the template's)");
   chat->add_flag_callback(
@@ -121,7 +146,7 @@ int main(int argc, char** argv) {
   add_speculative_options(chat, chat_args.speculative,
                           "Speculative decoding: none, ngram (prompt lookup) or draft:DIR (a "
                           "smaller model with the same tokenizer); replies as without");
-  chat->add_option("--seed", chat_args.seed, "Random seed");
+  chat->add_option("--seed", chat_args.seed, "Random seed")->check(kNonNegative);
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
   add_threads_option(chat, chat_args.threads);
   add_device_options(chat, chat_args.devices);
@@ -152,10 +177,9 @@ int main(int argc, char** argv) {
   convert->add_option("--weights", forge_args.weights, "Decoder matrices: f32, bf16, f16, w8, w4");
   convert->add_option("--lm-head", forge_args.lm_head, "lm_head dtype (default: --weights)");
   convert->add_option("--embed", forge_args.embed, "Embedding table dtype (default: --weights)");
-  convert->add_option("--group-size", forge_args.group_size, "W4 group width")
-      ->check(CLI::PositiveNumber);
-  auto* shards_opt = convert->add_option("--shards", forge_args.shards, "Decoder shards")
-                         ->check(CLI::PositiveNumber);
+  convert->add_option("--group-size", forge_args.group_size, "W4 group width")->check(kPositive);
+  auto* shards_opt =
+      convert->add_option("--shards", forge_args.shards, "Decoder shards")->check(kPositive);
   convert
       ->add_option("--max-shard-bytes", forge_args.max_shard_bytes,
                    "Split decoder layers into shards of at most this size")
@@ -175,11 +199,11 @@ int main(int argc, char** argv) {
   gate->add_flag("--json", forge_args.json, "Also print the report as one JSON object on stdout");
   for (CLI::App* sub : {convert, gate}) {
     sub->add_option("--gate-prompts", forge_args.suite.prompts, "Prompts in the built-in suite")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     sub->add_option("--gate-prompt-file", forge_args.suite.prompt_file,
                     "Gate on these prompts instead: one per non-empty line (needs a tokenizer)");
     sub->add_option("--gate-tokens", forge_args.suite.greedy_tokens, "Greedy tokens per prompt")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     sub->add_option("--min-top1", forge_args.min_top1, "Gate threshold: top-1 agreement");
     sub->add_option("--min-top5", forge_args.min_top5, "Gate threshold: top-5 overlap");
     sub->add_option("--min-pearson", forge_args.min_pearson, "Gate threshold: Pearson r");
@@ -200,7 +224,7 @@ int main(int argc, char** argv) {
                    "Share of the text's tokens the list covers (default 0.999)")
       ->check(CLI::Range(0.0, 1.0));
   draft_vocab->add_option("--max-tokens", draft_vocab_args.max_tokens, "At most this many tokens")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   draft_vocab->add_option("-o,--output", draft_vocab_args.out,
                           "File to write (default: <model>/draft_vocab.json)");
 
@@ -208,17 +232,15 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Prefill and decode speed, TTFT, memory");
   bench->add_option("model", bench_args.model, "Bundle, pack, or checkpoint directory")->required();
   bench->add_option("-p,--n-prompt", bench_args.prompts, "Prompt lengths, comma-separated");
-  bench->add_option("-n,--n-gen", bench_args.n_gen, "Decoded tokens")
-      ->check(CLI::NonNegativeNumber);
+  bench->add_option("-n,--n-gen", bench_args.n_gen, "Decoded tokens")->check(kNonNegative);
   bench->add_option("-d,--depth", bench_args.depths,
                     "Context tokens before the decode is timed, comma-separated");
-  bench->add_option("-r,--repetitions", bench_args.repetitions, "Repetitions")
-      ->check(CLI::PositiveNumber);
+  bench->add_option("-r,--repetitions", bench_args.repetitions, "Repetitions")->check(kPositive);
   bench
       ->add_option("--turns", bench_args.turns,
                    "Multi-turn chat instead: N turns of -p user tokens and -n reply tokens, "
                    "TTFT with the state kept vs. a fresh session")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
   add_speculative_options(bench, bench_args.speculative,
                           "Speculative decoding instead: -n greedy tokens after --prompt-file's "
@@ -236,9 +258,9 @@ int main(int argc, char** argv) {
       ->required();
   perplexity_cmd->add_option("--file,-f", ppl.file, "Text file")->required();
   perplexity_cmd->add_option("--window", ppl.window, "Tokens scored per window (context resets)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   perplexity_cmd->add_option("--max-tokens", ppl.max_tokens, "Score only the first N tokens")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
   add_threads_option(perplexity_cmd, ppl.threads);
   add_device_options(perplexity_cmd, ppl.devices);
@@ -258,7 +280,7 @@ int main(int argc, char** argv) {
   synth->add_option("--lm-head", synth_args.lm_head, "With --weights: lm_head dtype");
   synth->add_option("--activations", synth_args.activations,
                     "With --weights w8/w4: auto (= int8, ungated), int8, f32");
-  synth->add_option("--seed", synth_args.seed, "Random seed");
+  synth->add_option("--seed", synth_args.seed, "Random seed")->check(kNonNegative);
 
   std::string verify_bundle;
   CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");
@@ -288,19 +310,21 @@ int main(int argc, char** argv) {
   serve
       ->add_option("--ctx-size,-c", serve_args.ctx_size,
                    "Tokens per session (default: as many as the model and memory allow)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   serve->add_option("--cache-mb", serve_args.cache_mb, "Prefix cache shared by the slots, MB")
       ->check(CLI::Range(0, 1 << 20));
   serve
       ->add_option("--max-request-bytes", serve_args.server.max_request_bytes,
                    "Larger request bodies get 413")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   serve->add_option("--alias", serve_args.server.alias,
                     "Model id for clients (default: the model directory's name)");
   serve
       ->add_option("--api-key", serve_args.server.api_key,
                    "Clients must send 'Authorization: Bearer KEY' (all but /health)")
-      ->envname("QHX_API_KEY");
+      ->envname("QHX_API_KEY")
+      ->check(not_empty("an empty key would turn authentication off: give a key, or leave "
+                        "--api-key and QHX_API_KEY unset"));
   serve->add_option("--cors-origin", serve_args.server.cors_origins,
                     "Web page origin allowed to call the server (repeat; '*': any)");
   serve->add_option("--allowed-host", serve_args.server.allowed_hosts,

@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <thread>
 
@@ -13,6 +14,14 @@ namespace qhx::cli {
 
 // The OpenAI-compatible server (src/server), on the C API like any other embedder of qhx.
 int run_serve(const ServeArgs& serve_args) {
+  // CLI11 takes an empty QHX_API_KEY for an unset one: a key set empty would turn authentication
+  // off without a word (--api-key "" is refused by its parser).
+  if (const char* key = std::getenv("QHX_API_KEY"); key != nullptr && *key == '\0') {
+    std::fprintf(stderr,
+                 "qhx: error: QHX_API_KEY: is set but empty, which would turn authentication "
+                 "off: give a key, or unset it\n");
+    return 1;
+  }
   // SIGINT and SIGTERM stop the server cleanly: they are blocked before anything starts a thread
   // (the model's compute threads, a GPU driver's), so that every thread inherits the mask and
   // none takes the signal's default action, and waited for by one thread once it serves. One
