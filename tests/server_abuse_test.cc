@@ -28,8 +28,16 @@ using Clock = std::chrono::steady_clock;
 // A client that writes raw bytes and reads whatever comes back.
 class RawClient {
  public:
-  explicit RawClient(int port) {
+  // `from`: the loopback address to connect from (all of 127/8 is loopback on Linux), so that
+  // one machine can be several clients.
+  explicit RawClient(int port, const char* from = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (from != nullptr) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from, &local.sin_addr);
+      ::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local);
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
@@ -416,6 +424,115 @@ TEST_F(ServerAbuseTest, HostAndOriginAreChecked) {
   EXPECT_EQ(preflight->status, 204);
   EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Authorization"),
             std::string::npos);
+  // A5: the headers a page asks for (OpenAI's JavaScript SDK sends x-stainless-*), if they are
+  // header names; anything else gets the default list.
+  const std::string asked = "authorization,content-type,x-stainless-os,x-stainless-retry-count";
+  const auto sdk = c.Options("/v1/chat/completions", {{"Origin", "http://app.example"},
+                                                      {"Access-Control-Request-Method", "POST"},
+                                                      {"Access-Control-Request-Headers", asked}});
+  ASSERT_TRUE(sdk);
+  EXPECT_EQ(sdk->status, 204);
+  EXPECT_EQ(sdk->get_header_value("Access-Control-Allow-Headers"), asked);
+  const auto odd = c.Options("/v1/chat/completions", {{"Origin", "http://app.example"},
+                                                      {"Access-Control-Request-Headers", "a(b)"}});
+  ASSERT_TRUE(odd);
+  EXPECT_EQ(odd->get_header_value("Access-Control-Allow-Headers"), "Authorization, Content-Type");
+  // A8: what the client sent is quoted whole (only the library's file paths are shortened).
+  const auto evil = post_with("/v1/completions", request, {{"Origin", "https://evil.example"}});
+  EXPECT_NE(evil.second["error"]["message"].get<std::string>().find("https://evil.example"),
+            std::string::npos)
+      << evil.second;
+  const auto slash = post("/v1/completions/", request);
+  EXPECT_EQ(slash.first, 404);
+  EXPECT_EQ(slash.second["error"]["message"], "no such endpoint: POST /v1/completions/");
+  const auto wrong_method = get_with("/v1/completions", {});
+  ASSERT_TRUE(wrong_method);
+  EXPECT_EQ(Json::parse(wrong_method->body)["error"]["message"],
+            "GET is not allowed on /v1/completions");
+}
+
+// A3: past --max-connections a connection is closed as it comes, never left waiting; one client
+// address holds at most 7/8 of them, so a client holding idle sockets does not lock others out.
+TEST_F(ServerAbuseTest, ConnectionsPastTheCapAreClosedAtOnce) {
+  ServerOptions o;
+  o.max_connections = 16;
+  start(o);
+  const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 14; ++i) idle.push_back(std::make_unique<RawClient>(port_, "127.0.0.1"));
+  RawClient over_share(port_, "127.0.0.1");
+  over_share.send(health);
+  const auto started = Clock::now();
+  over_share.read(5s);
+  EXPECT_TRUE(over_share.closed());
+  EXPECT_LT(Clock::now() - started, 2s);
+  RawClient other(port_, "127.0.0.2");
+  other.send(health);
+  EXPECT_EQ(status_of(other.read(5s, "\r\n\r\n")), 200);
+  for (int i = 0; i < 2; ++i) idle.push_back(std::make_unique<RawClient>(port_, "127.0.0.3"));
+  std::this_thread::sleep_for(200ms);  // the probe's closed connection is counted out
+  RawClient over_cap(port_, "127.0.0.4");
+  over_cap.send(health);
+  const auto probed = Clock::now();
+  const std::string refused = over_cap.read(5s);
+  EXPECT_TRUE(over_cap.closed());
+  EXPECT_EQ(status_of(refused), -1) << refused;
+  EXPECT_LT(Clock::now() - probed, 2s);
+  idle.pop_back();
+  std::this_thread::sleep_for(200ms);
+  RawClient after(port_, "127.0.0.4");
+  after.send(health);
+  EXPECT_EQ(status_of(after.read(5s, "\r\n\r\n")), 200);
+}
+
+// A4: framing that a proxy in front could read otherwise (RFC 9112 §6.3) is refused at once and
+// the connection closed; HTTP/1.1 needs exactly one Host. Answered in JSON, never after a timeout.
+TEST_F(ServerAbuseTest, AmbiguousFramingIsRefused) {
+  start(1);
+  const std::string body = Json{{"prompt", "And"}, {"max_tokens", 1}}.dump();
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  const std::string length = "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  const std::string chunked = "5\r\nhello\r\n0\r\n\r\n";
+  const struct {
+    const char* what;
+    std::string request;
+    int status;
+    const char* code;
+  } cases[] = {
+      {"two Content-Lengths",
+       head + length + "Content-Length: " + std::to_string(body.size() + 5) + "\r\n\r\n" + body,
+       400, "invalid_framing"},
+      {"Transfer-Encoding and Content-Length",
+       head + "Transfer-Encoding: chunked\r\n" + length + "\r\n" + chunked, 400, "invalid_framing"},
+      {"unknown Transfer-Encoding", head + "Transfer-Encoding: gzip\r\n\r\n" + chunked, 501,
+       "unsupported_transfer_encoding"},
+      {"no Host", "GET /health HTTP/1.1\r\n\r\n", 400, "invalid_host"},
+      {"two Hosts", "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n", 400,
+       "invalid_host"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    RawClient client(port_);
+    client.send(c.request);
+    const auto started = Clock::now();
+    const std::string answer = client.read(10s);
+    EXPECT_LT(Clock::now() - started, 3s);
+    EXPECT_EQ(status_of(answer), c.status) << answer;
+    EXPECT_EQ(Json::parse(body_of(answer), nullptr, false)["error"]["code"], c.code) << answer;
+    EXPECT_TRUE(client.closed());
+  }
+  RawClient http10(port_);  // HTTP/1.0 may leave Host out
+  http10.send("GET /health HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(status_of(http10.read(5s)), 200);
+}
+
+// A7: libmicrohttpd's "EXTERNAL_LOGGER is not the first option" line is not printed at start.
+TEST_F(ServerAbuseTest, StartsWithoutTheLibrarysWarning) {
+  ::testing::internal::CaptureStderr();
+  start(1);
+  server_->stop();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find("EXTERNAL_LOGGER"), std::string::npos) << err;
 }
 
 // D9: HTTP/1.0 gets a close-delimited stream (no chunked encoding it cannot read), also when it

@@ -234,9 +234,12 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
 
   rewind_for(tokens);
   stats.n_reused = static_cast<int64_t>(history_.size());
+  // Room for the whole turn up front, even when the prompt is all reused (a prefix-cache hit
+  // leaves exactly the prompt's room): growing by doubling mid-reply could take twice the
+  // context memory admission counted. A verify pass holds up to draft_max rows more.
+  state_->reserve(needed + (spec.kind == DraftKind::kNone ? 0 : spec.draft_max));
   if (stats.n_reused < n_tokens) {
     remember_checkpoint();  // the end of the previous turn
-    state_->reserve(needed);
     forward(tokens, options.checkpoint_at, options.cancel);
     stats.n_processed = static_cast<int64_t>(history_.size()) - stats.n_reused;
     if (static_cast<int64_t>(history_.size()) < n_tokens) {
@@ -546,16 +549,25 @@ void Session::load(const std::filesystem::path& path) {
 
 void PrefixCache::insert(std::span<const int32_t> tokens, const ModelState& state,
                          std::span<const float> logits) {
+  // A prompt already held is only marked used (called with the lock held).
+  const auto held = [&] {
+    for (Entry& e : entries_) {
+      if (std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) {
+        e.last_used = ++clock_;
+        return true;
+      }
+    }
+    return false;
+  };
+  {
+    std::lock_guard lock(mutex_);
+    if (held()) return;  // before copying: a copy is as large as the prompt's state
+  }
   std::unique_ptr<ModelState> copy = state.clone();
   const int64_t bytes =
       copy->bytes() + static_cast<int64_t>(logits.size_bytes() + tokens.size_bytes());
   std::lock_guard lock(mutex_);
-  for (Entry& e : entries_) {
-    if (std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) {
-      e.last_used = ++clock_;
-      return;
-    }
-  }
+  if (held()) return;  // another session inserted it meanwhile
   if (bytes > max_bytes_) return;
   while (bytes_ + bytes > max_bytes_) {
     const auto oldest =

@@ -39,10 +39,10 @@ namespace {
 constexpr auto kWatchInterval = std::chrono::milliseconds(50);
 // How long stop() lets the answers it ended go out before it closes every connection.
 constexpr auto kDrainTime = std::chrono::seconds(3);
-// After a request body this large, the memory freed is handed back to the system once the
-// server is idle (or a second later): malloc keeps freed memory in per-thread arenas otherwise,
-// and RSS ratchets up request after request.
-constexpr size_t kTrimAfterBytes = size_t{256} << 10;
+// After a request, the memory it freed is handed back to the system once the server is idle (or
+// a second later while it is busy): malloc keeps freed memory in its per-thread arenas otherwise,
+// and RSS ratchets up request after request (request bodies, states the prefix cache evicted,
+// a turn's sampler and logits).
 constexpr auto kTrimAtLatest = std::chrono::seconds(1);
 
 bool token_in(const char* header, const char* token) {
@@ -123,6 +123,12 @@ void connection_callback(void* cls, MHD_Connection* c, void** socket_context,
   static_cast<Server::Impl*>(cls)->on_connection(c, socket_context, code);
 }
 
+// Past --max-connections a connection is closed as it comes (libmicrohttpd at its own limit
+// would stop accepting, and connections would wait unanswered in the listen backlog).
+MHD_Result accept_callback(void* cls, const sockaddr*, socklen_t) {
+  return static_cast<Server::Impl*>(cls)->admits_connection() ? MHD_YES : MHD_NO;
+}
+
 void mhd_logger(void* cls, const char* format, va_list args) {
   char buf[512];
   std::vsnprintf(buf, sizeof buf, format, args);
@@ -185,11 +191,70 @@ void Server::Impl::on_connection(MHD_Connection* c, void** socket_context,
   }
 }
 
+bool Server::Impl::admits_connection() {
+  std::lock_guard lock(watch_mutex);
+  return connections.size() < static_cast<size_t>(options.max_connections);
+}
+
 // Checks made as soon as the headers are in: who asks, for what, with how much.
-std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, const char* method) {
+namespace {
+
+// How many Host, Content-Length and Transfer-Encoding headers a request has.
+struct Framing {
+  int hosts = 0, lengths = 0, encodings = 0;
+};
+
+MHD_Result count_framing(void* cls, MHD_ValueKind, const char* key, const char*) {
+  auto& f = *static_cast<Framing*>(cls);
+  const std::string name = lower(key);
+  f.hosts += name == "host";
+  f.lengths += name == "content-length";
+  f.encodings += name == "transfer-encoding";
+  return MHD_YES;
+}
+
+// Header names as a CORS preflight lists them: RFC 9110 tokens, commas and blanks.
+bool is_token_list(const char* s) {
+  bool any = false;
+  for (; *s != '\0'; ++s) {
+    const auto ch = static_cast<unsigned char>(*s);
+    if (std::isalnum(ch) || std::strchr("!#$%&'*+-.^_`|~", ch) != nullptr) {
+      any = true;
+    } else if (ch != ',' && ch != ' ' && ch != '\t') {
+      return false;
+    }
+  }
+  return any;
+}
+
+}  // namespace
+
+std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, const char* method,
+                                              const char* version) {
   const auto header = [&](const char* name) {
     return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
   };
+  // Framing a proxy in front could read otherwise than this server does (RFC 9112 §6.3) is
+  // refused, and a refusal sent before the body closes the connection: nothing of the body is
+  // read as a next request. HTTP/1.1 requires one Host (§3.2).
+  Framing f;
+  MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+  const bool http10 = std::strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
+  if (f.hosts > 1 || (f.hosts == 0 && !http10)) {
+    return ApiError{400, f.hosts > 1 ? "more than one Host header" : "HTTP/1.1 needs a Host header",
+                    "", "invalid_host"};
+  }
+  if (f.lengths > 1 || (f.lengths > 0 && f.encodings > 0) || (f.encodings > 0 && http10)) {
+    return ApiError{400,
+                    f.lengths > 1 ? "more than one Content-Length header"
+                                  : "ambiguous framing: Transfer-Encoding with Content-Length or "
+                                    "in HTTP/1.0",
+                    "", "invalid_framing"};
+  }
+  if (f.encodings > 0 && (f.encodings > 1 || lower(header("Transfer-Encoding")) != "chunked")) {
+    return ApiError{501, "only the chunked transfer coding is supported", "",
+                    "unsupported_transfer_encoding"};
+  }
   if (!any_host) {
     // A page whose domain was rebound to this machine sends its own name as Host.
     if (const char* host = header("Host")) {
@@ -281,7 +346,7 @@ MHD_Result Server::Impl::on_request(MHD_Connection* c, const char* url, const ch
         conn->exchange = x;
       }
     }
-    if (const std::optional<ApiError> refused = refusal(c, *x, method)) {
+    if (const std::optional<ApiError> refused = refusal(c, *x, method, version)) {
       return send(*x, error_reply(*refused));
     }
     return MHD_YES;
@@ -311,10 +376,17 @@ MHD_Result Server::Impl::respond(const std::shared_ptr<Exchange>& held) {
                                   "", "request_too_large"}));
     }
     if (x.method == "OPTIONS") {
+      // The headers a page may send grant it nothing (the API key still decides), so it gets
+      // those it asks for: OpenAI's SDKs send x-stainless-* headers.
+      const char* asked = MHD_lookup_connection_value(x.connection, MHD_HEADER_KIND,
+                                                      "Access-Control-Request-Headers");
+      const bool listed = asked != nullptr && is_token_list(asked);
       Reply preflight{204, "", {}, ""};
-      preflight.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
-                           {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
-                           {"Access-Control-Max-Age", "600"}};
+      preflight.headers = {
+          {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+          {"Access-Control-Allow-Headers", listed ? asked : "Authorization, Content-Type"},
+          {"Access-Control-Max-Age", "600"},
+          {"Vary", "Access-Control-Request-Headers"}};
       return send(x, preflight);
     }
     if (x.path == "/health") return send(x, {200, to_text(health()), {}, ""});
@@ -331,10 +403,6 @@ MHD_Result Server::Impl::respond(const std::shared_ptr<Exchange>& held) {
       std::lock_guard lock(x.mutex);
       x.suspended = true;
       MHD_suspend_connection(x.connection);
-    }
-    if (x.body.size() >= kTrimAfterBytes) {
-      std::lock_guard lock(watch_mutex);
-      if (!trim_since) trim_since = Clock::now();
     }
     {
       std::lock_guard lock(prepare_mutex);
@@ -428,6 +496,7 @@ void Server::Impl::on_completed(void** context, MHD_RequestTerminationCode code)
   {
     std::lock_guard lock(watch_mutex);
     live.erase(x);
+    if (!trim_since) trim_since = Clock::now();
     if (Connection* conn = connection_of(x->connection)) {
       conn->serving = false;
       conn->since = Clock::now();  // the next request's deadline
@@ -545,13 +614,21 @@ int Server::start() {
   signal(SIGPIPE, SIG_IGN);
   Impl& s = *impl_;
   const auto [fd, port] = listen_on(s.options.host, s.options.port);
+  // One client address holds at most 7/8 of the connections, so that a client holding idle
+  // sockets leaves room for a probe or another client from elsewhere.
+  const int cap = s.options.max_connections;
+  const auto per_client = static_cast<unsigned>(std::max(1, cap - std::max(1, cap / 8)));
   s.daemon = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
-      0, nullptr, nullptr, request_callback, &s, MHD_OPTION_LISTEN_SOCKET, fd,
-      MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(s.options.max_connections),
-      MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(s.options.timeout_seconds),
-      MHD_OPTION_NOTIFY_COMPLETED, completed_callback, &s, MHD_OPTION_NOTIFY_CONNECTION,
-      connection_callback, &s, MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, &s, MHD_OPTION_END);
+      0, accept_callback, &s, request_callback, &s,
+      // First, or libmicrohttpd says so on stderr at every start.
+      MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, &s, MHD_OPTION_LISTEN_SOCKET, fd,
+      // One over the cap keeps libmicrohttpd accepting, so that accept_callback closes the rest.
+      MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(cap) + 1,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+      static_cast<unsigned>(s.options.timeout_seconds), MHD_OPTION_NOTIFY_COMPLETED,
+      completed_callback, &s, MHD_OPTION_NOTIFY_CONNECTION, connection_callback, &s,
+      MHD_OPTION_END);
   if (s.daemon == nullptr) {
     ::close(fd);
     throw std::runtime_error("cannot start the HTTP server on " + s.options.host + ":" +

@@ -56,24 +56,28 @@ std::string to_text(const Json& j) {
 
 Json error_body(const ApiError& e) {
   return {{"error",
-           {{"message", without_paths(e.message)},
+           {{"message", e.from_library ? without_paths(e.message) : e.message},
             {"type", e.type},
             {"param", nullable(e.param)},
             {"code", nullable(e.code)}}}};
 }
 
 ApiError api_failure(qhx_status status, const std::string& param, std::string message) {
-  switch (status) {
-    case QHX_ERROR_INVALID_ARGUMENT:
-    case QHX_ERROR_TEMPLATE:
-      return {400, std::move(message), param, "invalid_value"};
-    case QHX_ERROR_CONTEXT_FULL:
-      return {400, std::move(message), param, "context_length_exceeded"};
-    case QHX_ERROR_OUT_OF_MEMORY:
-      return {503, std::move(message), "", "out_of_memory", "server_error"};
-    default:
-      return {500, std::move(message), "", "", "server_error"};
-  }
+  ApiError e = [&]() -> ApiError {
+    switch (status) {
+      case QHX_ERROR_INVALID_ARGUMENT:
+      case QHX_ERROR_TEMPLATE:
+        return {400, std::move(message), param, "invalid_value"};
+      case QHX_ERROR_CONTEXT_FULL:
+        return {400, std::move(message), param, "context_length_exceeded"};
+      case QHX_ERROR_OUT_OF_MEMORY:
+        return {503, std::move(message), "", "out_of_memory", "server_error"};
+      default:
+        return {500, std::move(message), "", "", "server_error"};
+    }
+  }();
+  e.from_library = true;
+  return e;
 }
 
 ApiError api_failure(qhx_status status, const std::string& param) {
@@ -471,7 +475,9 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
         break;
       }
     }
-    throw ApiError{400, message, param, "invalid_value"};
+    ApiError e{400, message, param, "invalid_value"};
+    e.from_library = true;
+    throw e;
   }
 }
 

@@ -32,6 +32,9 @@ struct ApiError {
   std::string code;   // "" → null
   std::string type;
   std::vector<std::pair<std::string, std::string>> headers;
+  // The C library's message: it may name the server's files, so clients get their names only.
+  // Messages of the server's own (they may quote the client's Origin or path) go out whole.
+  bool from_library = false;
 };
 
 ApiError wrong_type(const std::string& field, const char* expected);

@@ -159,7 +159,7 @@ struct Server::Impl {
   std::unordered_set<Connection*> connections;
   std::unordered_set<std::shared_ptr<Exchange>> live;  // exchanges whose request is not over
   bool watch_stop = false;
-  std::optional<Clock::time_point> trim_since;  // a large request came; memory not yet trimmed
+  std::optional<Clock::time_point> trim_since;  // a request ended; its memory not yet trimmed
   std::thread watcher;
 
   std::mutex stopped_mutex;
@@ -177,7 +177,9 @@ struct Server::Impl {
   // The event loop (http.cc).
   MHD_Result on_request(MHD_Connection* c, const char* url, const char* method, const char* version,
                         const char* upload, size_t* upload_size, void** context);
-  std::optional<ApiError> refusal(MHD_Connection* c, Exchange& x, const char* method);
+  bool admits_connection();  // fewer than --max-connections are open
+  std::optional<ApiError> refusal(MHD_Connection* c, Exchange& x, const char* method,
+                                  const char* version);
   MHD_Result respond(const std::shared_ptr<Exchange>& x);
   MHD_Result send(Exchange& x, const Reply& reply);
   MHD_Result send_stream(const std::shared_ptr<Exchange>& x);
