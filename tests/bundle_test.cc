@@ -18,6 +18,7 @@
 #include "support/raw_safetensors.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
+#include "util/sha256.h"
 
 namespace qhx {
 namespace {
@@ -55,8 +56,10 @@ class BundleTest : public ::testing::Test {
     return bundle(name);
   }
   Json manifest(const fs::path& b) const { return read_json_file(b / "manifest.json"); }
+  // An edit made as convert would write it: manifest.sha256 follows.
   void write_manifest(const fs::path& b, const Json& m) const {
     std::ofstream(b / "manifest.json") << m.dump(2);
+    std::ofstream(b / kManifestHashFile) << sha256_file(b / "manifest.json") << "  manifest.json\n";
   }
   test::TempDir dir_;
 };
@@ -287,6 +290,25 @@ TEST_F(BundleTest, IntegrityFailuresAreNamed) {
     EXPECT_NO_THROW(load_model(b));
     expect_error([&] { load_model(b, {.verify_sha256 = true}); },
                  {"decoder-0.qhxt", "sha256", "corrupt"});
+  }
+  {  // A10: every file is covered, the model card and the manifest itself included
+    const fs::path b = fresh("card");
+    std::string card = test::read_file(b / "card.json");
+    card[card.size() / 2] ^= 1;
+    std::ofstream(b / "card.json", std::ios::binary) << card;
+    expect_error([&] { load_model(b, {.verify_sha256 = true}); }, {"card.json", "sha256"});
+    const fs::path m = fresh("manifest");
+    std::string text = test::read_file(m / "manifest.json");
+    const size_t at = text.find("\"created_by\"");
+    ASSERT_NE(at, std::string::npos);
+    text[at + 3] ^= 1;  // still valid JSON, an unknown key
+    std::ofstream(m / "manifest.json", std::ios::binary) << text;
+    EXPECT_NO_THROW(load_model(m));
+    expect_error([&] { load_model(m, {.verify_sha256 = true}); },
+                 {"manifest.json", "does not match manifest.sha256"});
+    const fs::path unprotected = fresh("unprotected");
+    fs::remove(unprotected / kManifestHashFile);
+    expect_error([&] { load_model(unprotected, {.verify_sha256 = true}); }, {"manifest.sha256"});
   }
   {  // a truncated file
     const fs::path b = fresh("truncated");

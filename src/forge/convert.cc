@@ -410,7 +410,16 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
     result.gate = report;
     if (!report.passed) return result;  // the guard removes the temporary bundle
   }
+  // The model card is derived from the manifest, and listed in it; manifest.sha256 protects
+  // the manifest itself (qhx verify, --verify).
   write_model_card(temp, manifest);
+  for (const char* f : {"card.json", "README.md"}) {
+    manifest["files"].push_back(
+        {{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
+  }
+  std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
+  std::ofstream(temp / kManifestHashFile) << sha256_file(temp / "manifest.json")
+                                          << "  manifest.json\n";
   for (const auto& entry : fs::directory_iterator(temp)) fsync_path(entry.path());
   if (fs::exists(out)) {
     const fs::path old = hidden_sibling(out, ".old-");

@@ -1,6 +1,7 @@
 #include "io/bundle.h"
 
 #include <climits>
+#include <fstream>
 #include <set>
 
 #include "io/qhxt.h"
@@ -48,6 +49,7 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
          "bundle format version " + std::to_string(version) + " is newer than this qhx reads (" +
              std::to_string(kBundleFormatVersion) + "): upgrade qhx or convert again");
   }
+  m.format_version = version;
   m.family = require_string(j, "family", where);
   m.model_config = require_field(j, "model_config", where);
   m.config = parse_model_config(m.model_config, field(where, "model_config"));
@@ -190,6 +192,22 @@ BundleManifest open_bundle_manifest(const std::filesystem::path& dir,
 }
 
 void verify_bundle_files(const std::filesystem::path& dir, const BundleManifest& m) {
+  // manifest.json itself, against manifest.sha256 (from format version 2).
+  if (m.format_version >= 2) {
+    const std::filesystem::path hash_path = dir / kManifestHashFile;
+    std::ifstream in(hash_path);
+    std::string expected, name;
+    if (!(in >> expected >> name) || name != "manifest.json") {
+      fail(hash_path.string(), "missing or not '<sha256>  manifest.json': manifest.json cannot "
+                               "be checked (convert again)");
+    }
+    const std::string actual = sha256_file(dir / "manifest.json");
+    if (actual != expected) {
+      fail((dir / "manifest.json").string(),
+           "sha256 " + actual + " does not match " + kManifestHashFile + " (" + expected +
+               "): the manifest is corrupt or was changed");
+    }
+  }
   for (const BundleFile& f : m.files) {
     const std::string actual = sha256_file(dir / f.path);
     if (actual != f.sha256) {

@@ -14,7 +14,10 @@
 
 namespace qhx {
 
-inline constexpr int64_t kBundleFormatVersion = 1;
+// 2: manifest.sha256 protects manifest.json, and the files list holds the model card too.
+inline constexpr int64_t kBundleFormatVersion = 2;
+// "<sha256 of manifest.json>  manifest.json\n", as sha256sum writes it (sha256sum -c reads it).
+inline constexpr const char* kManifestHashFile = "manifest.sha256";
 
 struct BundleFile {
   std::string path;  // relative to the bundle directory
@@ -31,6 +34,7 @@ struct BundleShard {
 // What the manifest says, checked for consistency (every referenced file is listed, shards
 // cover the layers in order, the model config parses).
 struct BundleManifest {
+  int64_t format_version = 0;
   std::string family;
   Json model_config;   // the checkpoint's config.json, verbatim
   ModelConfig config;  // parsed, with the plan's max context and prefill chunk applied
