@@ -166,6 +166,16 @@ TEST_F(ServerAbuseTest, ManyKeysAreAnsweredQuickly) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(),
             1.0 * test::kBuildSlowdown);
 
+  // A2: as many template keyword arguments (each a template variable).
+  std::string chat = R"({"messages": [{"role": "user", "content": "And"}], "max_tokens": 1, )"
+                     R"("chat_template_kwargs": {)";
+  for (int i = 0; i < 200000; ++i) chat += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  chat += "}}";
+  started = Clock::now();
+  EXPECT_EQ(post("/v1/chat/completions", chat).first, 200);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(),
+            1.0 * test::kBuildSlowdown);
+
   qhx_model_info info{};
   qhx_model_get_info(model_, &info);
   Json bias = Json::object();

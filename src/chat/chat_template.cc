@@ -121,10 +121,13 @@ ChatTemplateInputs parse_chat_request(std::string_view json, const std::string& 
         inputs.enable_thinking = value.get<bool>();
       } else if (name == "messages" || name == "tools" || name == "documents") {
         fail(at + "." + name, "not a keyword argument here (\"" + name + "\" is its own input)");
-      } else {
-        inputs.extra_context[name] = value;
       }
     }
+    // The rest are template variables: taken whole (a key at a time, an ordered_json object
+    // looks each up from the start: 100,000s of them would take minutes).
+    inputs.extra_context = std::move(request["chat_template_kwargs"]);
+    inputs.extra_context.erase("add_generation_prompt");
+    if (inputs.enable_thinking) inputs.extra_context.erase("enable_thinking");
   }
   return inputs;
 }

@@ -12,21 +12,13 @@ namespace qhx::jinja {
 
 Value* Scope::find(std::string_view name) {
   for (Scope* s = this; s; s = s->parent) {
-    for (auto& [k, v] : s->vars) {
-      if (k == name) return &v;
-    }
+    if (const auto it = s->vars.find(name); it != s->vars.end()) return &it->second;
   }
   return nullptr;
 }
 
 void Scope::set(const std::string& name, Value v) {
-  for (auto& [k, old] : vars) {
-    if (k == name) {
-      old = std::move(v);
-      return;
-    }
-  }
-  vars.emplace_back(name, std::move(v));
+  vars.insert_or_assign(name, std::move(v));
 }
 
 Interpreter::DepthGuard::DepthGuard(Interpreter& in) : in_(in) {
@@ -145,7 +137,7 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, Scope& scope) {
         copy.parent = &globals_;
         for (Scope* sc = &scope; sc && sc != &globals_; sc = sc->parent) {
           for (const auto& [k, v] : sc->vars) {
-            if (!copy.find(k) || copy.find(k) == globals_.find(k)) copy.vars.emplace_back(k, v);
+            if (!copy.find(k) || copy.find(k) == globals_.find(k)) copy.vars.emplace(k, v);
           }
         }
         closure = &copy;

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -15,8 +17,16 @@
 
 namespace qhx::jinja {
 
+// Variables by name, looked up without building a string from a view.
+struct NameHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view name) const { return std::hash<std::string_view>{}(name); }
+};
+using Variables = std::unordered_map<std::string, Value, NameHash, std::equal_to<>>;
+
+// A hash map, not a list: a request may pass 100,000s of template variables (its kwargs).
 struct Scope {
-  std::vector<std::pair<std::string, Value>> vars;
+  Variables vars;
   Scope* parent = nullptr;
   Value* find(std::string_view name);
   void set(const std::string& name, Value v);
