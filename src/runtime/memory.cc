@@ -74,7 +74,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   plan.recurrent = r.sessions * recurrent_bytes(c);
   plan.checkpoints = r.sessions * r.max_checkpoints * (recurrent_bytes(c) + c.vocab_size * kFloat);
   plan.scratch = r.activation_bytes + r.sessions * c.vocab_size * kFloat;
-  plan.prefix_cache = r.prefix_cache_bytes;
+  // The cache copies a prompt's state before it evicts for it: one state over the bound.
+  plan.prefix_cache =
+      r.prefix_cache_bytes > 0
+          ? r.prefix_cache_bytes + r.context_length * kv_per_token + recurrent_bytes(c)
+          : 0;
   plan.resident = r.resident_bytes;
   return plan;
 }
