@@ -334,6 +334,15 @@ TEST_F(CliBrokenQwen3_5, ValueHeadsNotAMultipleOfKeyHeads) {
   expect_user_error(generate(), {"config.json", "linear_num_value_heads", "multiple"});
 }
 
+// A9: a config.json value that the weights contradict (null takes transformers' default, as
+// there) is named with config.json, not only as the tensor's shape.
+TEST_F(CliBrokenModel, ConfigValueTheWeightsContradict) {
+  Json config = Json::parse(read_file(model() / "config.json"));
+  config["num_key_value_heads"] = nullptr;  // defaults to num_attention_heads
+  std::ofstream(model() / "config.json") << config.dump(2);
+  expect_user_error(generate(), {"model.safetensors", "k_proj", "config.json"});
+}
+
 TEST_F(CliBrokenQwen3_5, HeadDimsThatDisagreeWithTheWeights) {
   edit_config([](Json& c) {
     c["linear_value_head_dim"] = 16;

@@ -190,6 +190,11 @@ TEST_F(GenerationConfigTest, ErrorsNameTheFileAndTheField) {
   expect_rejected(R"({"top_k": 2.5})", "top_k");
   expect_rejected(R"({"eos_token_id": "x"})", "eos_token_id");
   expect_rejected(R"({"eos_token_id": [1, -2]})", "eos_token_id");
+  expect_rejected(R"({"eos_token_id": 1000000000})", "eos_token_id", "outside the vocabulary");
+  // A top_k past the vocabulary keeps every token, as transformers' min(top_k, vocabulary) does
+  // (it wrapped negative on its way through the C API's int32).
+  write(R"({"do_sample": true, "top_k": 2147483648})");
+  EXPECT_EQ(load().sampling.top_k, config_.vocab_size);
   expect_rejected(R"({"max_new_tokens": -1})", "max_new_tokens");
   expect_rejected(R"({"do_sample": true, "temperature": 0})", "temperature");
   expect_rejected(R"({"top_p": 1.5})", "top_p");

@@ -198,14 +198,15 @@ void verify_bundle_files(const std::filesystem::path& dir, const BundleManifest&
     std::ifstream in(hash_path);
     std::string expected, name;
     if (!(in >> expected >> name) || name != "manifest.json") {
-      fail(hash_path.string(), "missing or not '<sha256>  manifest.json': manifest.json cannot "
-                               "be checked (convert again)");
+      fail(hash_path.string(),
+           "missing or not '<sha256>  manifest.json': manifest.json cannot "
+           "be checked (convert again)");
     }
     const std::string actual = sha256_file(dir / "manifest.json");
     if (actual != expected) {
-      fail((dir / "manifest.json").string(),
-           "sha256 " + actual + " does not match " + kManifestHashFile + " (" + expected +
-               "): the manifest is corrupt or was changed");
+      fail((dir / "manifest.json").string(), "sha256 " + actual + " does not match " +
+                                                 kManifestHashFile + " (" + expected +
+                                                 "): the manifest is corrupt or was changed");
     }
   }
   for (const BundleFile& f : m.files) {

@@ -77,7 +77,8 @@ const TensorView& Checkpoint::require(const std::string& name,
     TensorView expected;
     expected.shape.assign(shape.begin(), shape.end());
     fail(t->file->string() + ": tensor '" + name + "'",
-         "shape " + t->shape_string() + ", expected " + expected.shape_string());
+         "shape " + t->shape_string() + ", expected " + expected.shape_string() +
+             " from config.json's sizes (one of the two is wrong)");
   }
   return *t;
 }

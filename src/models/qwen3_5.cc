@@ -31,10 +31,8 @@ AttentionWeights read_gated_attention(const WeightReader& r, const std::string& 
 // The multi-token-prediction head (top-level mtp.*, in text and multimodal layouts alike), read
 // only when mtp_head_missing() finds it whole. Only its first layer is read: one draft step per
 // layer is how the serving engines use it, and Qwen3.5 checkpoints carry one
-// (mtp_num_hidden_layers: 1). Its logits are over `vocab` when given (the lm_head's rows copied
-// before packing releases them).
-MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c, const MatrixRef& lm_head,
-                    const std::function<std::vector<int32_t>()>& vocab_of) {
+// (mtp_num_hidden_layers: 1).
+MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
   const WeightReader mtp(checkpoint, "mtp.", c.int8_activations);
   const int64_t H = c.hidden_size;
   MtpWeights w;
@@ -59,8 +57,6 @@ MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c, const Ma
   l.post_attention_norm = mtp.one_plus("layers.0.post_attention_layernorm.weight", H);
   l.attention = read_gated_attention(mtp, "layers.0.", c);
   l.mlp = read_mlp(mtp, "layers.0.", c);
-  w.vocab = vocab_of();
-  if (!w.vocab.empty()) w.vocab_head.emplace(lm_head, w.vocab);
   return w;
 }
 
@@ -72,11 +68,17 @@ void read_mtp_if_whole(const Checkpoint& checkpoint, const ModelConfig& c,
   w.mtp_unavailable = mtp_head_missing(checkpoint);
   if (!w.mtp_unavailable.empty()) return;
   try {
-    w.mtp = read_mtp(checkpoint, c, w.lm_head, vocab_of);
+    w.mtp = read_mtp(checkpoint, c);
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kInvalidInput) throw;
     w.mtp_unavailable = std::string("its MTP head (mtp.*) is not usable: ") + e.what();
+    return;
   }
+  // Its logits are over the draft vocabulary when there is one (the lm_head's rows, copied
+  // before packing releases them). That file is qhx's own, put there on purpose: a bad one is
+  // refused.
+  w.mtp->vocab = vocab_of();
+  if (!w.mtp->vocab.empty()) w.mtp->vocab_head.emplace(w.lm_head, w.mtp->vocab);
 }
 
 }  // namespace

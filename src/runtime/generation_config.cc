@@ -123,7 +123,8 @@ GenerationDefaults parse_generation_config(const Json& cfg, const std::string& w
     s.greedy = !it->get<bool>();
   }
   s.temperature = static_cast<float>(number(cfg, "temperature", where).value_or(1.0));
-  s.top_k = integer(cfg, "top_k", where).value_or(50);
+  // transformers keeps min(top_k, vocabulary) tokens: a larger top_k keeps them all.
+  s.top_k = std::min<int64_t>(integer(cfg, "top_k", where).value_or(50), config.vocab_size);
   s.top_p = static_cast<float>(number(cfg, "top_p", where).value_or(1.0));
   s.min_p = static_cast<float>(number(cfg, "min_p", where).value_or(0.0));
   s.repetition_penalty = static_cast<float>(number(cfg, "repetition_penalty", where).value_or(1.0));
@@ -140,6 +141,7 @@ GenerationDefaults parse_generation_config(const Json& cfg, const std::string& w
   d.eos_ids = eos != cfg.end() && !eos->is_null()
                   ? parse_token_ids(*eos, field(where, "eos_token_id"))
                   : config.eos_token_ids;
+  require_in_vocabulary(d.eos_ids, config.vocab_size, field(where, "eos_token_id"));
   return d;
 }
 

@@ -2,6 +2,7 @@
 // forge/verify/pack bundles, serve.
 // main() only wires the subcommands' options to the commands (commands.h, chat.h).
 #include <CLI/CLI.hpp>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -98,7 +99,8 @@ int main(int argc, char** argv) {
   generate->add_flag("--greedy", gen.greedy,
                      "Pick the most likely token (default unless generation_config.json samples)");
   generate->add_option("--temperature", gen.temperature, "Sampling temperature");
-  generate->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens (0: all)");
+  generate->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{INT32_MAX}));
   generate->add_option("--top-p", gen.top_p, "Sample from the smallest set with this mass");
   generate->add_option("--min-p", gen.min_p,
                        "Drop tokens less likely than this fraction of the most likely one");
