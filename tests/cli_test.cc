@@ -343,6 +343,18 @@ TEST_F(CliBrokenModel, ConfigValueTheWeightsContradict) {
   expect_user_error(generate(), {"model.safetensors", "k_proj", "config.json"});
 }
 
+// A9: an eos id no token can match is taken (as transformers takes it), with a note.
+TEST_F(CliBrokenModel, EosOutsideTheVocabularyIsNoted) {
+  std::ofstream(model() / "generation_config.json") << R"({"eos_token_id": 1000000000})";
+  const CliRun r = generate();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("note: " + model().string() +
+                       ": eos token id 1000000000 is outside the "
+                       "vocabulary"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(CliBrokenQwen3_5, HeadDimsThatDisagreeWithTheWeights) {
   edit_config([](Json& c) {
     c["linear_value_head_dim"] = 16;

@@ -135,6 +135,7 @@ class GenerationConfigTest : public ::testing::Test {
   test::TempDir dir_;
   ModelConfig config_ = [] {
     ModelConfig c;
+    c.vocab_size = 151936;
     c.eos_token_ids = {151645};
     return c;
   }();
@@ -190,7 +191,6 @@ TEST_F(GenerationConfigTest, ErrorsNameTheFileAndTheField) {
   expect_rejected(R"({"top_k": 2.5})", "top_k");
   expect_rejected(R"({"eos_token_id": "x"})", "eos_token_id");
   expect_rejected(R"({"eos_token_id": [1, -2]})", "eos_token_id");
-  expect_rejected(R"({"eos_token_id": 1000000000})", "eos_token_id", "outside the vocabulary");
   // A top_k past the vocabulary keeps every token, as transformers' min(top_k, vocabulary) does
   // (it wrapped negative on its way through the C API's int32).
   write(R"({"do_sample": true, "top_k": 2147483648})");

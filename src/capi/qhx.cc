@@ -394,6 +394,14 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->eos_ids =
         qhx::default_stop_ids(opened->generation, bundle_stop_ids,
                               opened->tokenizer ? opened->tokenizer->eos_id() : std::nullopt);
+    // transformers takes such an id too; it never matches a generated token.
+    for (const int32_t id : opened->eos_ids) {
+      if (id < config.vocab_size) continue;
+      opened->model_note += (opened->model_note.empty() ? dir.string() + ": " : "; ") +
+                            std::string("eos token id ") + std::to_string(id) +
+                            " is outside the vocabulary (" + std::to_string(config.vocab_size) +
+                            " tokens): generation never stops on it";
+    }
     if (opened->model->has_devices()) {
       check.weights = qhx::check_weights_of(dir);
       check.cache_dir = qhx::default_cache_dir();

@@ -105,15 +105,15 @@ bool near_name(const std::string& a, const std::string& b) {
 
 void Checkpoint::fail_missing(const std::string& name) const {
   const std::string what = "missing tensor '" + name + "'";
+  if (const auto it = indexed_in_.find(name); it != indexed_in_.end()) {
+    fail(it->second.string(), what + ", which model.safetensors.index.json lists in it");
+  }
   for (const auto& f : files_) {
     for (const auto& [other, view] : f->tensors()) {
       if (near_name(name, other) && find(other) == &view) {
         fail(f->path().string(), what + " (it has '" + other + "' instead: a damaged name?)");
       }
     }
-  }
-  if (const auto it = indexed_in_.find(name); it != indexed_in_.end()) {
-    fail(it->second.string(), what + ", which model.safetensors.index.json lists in it");
   }
   if (files_.size() == 1) fail(files_[0]->path().string(), what);
   fail(dir_.string(), what + " (in none of its " + std::to_string(files_.size()) + " files)");

@@ -59,8 +59,5 @@ ModelConfig parse_model_config(const nlohmann::json& root, const std::string& wh
 
 // An eos_token_id-style value: an id, a list of ids, or null (none); `where` names it in errors.
 std::vector<int32_t> parse_token_ids(const nlohmann::json& value, const std::string& where);
-// Error naming `where` when an id is not below vocab_size (an eos id no token can match).
-void require_in_vocabulary(std::span<const int32_t> ids, int64_t vocab_size,
-                           const std::string& where);
 
 }  // namespace qhx
