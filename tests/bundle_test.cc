@@ -306,6 +306,21 @@ TEST_F(BundleTest, IntegrityFailuresAreNamed) {
     EXPECT_NO_THROW(load_model(m));
     expect_error([&] { load_model(m, {.verify_sha256 = true}); },
                  {"manifest.json", "does not match manifest.sha256"});
+    // A damaged value in the manifest is named as damage, not as the bad value it now is.
+    const fs::path hex = fresh("manifest-hex");
+    std::string manifest_text = test::read_file(hex / "manifest.json");
+    const size_t sha = manifest_text.find("\"sha256\": \"");
+    ASSERT_NE(sha, std::string::npos);
+    manifest_text[sha + 11] = 'X';  // no longer 64 lowercase hex digits
+    std::ofstream(hex / "manifest.json", std::ios::binary) << manifest_text;
+    expect_error([&] { load_model(hex, {.verify_sha256 = true}); },
+                 {"manifest.json", "does not match manifest.sha256"});
+    // A file the loader would read, dropped in after convert: refused, since nothing checks it.
+    const fs::path dropped = fresh("dropped");
+    ASSERT_FALSE(fs::exists(dropped / "chat_template.jinja"));
+    std::ofstream(dropped / "chat_template.jinja") << "{{ messages }}";
+    expect_error([&] { load_model(dropped, {.verify_sha256 = true}); },
+                 {"chat_template.jinja", "not listed in manifest.json"});
     const fs::path unprotected = fresh("unprotected");
     fs::remove(unprotected / kManifestHashFile);
     expect_error([&] { load_model(unprotected, {.verify_sha256 = true}); }, {"manifest.sha256"});

@@ -274,8 +274,8 @@ TEST_F(CliBrokenModel, TensorOfTheWrongShape) {
   Json& shape = raw.header["model.layers.0.self_attn.k_proj.weight"]["shape"];
   std::swap(shape[0], shape[1]);
   raw.write(model() / "model.safetensors");
-  expect_user_error(generate(),
-                    {"model.safetensors", "model.layers.0.self_attn.k_proj.weight", "expected"});
+  expect_user_error(generate(), {"model.safetensors", "model.layers.0.self_attn.k_proj.weight",
+                                 "one of the two is wrong"});
 }
 
 TEST_F(CliBrokenModel, BadJsonConfig) {
@@ -321,7 +321,7 @@ TEST_F(CliBrokenQwen3_5, ConvWeightOfTheWrongShape) {
   Json& shape = raw.header["model.layers.0.linear_attn.conv1d.weight"]["shape"];
   shape = {shape[0], shape[2], shape[1]};  // [C, K, 1]: same bytes, wrong layout
   raw.write(model() / "model.safetensors");
-  expect_user_error(generate(), {"model.safetensors", "conv1d.weight", "expected"});
+  expect_user_error(generate(), {"model.safetensors", "conv1d.weight", "one of the two is wrong"});
 }
 
 TEST_F(CliBrokenQwen3_5, LayerTypesOfTheWrongLength) {
@@ -340,7 +340,13 @@ TEST_F(CliBrokenModel, ConfigValueTheWeightsContradict) {
   Json config = Json::parse(read_file(model() / "config.json"));
   config["num_key_value_heads"] = nullptr;  // defaults to num_attention_heads
   std::ofstream(model() / "config.json") << config.dump(2);
-  expect_user_error(generate(), {"model.safetensors", "k_proj", "config.json"});
+  expect_user_error(generate(), {"config.json: num_key_value_heads", "is 4", "null",
+                                 "model.safetensors's 'model.layers.0.self_attn.k_proj.weight'"});
+  config["num_key_value_heads"] = 2;
+  config["num_hidden_layers"] = config["num_hidden_layers"].get<int>() - 1;
+  config.erase("layer_types");
+  std::ofstream(model() / "config.json") << config.dump(2);
+  expect_user_error(generate(), {"config.json: num_hidden_layers", "more layers"});
 }
 
 // A9: an eos id no token can match is taken (as transformers takes it), with a note.
@@ -360,7 +366,7 @@ TEST_F(CliBrokenQwen3_5, HeadDimsThatDisagreeWithTheWeights) {
     c["linear_value_head_dim"] = 16;
     c["linear_key_head_dim"] = 16;
   });
-  expect_user_error(generate(), {"model.safetensors", "expected"});
+  expect_user_error(generate(), {"config.json: linear_value_head_dim", "model.safetensors"});
 }
 
 // The audit's checkpoint: a multimodal Qwen3.5 whose MTP module holds mtp.fc and mtp.norm only.
@@ -401,7 +407,12 @@ TEST(Cli, OutOfRangeOptionsNameTheirBound) {
   for (const auto& [args, expected] : std::vector<std::pair<std::string, std::string>>{
            {"-n -1", "--n-predict: must be >= 0, got -1"},
            {"-n 2 --seed -1", "--seed: must be >= 0, got -1"},
-           {"-n abc", "--n-predict: 'abc' is not a number"}}) {
+           {"-n abc", "--n-predict: 'abc' is not a whole number"},
+           {"-n 1.5", "--n-predict: '1.5' is not a whole number"},
+           {"-n 99999999999999999999",
+            "--n-predict: '99999999999999999999' is too large (at most 9223372036854775807)"},
+           {"-n 9223372036854775808",
+            "--n-predict: '9223372036854775808' is too large (at most 9223372036854775807)"}}) {
     const CliRun r = qhx("generate" + model + " " + args);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_EQ(r.err.substr(0, r.err.find('\n')), expected);

@@ -115,6 +115,20 @@ TEST_F(ConfigTest, UnsupportedSettingsAreErrors) {
   expect_error([&] { load(j); }, {"hidden_size", "integer"});
 }
 
+// Sizes past what any model has are refused by name before anything is sized by them (a
+// trillion layers asked for a vector of a trillion entries; 2^64 - 1 wrapped negative).
+TEST_F(ConfigTest, ImplausibleSizesAreRefusedByName) {
+  Json j = base_config();
+  j["num_hidden_layers"] = int64_t{1000000000000};
+  expect_error([&] { load(j); }, {"config.json: num_hidden_layers", "at most 65536"});
+  j = base_config();
+  j["hidden_size"] = uint64_t{18446744073709551615u};
+  expect_error([&] { load(j); }, {"config.json: hidden_size", "at most", "18446744073709551615"});
+  j = base_config();
+  j["intermediate_size"] = int64_t{1} << 40;
+  expect_error([&] { load(j); }, {"config.json: intermediate_size", "at most"});
+}
+
 // Qwen3.5-0.8B's config.json as published (spec §3.1, §3.2), vision part shortened.
 Json qwen3_5_config() {
   return Json::parse(R"({

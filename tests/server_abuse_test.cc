@@ -166,6 +166,16 @@ TEST_F(ServerAbuseTest, ManyKeysAreAnsweredQuickly) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(),
             1.0 * test::kBuildSlowdown);
 
+  // As many keys in a message that has reasoning (copied to "thinking" and back).
+  std::string reasoning = R"({"messages": [{"role": "user", "content": "And"}, )"
+                          R"({"role": "assistant", "content": "a", "reasoning_content": "r", )";
+  for (int i = 0; i < 200000; ++i) reasoning += "\"k" + std::to_string(i) + "\":0,";
+  reasoning += R"("x": 0}, {"role": "user", "content": "And"}], "max_tokens": 1})";
+  started = Clock::now();
+  EXPECT_EQ(post("/v1/chat/completions", reasoning).first, 200);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(),
+            1.0 * test::kBuildSlowdown);
+
   // A2: as many template keyword arguments (each a template variable).
   std::string chat = R"({"messages": [{"role": "user", "content": "And"}], "max_tokens": 1, )"
                      R"("chat_template_kwargs": {)";

@@ -29,11 +29,25 @@ Value prepare_message(const Json& message, const std::string& where) {
     if ((reasoning = d.find(std::string_view(field)))) break;
   }
   if (!reasoning) return Value::make_dict(std::move(d));
+  // Built in one pass (the keys are a JSON object's, so unique): Dict::set looks each key up
+  // from the start, and a message may carry 100,000s of keys.
   const Value r = *reasoning;
   Dict aliased;
-  aliased.set(Value::string("thinking"), r);
-  for (auto& [k, v] : d.items) aliased.set(std::move(k), std::move(v));
-  aliased.set(Value::string("reasoning_content"), r);
+  aliased.items.reserve(d.items.size() + 2);
+  aliased.items.emplace_back(Value::string("thinking"), r);
+  bool has_reasoning_content = false;
+  for (auto& [k, v] : d.items) {
+    if (k.s == "thinking") {
+      aliased.items[0].second = std::move(v);
+      continue;
+    }
+    if (k.s == "reasoning_content") {
+      has_reasoning_content = true;
+      v = r;
+    }
+    aliased.items.emplace_back(std::move(k), std::move(v));
+  }
+  if (!has_reasoning_content) aliased.items.emplace_back(Value::string("reasoning_content"), r);
   return Value::make_dict(std::move(aliased));
 }
 

@@ -958,6 +958,16 @@ bool is_string_method(const std::string& name) {
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 
+// d.update(from): a copy when d is empty (Dict::set looks each key up from the start, and a
+// template may copy a message of 100,000s of keys).
+void update(Dict& d, const Dict& from) {
+  if (d.items.empty()) {
+    d.items = from.items;
+    return;
+  }
+  for (const auto& [k, v] : from.items) d.set(k, v);
+}
+
 }  // namespace
 
 std::vector<Value> iterate(const Value& v) {
@@ -1066,7 +1076,7 @@ std::vector<std::pair<std::string, Value>> builtin_globals() {
                    Dict d;
                    for (const Value& init : a.positional) {
                      if (!init.is_dict()) throw_error("TypeError: namespace() takes a mapping");
-                     for (const auto& [k, v] : init.dict->items) d.set(k, v);
+                     update(d, *init.dict);
                    }
                    for (const auto& [k, v] : a.keyword) {
                      if (!k.empty() && k[0] == '_') {
@@ -1097,7 +1107,7 @@ std::vector<std::pair<std::string, Value>> builtin_globals() {
         Dict d;
         for (const Value& init : a.positional) {
           if (init.is_dict()) {
-            for (const auto& [k, v] : init.dict->items) d.set(k, v);
+            update(d, *init.dict);
           } else {
             for (const Value& pair : iterate(init)) {
               if (!pair.is_list() || pair.list->size() != 2)

@@ -1,5 +1,6 @@
 #include "io/bundle.h"
 
+#include <algorithm>
 #include <climits>
 #include <fstream>
 #include <set>
@@ -168,9 +169,40 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   return m;
 }
 
+namespace {
+
+// manifest.json against manifest.sha256 (qhx verify, --verify).
+void verify_manifest_hash(const std::filesystem::path& dir) {
+  const std::filesystem::path hash_path = dir / kManifestHashFile;
+  std::ifstream in(hash_path);
+  std::string expected, name;
+  if (!(in >> expected >> name) || name != "manifest.json") {
+    fail(hash_path.string(),
+         "missing or not '<sha256>  manifest.json': manifest.json cannot be checked (convert "
+         "again)");
+  }
+  const std::string actual = sha256_file(dir / "manifest.json");
+  if (actual != expected) {
+    fail((dir / "manifest.json").string(), "sha256 " + actual + " does not match " +
+                                               kManifestHashFile + " (" + expected +
+                                               "): the manifest is corrupt or was changed");
+  }
+}
+
+// Files a bundle's loaders read when they are there: each must be listed (and so checked).
+constexpr const char* kReadWhenPresent[] = {"tokenizer.json",      "tokenizer_config.json",
+                                            "chat_template.jinja", "generation_config.json",
+                                            "draft_vocab.json",    "card.json"};
+
+}  // namespace
+
 BundleManifest open_bundle_manifest(const std::filesystem::path& dir,
                                     const BundleOpenOptions& options) {
   const auto manifest_path = dir / "manifest.json";
+  // Checked before it is read, so that a damaged field is named as damage, not as a bad value.
+  if (options.verify_sha256 && std::filesystem::exists(dir / kManifestHashFile)) {
+    verify_manifest_hash(dir);
+  }
   BundleManifest m = parse_bundle_manifest(read_json_file(manifest_path), manifest_path.string());
   if (options.check_target && !target_runs_here(m.target)) {
     fail(manifest_path.string() + ": target", "bundle is built for '" + m.target +
@@ -192,21 +224,18 @@ BundleManifest open_bundle_manifest(const std::filesystem::path& dir,
 }
 
 void verify_bundle_files(const std::filesystem::path& dir, const BundleManifest& m) {
-  // manifest.json itself, against manifest.sha256 (from format version 2).
+  // From format version 2 every file is covered: the manifest by manifest.sha256, the rest by
+  // the manifest's list, so a file a loader would read that is not listed is refused.
   if (m.format_version >= 2) {
-    const std::filesystem::path hash_path = dir / kManifestHashFile;
-    std::ifstream in(hash_path);
-    std::string expected, name;
-    if (!(in >> expected >> name) || name != "manifest.json") {
-      fail(hash_path.string(),
-           "missing or not '<sha256>  manifest.json': manifest.json cannot "
-           "be checked (convert again)");
-    }
-    const std::string actual = sha256_file(dir / "manifest.json");
-    if (actual != expected) {
-      fail((dir / "manifest.json").string(), "sha256 " + actual + " does not match " +
-                                                 kManifestHashFile + " (" + expected +
-                                                 "): the manifest is corrupt or was changed");
+    verify_manifest_hash(dir);
+    for (const char* name : kReadWhenPresent) {
+      const bool listed = std::any_of(m.files.begin(), m.files.end(),
+                                      [&](const BundleFile& f) { return f.path == name; });
+      if (!listed && std::filesystem::exists(dir / name)) {
+        fail((dir / name).string(),
+             "not listed in manifest.json, so it cannot be checked, yet qhx would read it "
+             "(remove it, or convert again)");
+      }
     }
   }
   for (const BundleFile& f : m.files) {

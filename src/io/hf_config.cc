@@ -58,9 +58,18 @@ const std::set<std::string_view> kWrapperKeys = {"text_config",           "visio
                                                  "image_token_id",        "video_token_id",
                                                  "vision_start_token_id", "vision_end_token_id"};
 
-int64_t positive_int(const Json& cfg, std::string_view key, const std::string& where) {
+// Sizes are bounded so that products of them cannot overflow and a typo cannot ask for
+// exabytes: 2^31 (a vocabulary, a hidden size), 2^16 layers.
+int64_t positive_int(const Json& cfg, std::string_view key, const std::string& where,
+                     int64_t max = int64_t{1} << 31) {
+  const Json& j = require_field(cfg, key, where);
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(max)) {
+    fail(field(where, key), "must be at most " + std::to_string(max) + ", got " + j.dump());
+  }
   const int64_t v = require_int(cfg, key, where);
   if (v <= 0) fail(field(where, key), "must be positive, got " + std::to_string(v));
+  if (v > max)
+    fail(field(where, key), "must be at most " + std::to_string(max) + ", got " + j.dump());
   return v;
 }
 
@@ -204,7 +213,7 @@ ModelConfig parse_model_config(const Json& root, const std::string& root_where) 
   c.vocab_size = positive_int(cfg, "vocab_size", where);
   c.hidden_size = positive_int(cfg, "hidden_size", where);
   c.intermediate_size = positive_int(cfg, "intermediate_size", where);
-  c.num_layers = positive_int(cfg, "num_hidden_layers", where);
+  c.num_layers = positive_int(cfg, "num_hidden_layers", where, int64_t{1} << 16);
   c.num_heads = positive_int(cfg, "num_attention_heads", where);
   c.num_kv_heads = cfg.contains("num_key_value_heads") && !cfg["num_key_value_heads"].is_null()
                        ? positive_int(cfg, "num_key_value_heads", where)

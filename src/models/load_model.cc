@@ -4,6 +4,7 @@
 #include "io/pack.h"
 #include "models/families.h"
 #include "models/model.h"
+#include "models/weights.h"
 #include "util/error.h"
 
 namespace qhx {
@@ -32,9 +33,12 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
         dir, {.verify_sha256 = options.verify_sha256, .check_target = options.check_target});
     config = manifest.config;
     checkpoint = open_bundle_tensors(dir, manifest);
+    check_sizes_against_weights(config, checkpoint,
+                                (dir / "manifest.json").string() + ": model_config");
   } else {
     config = load_model_config(dir / "config.json");
     checkpoint = Checkpoint::open(dir);
+    check_sizes_against_weights(config, checkpoint, (dir / "config.json").string());
   }
   std::shared_ptr<CpuContext> context = options.context;
   if (context == nullptr) context = std::make_shared<CpuContext>(1, CpuKernels::from_environment());

@@ -1,6 +1,7 @@
 #include "models/weights.h"
 
 #include "util/error.h"
+#include "util/json_file.h"
 
 namespace qhx {
 namespace {
@@ -43,6 +44,51 @@ std::vector<float> WeightReader::one_plus(const std::string& name, int64_t n) co
   std::vector<float> w = f32(name, {n});
   for (float& x : w) x = 1.0f + x;
   return w;
+}
+
+void check_sizes_against_weights(const ModelConfig& c, const Checkpoint& checkpoint,
+                                 const std::string& config_where) {
+  const std::string p = text_decoder_prefix(checkpoint);
+  // `key`'s value against what dimension `dim` of tensor `name` holds (divided by `per`).
+  const auto agree = [&](const char* key, int64_t value, const std::string& name, size_t dim,
+                         int64_t per = 1) {
+    const TensorView* t = checkpoint.find(name);
+    if (t == nullptr || t->shape.size() <= dim || per <= 0) return;
+    const int64_t holds = t->shape[dim];
+    if (holds == value * per) return;
+    const std::string implied = holds % per == 0
+                                    ? std::to_string(holds / per)
+                                    : std::to_string(holds) + " / " + std::to_string(per);
+    fail(field(config_where, key), "is " + std::to_string(value) +
+                                       " (a null or absent value takes transformers' default), "
+                                       "but " +
+                                       t->file->filename().string() + "'s '" + name + "' (shape " +
+                                       t->shape_string() + ") holds " + implied +
+                                       ": one of the two is wrong");
+  };
+  agree("vocab_size", c.vocab_size, p + "embed_tokens.weight", 0);
+  agree("hidden_size", c.hidden_size, p + "embed_tokens.weight", 1);
+  agree("intermediate_size", c.intermediate_size, p + "layers.0.mlp.gate_proj.weight", 0);
+  const bool qwen3_5 = c.family == Family::kQwen3_5;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string l = p + "layers." + std::to_string(i) + ".";
+    if (c.layer_types[i] == LayerKind::kFullAttention) {
+      agree("head_dim", c.head_dim, l + "self_attn.k_norm.weight", 0);
+      agree("num_key_value_heads", c.num_kv_heads, l + "self_attn.k_proj.weight", 0, c.head_dim);
+      agree("num_attention_heads", c.num_heads, l + "self_attn.o_proj.weight", 1, c.head_dim);
+    } else {
+      agree("linear_num_value_heads", c.linear_num_value_heads, l + "linear_attn.A_log", 0);
+      agree("linear_value_head_dim", c.linear_value_head_dim, l + "linear_attn.norm.weight", 0);
+      agree("linear_conv_kernel_dim", c.linear_conv_kernel_dim, l + "linear_attn.conv1d.weight", 2);
+    }
+    if (!qwen3_5 || c.layer_types[i] == LayerKind::kFullAttention) break;  // one of each kind
+  }
+  const std::string past = p + "layers." + std::to_string(c.num_layers) + ".input_layernorm.weight";
+  if (const TensorView* t = checkpoint.find(past)) {
+    fail(field(config_where, "num_hidden_layers"), "is " + std::to_string(c.num_layers) + ", but " +
+                                                       t->file->filename().string() + " holds '" +
+                                                       past + "': the weights have more layers");
+  }
 }
 
 std::string text_decoder_prefix(const Checkpoint& checkpoint) {

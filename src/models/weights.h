@@ -33,6 +33,13 @@ class WeightReader {
   bool int8_activations_;
 };
 
+// The sizes the configuration gives (vocabulary, hidden, MLP, heads, head and Gated DeltaNet
+// dimensions, layer count) against the shapes of the weights that hold them: an Error naming
+// `config_where`'s field on the first that disagrees (a null num_key_value_heads takes
+// transformers' default, the attention heads, which the weights may contradict).
+void check_sizes_against_weights(const ModelConfig& config, const Checkpoint& checkpoint,
+                                 const std::string& config_where);
+
 // Where the text decoder's tensors live: "model.language_model." in multimodal wrappers (whose
 // vision and multi-token-prediction tensors are never read), else "model.".
 std::string text_decoder_prefix(const Checkpoint& checkpoint);

@@ -2,7 +2,9 @@
 // forge/verify/pack bundles, serve.
 // main() only wires the subcommands' options to the commands (commands.h, chat.h).
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,22 +19,35 @@
 
 namespace {
 
-// A number of at least `low` (above it when `strict`). CLI11's NonNegativeNumber and
-// PositiveNumber would name the largest double, 309 digits, as the bound.
-CLI::Validator at_least(double low, bool strict) {
-  const std::string bound = (strict ? "> " : ">= ") + std::to_string(static_cast<int64_t>(low));
+// A whole number in base 10 (CLI11 would read 010 as octal and saturate past the type) of at
+// least `low` and at most `high`. Its errors name the bound (CLI11's NonNegativeNumber and
+// PositiveNumber named the largest double, 309 digits).
+CLI::Validator whole_number(uint64_t low, uint64_t high) {
+  const std::string bound = ">= " + std::to_string(low);
   return CLI::Validator(
       [=](const std::string& text) -> std::string {
-        char* end = nullptr;
-        const double value = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0') return "'" + text + "' is not a number";
-        if (strict ? value > low : value >= low) return "";
-        return "must be " + bound + ", got " + text;
+        if (text.starts_with('-') && text.size() > 1 &&
+            text.find_first_not_of("0123456789", 1) == std::string::npos) {
+          return "must be " + bound + ", got " + text;
+        }
+        uint64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error == std::errc::result_out_of_range) {
+          return "'" + text + "' is too large (at most " + std::to_string(high) + ")";
+        }
+        if (error != std::errc() || end != text.data() + text.size()) {
+          return "'" + text + "' is not a whole number";
+        }
+        if (value < low) return "must be " + bound + ", got " + text;
+        if (value > high)
+          return "'" + text + "' is too large (at most " + std::to_string(high) + ")";
+        return "";
       },
-      "NUMBER " + bound);
+      "INTEGER " + bound);
 }
-const CLI::Validator kNonNegative = at_least(0, false);
-const CLI::Validator kPositive = at_least(0, true);
+const CLI::Validator kNonNegative = whole_number(0, INT64_MAX);
+const CLI::Validator kPositive = whole_number(1, INT64_MAX);
+const CLI::Validator kSeed = whole_number(0, UINT64_MAX);
 
 // An option that refuses an empty value: the empty string would silently mean "off".
 CLI::Validator not_empty(const std::string& why) {
@@ -116,8 +131,7 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   generate->add_option("--stop", gen.stop, "Stop before this text (repeatable)")
       ->allow_extra_args(false);
-  generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)")
-      ->check(kNonNegative);
+  generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)")->check(kSeed);
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated ids, comma-separated, on one line instead of text");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
@@ -148,7 +162,7 @@ int main(int argc, char** argv) {
   add_speculative_options(chat, chat_args.speculative,
                           "Speculative decoding: none, ngram (prompt lookup) or draft:DIR (a "
                           "smaller model with the same tokenizer); replies as without");
-  chat->add_option("--seed", chat_args.seed, "Random seed")->check(kNonNegative);
+  chat->add_option("--seed", chat_args.seed, "Random seed")->check(kSeed);
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
   add_threads_option(chat, chat_args.threads);
   add_device_options(chat, chat_args.devices);
@@ -185,10 +199,12 @@ int main(int argc, char** argv) {
   convert
       ->add_option("--max-shard-bytes", forge_args.max_shard_bytes,
                    "Split decoder layers into shards of at most this size")
-      ->excludes(shards_opt);
+      ->excludes(shards_opt)
+      ->check(kPositive);
   convert->add_option("--target", forge_args.target,
                       "generic, x86_64, x86_64-avx2, x86_64-avx512, aarch64, aarch64-dotprod");
-  convert->add_option("--max-ctx", forge_args.max_context, "Context limit of the plan");
+  convert->add_option("--max-ctx", forge_args.max_context, "Context limit of the plan")
+      ->check(kPositive);
   convert->add_option("--activations", forge_args.activations,
                       "W8/W4 matrices multiply int8-quantized or f32 activations: auto (int8 if "
                       "the gate accepts it), int8, f32");
@@ -282,7 +298,7 @@ int main(int argc, char** argv) {
   synth->add_option("--lm-head", synth_args.lm_head, "With --weights: lm_head dtype");
   synth->add_option("--activations", synth_args.activations,
                     "With --weights w8/w4: auto (= int8, ungated), int8, f32");
-  synth->add_option("--seed", synth_args.seed, "Random seed")->check(kNonNegative);
+  synth->add_option("--seed", synth_args.seed, "Random seed")->check(kSeed);
 
   std::string verify_bundle;
   CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");
