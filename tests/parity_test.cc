@@ -634,6 +634,36 @@ TEST(Mtp, AnIndexListingPrunedTensorsIsNoRefusal) {
                      {file + ": missing tensor '" + norm + "'", "index.json lists in it"});
 }
 
+// Tensors of types qhx does not compute with (an FP8 vision tower, an FP8 MTP head) are read past
+// as transformers reads past what it does not load: the file parses, the head is left out and
+// says why, and the text model is the same to the bit.
+TEST(Mtp, Fp8OptionalPartsAreReadPast) {
+  const fs::path source = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";
+  const test::TempDir tmp;
+  test::copy_checkpoint(source, tmp.path(), [](const std::string&) { return false; });
+  const std::string shard =
+      read_json_file(source / "model.safetensors.index.json")["weight_map"]["mtp.fc.weight"];
+  test::RawSafetensors raw = test::RawSafetensors::read(tmp.path() / shard);
+  const Json fc = raw.header["mtp.fc.weight"];
+  raw.erase("mtp.fc.weight");
+  const std::vector<int64_t> fc_shape = fc["shape"].get<std::vector<int64_t>>();
+  const std::vector<uint8_t> fp8(fc_shape[0] * fc_shape[1], 0x38);  // 1.0 in E4M3
+  raw.add("mtp.fc.weight", "F8_E4M3", fc_shape, fp8.data(), fp8.size());
+  const std::vector<uint8_t> patch(4 * 8, 0x38);
+  raw.add("model.visual.patch_embed.proj.weight", "F8_E4M3", {4, 8}, patch.data(), patch.size());
+  raw.write(tmp.path() / shard);
+  const auto model = load_model(tmp.path());
+  EXPECT_FALSE(model->has_mtp());
+  EXPECT_NE(model->mtp_unavailable().find("mtp.fc.weight as F8_E4M3"), std::string::npos)
+      << model->mtp_unavailable();
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5};
+  std::vector<float> logits, expected;
+  model->forward(ids, *model->new_state(), LogitsFor::kEveryToken, logits);
+  const auto whole = load_model(source);
+  whole->forward(ids, *whole->new_state(), LogitsFor::kEveryToken, expected);
+  EXPECT_TRUE(logits == expected);
+}
+
 // A whole module of the wrong shape is not a refusal either (transformers never reads it).
 TEST(Mtp, AHeadOfTheWrongShapeIsLeftOutAndSaysWhy) {
   const fs::path source = test::source_dir() / "tests/fixtures/qwen3_5/multimodal_layout";

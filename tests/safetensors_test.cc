@@ -94,6 +94,8 @@ TEST(Safetensors, ByteRangeMustMatchShape) {
                {"'a'", "[3, 3]", "needs 36"});
 }
 
+void write_verbatim(const fs::path& path, const std::string& header, const std::string& data);
+
 TEST(Safetensors, MalformedHeadersAreRejected) {
   test::TempDir dir;
   const fs::path path = dir.path() / "x.safetensors";
@@ -120,6 +122,16 @@ TEST(Safetensors, MalformedHeadersAreRejected) {
   raw.header["b"]["shape"] = {-1};
   raw.write(path);
   expect_error([&] { SafetensorsFile::open(path); }, {"'b'", "shape"});
+
+  // A flipped bit that makes one tensor's name another's: the name is said to appear twice (it
+  // was a hole in the data, blamed on an older writer).
+  raw = sample_file();
+  std::string text = raw.header.dump();
+  const size_t at = text.find("\"b\"");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 1] = 'a';
+  write_verbatim(path, text, raw.data);
+  expect_error([&] { SafetensorsFile::open(path); }, {path.string(), "'a' appears twice"});
 }
 
 // Writes a file whose header is `header` verbatim (no padding) followed by `data`.

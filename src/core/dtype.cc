@@ -19,6 +19,13 @@ std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
   if (name == "I8") return DType::kI8;
   if (name == "U8") return DType::kU8;
   if (name == "BOOL") return DType::kBool;
+  if (name == "U16") return DType::kU16;
+  if (name == "U32") return DType::kU32;
+  if (name == "U64") return DType::kU64;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
+  if (name == "F8_E5M2") return DType::kF8E5M2;
+  if (name == "F8_E8M0") return DType::kF8E8M0;
+  if (name == "C64") return DType::kC64;
   return std::nullopt;
 }
 
@@ -44,6 +51,20 @@ std::string_view dtype_name(DType dtype) {
       return "U8";
     case DType::kBool:
       return "BOOL";
+    case DType::kU16:
+      return "U16";
+    case DType::kU32:
+      return "U32";
+    case DType::kU64:
+      return "U64";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
+    case DType::kF8E8M0:
+      return "F8_E8M0";
+    case DType::kC64:
+      return "C64";
     case DType::kW8:
       return "W8";
     case DType::kW4:
@@ -56,17 +77,24 @@ size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::kF64:
     case DType::kI64:
+    case DType::kU64:
+    case DType::kC64:
       return 8;
     case DType::kF32:
     case DType::kI32:
+    case DType::kU32:
       return 4;
     case DType::kF16:
     case DType::kBF16:
     case DType::kI16:
+    case DType::kU16:
       return 2;
     case DType::kI8:
     case DType::kU8:
     case DType::kBool:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
       return 1;
     case DType::kW8:
     case DType::kW4:

@@ -12,7 +12,30 @@ namespace qhx {
 
 // kW8 and kW4 are qhx bundle weight formats (int8 per-row and int4 per-group quantisation, laid
 // out as core/tensor.h MatrixRef describes); safetensors files never hold them.
-enum class DType { kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF64, kW8, kW4 };
+// The safetensors dtypes of one byte or more (a file holding any of them parses; only float
+// ones are weights qhx computes with: an FP8 vision tower or MTP head of a checkpoint is read
+// past, as transformers reads past what it does not load), and qhx's own W8/W4.
+enum class DType {
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool,
+  kF64,
+  kU16,
+  kU32,
+  kU64,
+  kF8E4M3,
+  kF8E5M2,
+  kF8E8M0,
+  kC64,
+  kW8,
+  kW4
+};
 
 std::optional<DType> dtype_from_safetensors_name(std::string_view name);
 std::string_view dtype_name(DType dtype);

@@ -223,10 +223,11 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   }
   ConvertResult result;
   result.int8_activations = any_quantized && options.int8_activations.value_or(true);
-  // An incomplete MTP head is left out, as loading leaves it unused: the bundle is a text model.
-  const std::string mtp_missing = mtp_head_missing(checkpoint);
-  if (!mtp_missing.empty()) {
-    result.notes.push_back(hf_dir.string() + ": " + mtp_missing + "; the bundle leaves it out");
+  // An MTP head that is incomplete (or of a type qhx does not compute with) is left out, as
+  // loading leaves it unused: the bundle is a text model.
+  const std::string mtp_unusable = mtp_head_unusable(checkpoint);
+  if (!mtp_unusable.empty()) {
+    result.notes.push_back(hf_dir.string() + ": " + mtp_unusable + "; the bundle leaves it out");
   }
   for (const auto& file : checkpoint.files()) {
     for (const auto& [source_name, view] : file->tensors()) {
@@ -234,7 +235,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       const bool mtp = source_name.starts_with("mtp.");
       if (source_name.starts_with(prefix)) {
         name = "model." + source_name.substr(prefix.size());
-      } else if (source_name == "lm_head.weight" || (mtp && mtp_missing.empty())) {
+      } else if (source_name == "lm_head.weight" || (mtp && mtp_unusable.empty())) {
         name = source_name;
       } else {
         ++skipped;
@@ -418,8 +419,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         {{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
   }
   std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
-  std::ofstream(temp / kManifestHashFile) << sha256_file(temp / "manifest.json")
-                                          << "  manifest.json\n";
+  std::ofstream(temp / kManifestHashFile)
+      << sha256_file(temp / "manifest.json") << "  manifest.json\n";
   for (const auto& entry : fs::directory_iterator(temp)) fsync_path(entry.path());
   if (fs::exists(out)) {
     const fs::path old = hidden_sibling(out, ".old-");

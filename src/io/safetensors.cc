@@ -40,9 +40,16 @@ int reference_rank(DType dtype) {
       return 8;
     case DType::kI64:
       return 9;
+    case DType::kU16:
+    case DType::kU32:
+    case DType::kU64:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
+    case DType::kC64:
     case DType::kW8:
     case DType::kW4:
-      break;
+      break;  // read, never written
   }
   return -1;
 }
@@ -73,7 +80,8 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   }
   const std::string_view header(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
   if (header.empty()) fail(where, "header is empty (it must be a JSON object)");
-  const Json json = parse_json(header, where + ": header");
+  // A name given twice (a damaged header: a flipped bit made one tensor's name another's).
+  const Json json = parse_json(header, where + ": header", /*unique_keys=*/true);
   if (!json.is_object()) fail(where, "header is not a JSON object");
 
   const std::byte* data_start = bytes.data() + 8 + header_len;

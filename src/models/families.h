@@ -26,10 +26,10 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkp
 
 // Qwen3.5's multi-token-prediction head: the tensors qhx reads of it (mtp_num_hidden_layers is
 // 1 in every checkpoint; further layers are not read), whether a checkpoint has any mtp.* tensor,
-// and, when it has some but not all of the head's, a phrase naming the missing ones ("" when it
-// has none or all).
+// and, when it has some, a phrase saying why they are not a head qhx can use (some missing, or
+// of a type it does not compute with), "" when they are.
 const std::vector<std::string>& mtp_head_tensors();
 bool has_mtp_tensors(const Checkpoint& checkpoint);
-std::string mtp_head_missing(const Checkpoint& checkpoint);
+std::string mtp_head_unusable(const Checkpoint& checkpoint);
 
 }  // namespace qhx

@@ -29,7 +29,7 @@ AttentionWeights read_gated_attention(const WeightReader& r, const std::string& 
 }
 
 // The multi-token-prediction head (top-level mtp.*, in text and multimodal layouts alike), read
-// only when mtp_head_missing() finds it whole. Only its first layer is read: one draft step per
+// only when mtp_head_unusable() finds it whole. Only its first layer is read: one draft step per
 // layer is how the serving engines use it, and Qwen3.5 checkpoints carry one
 // (mtp_num_hidden_layers: 1).
 MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
@@ -65,7 +65,7 @@ MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
 void read_mtp_if_whole(const Checkpoint& checkpoint, const ModelConfig& c,
                        const std::function<std::vector<int32_t>()>& vocab_of, DecoderWeights& w) {
   if (!has_mtp_tensors(checkpoint)) return;
-  w.mtp_unavailable = mtp_head_missing(checkpoint);
+  w.mtp_unavailable = mtp_head_unusable(checkpoint);
   if (!w.mtp_unavailable.empty()) return;
   try {
     w.mtp = read_mtp(checkpoint, c);
@@ -113,7 +113,7 @@ bool has_mtp_tensors(const Checkpoint& checkpoint) {
   return false;
 }
 
-std::string mtp_head_missing(const Checkpoint& checkpoint) {
+std::string mtp_head_unusable(const Checkpoint& checkpoint) {
   if (!has_mtp_tensors(checkpoint)) return "";
   std::string missing;
   int n = 0;
@@ -121,9 +121,18 @@ std::string mtp_head_missing(const Checkpoint& checkpoint) {
     if (checkpoint.contains(name)) continue;
     missing += (n++ == 0 ? "" : ", ") + name;
   }
-  if (n == 0) return "";
-  return "its MTP head (mtp.*) is incomplete, missing " + std::to_string(n) + " of " +
-         std::to_string(mtp_head_tensors().size()) + " tensors: " + missing;
+  if (n > 0) {
+    return "its MTP head (mtp.*) is incomplete, missing " + std::to_string(n) + " of " +
+           std::to_string(mtp_head_tensors().size()) + " tensors: " + missing;
+  }
+  for (const std::string& name : mtp_head_tensors()) {
+    const DType d = checkpoint.find(name)->dtype;
+    if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16 && !is_quantized(d)) {
+      return "its MTP head (mtp.*) holds " + name + " as " + std::string(dtype_name(d)) +
+             ", not a weight type qhx computes with";
+    }
+  }
+  return "";
 }
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,

@@ -1,5 +1,7 @@
 #include "util/json_file.h"
 
+#include <set>
+
 #include "util/error.h"
 #include "util/mapped_file.h"
 
@@ -9,9 +11,21 @@ Json read_json_file(const std::filesystem::path& path) {
   return parse_json(read_regular_file(path), path.string());
 }
 
-Json parse_json(std::string_view text, std::string_view where) {
+Json parse_json(std::string_view text, std::string_view where, bool unique_keys) {
+  std::set<std::string> keys;
+  std::string repeated;
+  // Keys of the top-level object; JSON itself lets the last of two equal keys win silently.
+  const Json::parser_callback_t note_key = [&](int depth, Json::parse_event_t event, Json& key) {
+    if (unique_keys && depth == 1 && event == Json::parse_event_t::key && repeated.empty() &&
+        !keys.insert(key.get<std::string>()).second) {
+      repeated = key.get<std::string>();
+    }
+    return true;
+  };
   try {
-    return Json::parse(text);
+    Json json = Json::parse(text, note_key);
+    if (!repeated.empty()) fail(where, "'" + repeated + "' appears twice");
+    return json;
   } catch (const Json::parse_error& e) {
     fail(where, std::string("invalid JSON at byte ") + std::to_string(e.byte) + ": " + e.what());
   } catch (const Json::exception& e) {  // e.g. a number too large for a double

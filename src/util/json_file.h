@@ -12,8 +12,9 @@ using Json = nlohmann::json;
 
 // Parses a whole file; a missing file or malformed JSON throws Error naming the file.
 Json read_json_file(const std::filesystem::path& path);
-// Parses text that came from `where` (a file name or "stdin").
-Json parse_json(std::string_view text, std::string_view where);
+// Parses text that came from `where` (a file name or "stdin"). With `unique_keys`, a key the
+// top-level object repeats is an Error (JSON lets the last one win without a word).
+Json parse_json(std::string_view text, std::string_view where, bool unique_keys = false);
 
 // "<where>: <key>", the way errors name a field.
 std::string field(std::string_view where, std::string_view key);
