@@ -92,8 +92,10 @@ def main():
     end = rss_mb(server.pid)
     server.terminate()
     server.wait()
+    if estimate is None:
+        sys.exit(f"qhx serve printed no memory estimate; peak RSS {peak:.1f} MB")
     print(f"estimate {estimate:.1f} MB, peak RSS {peak:.1f} MB, at the end {end:.1f} MB")
-    sys.exit(0 if estimate is None or peak <= estimate else 1)
+    sys.exit(0 if peak <= estimate else 1)
 
 
 if __name__ == "__main__":

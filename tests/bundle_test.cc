@@ -97,6 +97,10 @@ TEST_F(BundleTest, OnlyAWholeMtpHeadIsCarried) {
        [](const std::string& n) { return n == "mtp.layers.0.self_attn.k_norm.weight"; },
        {},
        "missing 1 of 15 tensors: mtp.layers.0.self_attn.k_norm.weight"},
+      {"wrong_shape",
+       [](const std::string& n) { return n == "mtp.norm.weight"; },
+       {{"mtp.norm.weight", {3}}},
+       "mtp.norm.weight of shape [3]"},
   };
   for (const auto& v : variants) {
     SCOPED_TRACE(v.name);
@@ -321,6 +325,18 @@ TEST_F(BundleTest, IntegrityFailuresAreNamed) {
     std::ofstream(dropped / "chat_template.jinja") << "{{ messages }}";
     expect_error([&] { load_model(dropped, {.verify_sha256 = true}); },
                  {"chat_template.jinja", "not listed in manifest.json"});
+    // A bundle of format 1 (before manifest.sha256 and the listed card) still verifies.
+    const fs::path v1 = fresh("format-1");
+    Json old_manifest = manifest(v1);
+    old_manifest["format_version"] = 1;
+    Json files = Json::array();
+    for (const Json& f : old_manifest["files"]) {
+      if (f["path"] != "card.json" && f["path"] != "README.md") files.push_back(f);
+    }
+    old_manifest["files"] = files;
+    std::ofstream(v1 / "manifest.json") << old_manifest.dump(2);
+    fs::remove(v1 / kManifestHashFile);
+    EXPECT_NO_THROW(load_model(v1, {.verify_sha256 = true}));
     const fs::path unprotected = fresh("unprotected");
     fs::remove(unprotected / kManifestHashFile);
     expect_error([&] { load_model(unprotected, {.verify_sha256 = true}); }, {"manifest.sha256"});

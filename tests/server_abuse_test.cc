@@ -36,7 +36,7 @@ class RawClient {
       sockaddr_in local{};
       local.sin_family = AF_INET;
       ::inet_pton(AF_INET, from, &local.sin_addr);
-      ::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local);
+      bound_ = ::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local) == 0;
     }
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -49,6 +49,7 @@ class RawClient {
   RawClient& operator=(const RawClient&) = delete;
 
   bool connected() const { return connected_; }
+  bool bound() const { return bound_; }  // to the address asked for, if one was
   // False once the server stopped taking bytes (it answered and closed).
   bool send(const std::string& bytes) {
     size_t sent = 0;
@@ -84,6 +85,7 @@ class RawClient {
  private:
   int fd_ = -1;
   bool connected_ = false;
+  bool bound_ = true;
   bool closed_ = false;
   std::string received_;
 };
@@ -487,10 +489,12 @@ TEST_F(ServerAbuseTest, ConnectionsPastTheCapAreClosedAtOnce) {
   EXPECT_TRUE(over_share.closed());
   EXPECT_LT(Clock::now() - started, 2s);
   RawClient other(port_, "127.0.0.2");
+  if (!other.bound()) GTEST_SKIP() << "no loopback address but 127.0.0.1 here";
   other.send(health);
   EXPECT_EQ(status_of(other.read(5s, "\r\n\r\n")), 200);
-  for (int i = 0; i < 2; ++i) idle.push_back(std::make_unique<RawClient>(port_, "127.0.0.3"));
   std::this_thread::sleep_for(200ms);  // the probe's closed connection is counted out
+  for (int i = 0; i < 2; ++i) idle.push_back(std::make_unique<RawClient>(port_, "127.0.0.3"));
+  std::this_thread::sleep_for(200ms);  // and these are accepted: the cap is full
   RawClient over_cap(port_, "127.0.0.4");
   over_cap.send(health);
   const auto probed = Clock::now();

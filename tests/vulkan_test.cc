@@ -325,9 +325,6 @@ TEST(DeviceFallback, TheCApiReportsTheFailureAndNothingElseChanges) {
   EXPECT_EQ(device_run.second, "cpu");
 }
 
-// The command line's contract: with --device vulkan (and any --decode-device), --print-ids prints
-// exactly one line: the CPU's ids. A device that fails its check says so on stderr and the ids
-// are still the CPU's.
 // A checkpoint whose MTP head is cut short runs on the device as the text model it is.
 TEST(DeviceCli, AnIncompleteMtpHeadRunsAsATextModel) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
@@ -348,6 +345,9 @@ TEST(DeviceCli, AnIncompleteMtpHeadRunsAsATextModel) {
   EXPECT_NE(r.err.find("missing 13 of 15 tensors"), std::string::npos) << r.err;
 }
 
+// The command line's contract: with --device vulkan (and any --decode-device), --print-ids prints
+// exactly one line: the CPU's ids. A device that fails its check says so on stderr and the ids
+// are still the CPU's.
 TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
   const test::TempDir cache;

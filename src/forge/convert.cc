@@ -223,9 +223,14 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   }
   ConvertResult result;
   result.int8_activations = any_quantized && options.int8_activations.value_or(true);
+  // A tensor the index lists and no file holds is refused here, unless it is part of the MTP
+  // head (optional): --no-gate never loads the model, and the bundle would lack it.
+  for (const std::string& name : checkpoint.listed_but_absent()) {
+    if (!name.starts_with("mtp.")) checkpoint.require(name, {});
+  }
   // An MTP head that is incomplete (or of a type qhx does not compute with) is left out, as
   // loading leaves it unused: the bundle is a text model.
-  const std::string mtp_unusable = mtp_head_unusable(checkpoint);
+  const std::string mtp_unusable = mtp_head_unusable(checkpoint, config);
   if (!mtp_unusable.empty()) {
     result.notes.push_back(hf_dir.string() + ": " + mtp_unusable + "; the bundle leaves it out");
   }

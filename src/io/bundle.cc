@@ -176,7 +176,8 @@ void verify_manifest_hash(const std::filesystem::path& dir) {
   const std::filesystem::path hash_path = dir / kManifestHashFile;
   std::ifstream in(hash_path);
   std::string expected, name;
-  if (!(in >> expected >> name) || name != "manifest.json") {
+  if (in >> expected >> name && name.starts_with('*')) name.erase(0, 1);  // sha256sum -b's mark
+  if (!in || name != "manifest.json") {
     fail(hash_path.string(),
          "missing or not '<sha256>  manifest.json': manifest.json cannot be checked (convert "
          "again)");
@@ -190,9 +191,9 @@ void verify_manifest_hash(const std::filesystem::path& dir) {
 }
 
 // Files a bundle's loaders read when they are there: each must be listed (and so checked).
-constexpr const char* kReadWhenPresent[] = {"tokenizer.json",      "tokenizer_config.json",
+constexpr const char* kReadWhenPresent[] = {"tokenizer.json", "tokenizer_config.json",
                                             "chat_template.jinja", "generation_config.json",
-                                            "draft_vocab.json",    "card.json"};
+                                            "draft_vocab.json"};
 
 }  // namespace
 

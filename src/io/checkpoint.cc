@@ -103,6 +103,18 @@ bool near_name(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+// Whether `name` is one of a layer's tensors that another layer has too (layer 0's or 1's): a
+// regular tensor, not a damaged name.
+bool Checkpoint::in_other_layers(const std::string& name) const {
+  const size_t at = name.find("layers.");
+  if (at == std::string::npos) return false;
+  const size_t digits = at + 7, dot = name.find('.', digits);
+  if (dot == std::string::npos || dot == digits) return false;
+  const std::string layer = name.substr(digits, dot - digits), rest = name.substr(dot);
+  const std::string other = layer == "0" ? "1" : "0";
+  return contains(name.substr(0, digits) + other + rest);
+}
+
 void Checkpoint::fail_missing(const std::string& name) const {
   const std::string what = "missing tensor '" + name + "'";
   if (const auto it = indexed_in_.find(name); it != indexed_in_.end()) {
@@ -110,13 +122,21 @@ void Checkpoint::fail_missing(const std::string& name) const {
   }
   for (const auto& f : files_) {
     for (const auto& [other, view] : f->tensors()) {
-      if (near_name(name, other) && find(other) == &view) {
+      if (near_name(name, other) && find(other) == &view && !in_other_layers(other)) {
         fail(f->path().string(), what + " (it has '" + other + "' instead: a damaged name?)");
       }
     }
   }
   if (files_.size() == 1) fail(files_[0]->path().string(), what);
   fail(dir_.string(), what + " (in none of its " + std::to_string(files_.size()) + " files)");
+}
+
+std::vector<std::string> Checkpoint::listed_but_absent() const {
+  std::vector<std::string> names;
+  for (const auto& [name, file] : indexed_in_) {
+    if (!contains(name)) names.push_back(name);
+  }
+  return names;
 }
 
 std::string Checkpoint::fingerprint() const {

@@ -35,10 +35,13 @@ class Checkpoint {
   std::string fingerprint() const;
 
   const std::filesystem::path& dir() const { return dir_; }
+  // Tensors model.safetensors.index.json lists that no file holds (a pruning tool's leftovers).
+  std::vector<std::string> listed_but_absent() const;
   const std::vector<std::unique_ptr<TensorFile>>& files() const { return files_; }
 
  private:
   [[noreturn]] void fail_missing(const std::string& name) const;
+  bool in_other_layers(const std::string& name) const;
 
   std::filesystem::path dir_;
   std::vector<std::unique_ptr<TensorFile>> files_;

@@ -26,10 +26,11 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkp
 
 // Qwen3.5's multi-token-prediction head: the tensors qhx reads of it (mtp_num_hidden_layers is
 // 1 in every checkpoint; further layers are not read), whether a checkpoint has any mtp.* tensor,
-// and, when it has some, a phrase saying why they are not a head qhx can use (some missing, or
-// of a type it does not compute with), "" when they are.
+// and, when it has some, a phrase saying why they are not a head qhx can use (some missing, of a
+// type it does not compute with, or of another shape than `config`'s sizes give), "" when they
+// are.
 const std::vector<std::string>& mtp_head_tensors();
 bool has_mtp_tensors(const Checkpoint& checkpoint);
-std::string mtp_head_unusable(const Checkpoint& checkpoint);
+std::string mtp_head_unusable(const Checkpoint& checkpoint, const ModelConfig& config);
 
 }  // namespace qhx

@@ -65,7 +65,7 @@ MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
 void read_mtp_if_whole(const Checkpoint& checkpoint, const ModelConfig& c,
                        const std::function<std::vector<int32_t>()>& vocab_of, DecoderWeights& w) {
   if (!has_mtp_tensors(checkpoint)) return;
-  w.mtp_unavailable = mtp_head_unusable(checkpoint);
+  w.mtp_unavailable = mtp_head_unusable(checkpoint, c);
   if (!w.mtp_unavailable.empty()) return;
   try {
     w.mtp = read_mtp(checkpoint, c);
@@ -113,7 +113,7 @@ bool has_mtp_tensors(const Checkpoint& checkpoint) {
   return false;
 }
 
-std::string mtp_head_unusable(const Checkpoint& checkpoint) {
+std::string mtp_head_unusable(const Checkpoint& checkpoint, const ModelConfig& c) {
   if (!has_mtp_tensors(checkpoint)) return "";
   std::string missing;
   int n = 0;
@@ -125,11 +125,24 @@ std::string mtp_head_unusable(const Checkpoint& checkpoint) {
     return "its MTP head (mtp.*) is incomplete, missing " + std::to_string(n) + " of " +
            std::to_string(mtp_head_tensors().size()) + " tensors: " + missing;
   }
-  for (const std::string& name : mtp_head_tensors()) {
-    const DType d = checkpoint.find(name)->dtype;
+  // The shapes read_mtp reads them in, in mtp_head_tensors()'s order.
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t q = c.num_heads * hd, kv = c.num_kv_heads * hd;
+  const std::vector<std::vector<int64_t>> shapes = {
+      {H, 2 * H}, {H},    {H},  {H},  {H},    {H},    {2 * q, H}, {kv, H},
+      {kv, H},    {H, q}, {hd}, {hd}, {I, H}, {I, H}, {H, I}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const TensorView& t = *checkpoint.find(mtp_head_tensors()[i]);
+    const DType d = t.dtype;
     if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16 && !is_quantized(d)) {
-      return "its MTP head (mtp.*) holds " + name + " as " + std::string(dtype_name(d)) +
+      return "its MTP head (mtp.*) holds " + t.name + " as " + std::string(dtype_name(d)) +
              ", not a weight type qhx computes with";
+    }
+    if (t.shape != shapes[i]) {
+      TensorView expected;
+      expected.shape = shapes[i];
+      return "its MTP head (mtp.*) holds " + t.name + " of shape " + t.shape_string() +
+             ", where the model's sizes make it " + expected.shape_string();
     }
   }
   return "";

@@ -1,5 +1,7 @@
 #include "models/weights.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 #include "util/json_file.h"
 
@@ -59,18 +61,22 @@ void check_sizes_against_weights(const ModelConfig& c, const Checkpoint& checkpo
     const std::string implied = holds % per == 0
                                     ? std::to_string(holds / per)
                                     : std::to_string(holds) + " / " + std::to_string(per);
-    fail(field(config_where, key), "is " + std::to_string(value) +
-                                       " (a null or absent value takes transformers' default), "
-                                       "but " +
-                                       t->file->filename().string() + "'s '" + name + "' (shape " +
-                                       t->shape_string() + ") holds " + implied +
-                                       ": one of the two is wrong");
+    fail(field(config_where, key),
+         "is " + std::to_string(value) +
+             " (as given, or transformers' default where null or absent), "
+             "but " +
+             t->file->filename().string() + "'s '" + name + "' (shape " + t->shape_string() +
+             ") holds " + implied + ": one of the two is wrong");
   };
   agree("vocab_size", c.vocab_size, p + "embed_tokens.weight", 0);
   agree("hidden_size", c.hidden_size, p + "embed_tokens.weight", 1);
   agree("intermediate_size", c.intermediate_size, p + "layers.0.mlp.gate_proj.weight", 0);
-  const bool qwen3_5 = c.family == Family::kQwen3_5;
+  // [linear attention, full attention]: a kind the model has no layer of counts as checked.
+  bool checked[2] = {
+      std::count(c.layer_types.begin(), c.layer_types.end(), LayerKind::kLinearAttention) == 0,
+      std::count(c.layer_types.begin(), c.layer_types.end(), LayerKind::kFullAttention) == 0};
   for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (checked[c.layer_types[i] == LayerKind::kFullAttention]) continue;
     const std::string l = p + "layers." + std::to_string(i) + ".";
     if (c.layer_types[i] == LayerKind::kFullAttention) {
       agree("head_dim", c.head_dim, l + "self_attn.k_norm.weight", 0);
@@ -81,7 +87,8 @@ void check_sizes_against_weights(const ModelConfig& c, const Checkpoint& checkpo
       agree("linear_value_head_dim", c.linear_value_head_dim, l + "linear_attn.norm.weight", 0);
       agree("linear_conv_kernel_dim", c.linear_conv_kernel_dim, l + "linear_attn.conv1d.weight", 2);
     }
-    if (!qwen3_5 || c.layer_types[i] == LayerKind::kFullAttention) break;  // one of each kind
+    checked[c.layer_types[i] == LayerKind::kFullAttention] = true;
+    if (checked[0] && checked[1]) break;  // one layer of each kind
   }
   const std::string past = p + "layers." + std::to_string(c.num_layers) + ".input_layernorm.weight";
   if (const TensorView* t = checkpoint.find(past)) {

@@ -237,7 +237,8 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   // Room for the whole turn up front, even when the prompt is all reused (a prefix-cache hit
   // leaves exactly the prompt's room): growing by doubling mid-reply could take twice the
   // context memory admission counted. A verify pass holds up to draft_max rows more.
-  state_->reserve(needed + (spec.kind == DraftKind::kNone ? 0 : spec.draft_max));
+  state_->reserve(
+      std::min(needed + (spec.kind == DraftKind::kNone ? 0 : spec.draft_max), context_length_));
   if (stats.n_reused < n_tokens) {
     remember_checkpoint();  // the end of the previous turn
     forward(tokens, options.checkpoint_at, options.cancel);
@@ -559,6 +560,7 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const ModelState& stat
     }
     return false;
   };
+  std::lock_guard copying(copy_mutex_);
   {
     std::lock_guard lock(mutex_);
     if (held()) return;  // before copying: a copy is as large as the prompt's state

@@ -496,7 +496,7 @@ void Server::Impl::on_completed(void** context, MHD_RequestTerminationCode code)
   {
     std::lock_guard lock(watch_mutex);
     live.erase(x);
-    if (!trim_since) trim_since = Clock::now();
+    if (!trim_since && x->method == "POST") trim_since = Clock::now();  // not after probes
     if (Connection* conn = connection_of(x->connection)) {
       conn->serving = false;
       conn->since = Clock::now();  // the next request's deadline
@@ -614,10 +614,11 @@ int Server::start() {
   signal(SIGPIPE, SIG_IGN);
   Impl& s = *impl_;
   const auto [fd, port] = listen_on(s.options.host, s.options.port);
-  // One client address holds at most 7/8 of the connections, so that a client holding idle
-  // sockets leaves room for a probe or another client from elsewhere.
+  // From 16 connections on, one client address holds at most 7/8 of them, so that a client
+  // holding idle sockets leaves room for a probe or another client from elsewhere (0: no limit;
+  // a smaller cap is all one client's, who may need a stream and a probe at once).
   const int cap = s.options.max_connections;
-  const auto per_client = static_cast<unsigned>(std::max(1, cap - std::max(1, cap / 8)));
+  const auto per_client = static_cast<unsigned>(cap >= 16 ? cap - cap / 8 : 0);
   s.daemon = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
       0, accept_callback, &s, request_callback, &s,

@@ -61,6 +61,7 @@ void Server::Impl::prepare(const std::shared_ptr<Exchange>& x) {
     error = e;
   } catch (const std::exception& e) {
     error = ApiError{500, std::string("internal error: ") + e.what(), "", "", "server_error"};
+    error->from_library = true;  // it may name the server's files
   }
   if (error) {
     std::lock_guard lock(x->mutex);

@@ -16,14 +16,14 @@ Json parse_json(std::string_view text, std::string_view where, bool unique_keys)
   std::string repeated;
   // Keys of the top-level object; JSON itself lets the last of two equal keys win silently.
   const Json::parser_callback_t note_key = [&](int depth, Json::parse_event_t event, Json& key) {
-    if (unique_keys && depth == 1 && event == Json::parse_event_t::key && repeated.empty() &&
+    if (depth == 1 && event == Json::parse_event_t::key && repeated.empty() &&
         !keys.insert(key.get<std::string>()).second) {
       repeated = key.get<std::string>();
     }
     return true;
   };
   try {
-    Json json = Json::parse(text, note_key);
+    Json json = unique_keys ? Json::parse(text, note_key) : Json::parse(text);
     if (!repeated.empty()) fail(where, "'" + repeated + "' appears twice");
     return json;
   } catch (const Json::parse_error& e) {

@@ -72,7 +72,7 @@ class Chat {
     }
     if (*info.admission_note != '\0') std::fprintf(stderr, "qhx: %s\n", info.admission_note);
     if (*info.device_note != '\0') std::fprintf(stderr, "qhx: %s\n", info.device_note);
-    print_model_note(info, args.speculative, "qhx: ");
+    print_model_note(info, "qhx: ");
     if (args.stats) {
       std::fprintf(stderr, "[%s | context %lld | threads %d]\n", info.name,
                    static_cast<long long>(info.context_length), info.n_threads);

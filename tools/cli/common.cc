@@ -52,10 +52,8 @@ std::shared_ptr<qhx::CpuContext> cpu_context(int threads) {
   return std::make_shared<qhx::CpuContext>(threads, qhx::CpuKernels::from_environment());
 }
 
-void print_model_note(const qhx_model_info& info, const SpeculativeArgs& speculative,
-                      const char* prefix) {
-  if (*info.model_note == '\0' || speculative.value == "mtp") return;
-  std::fprintf(stderr, "%snote: %s\n", prefix, info.model_note);
+void print_model_note(const qhx_model_info& info, const char* prefix) {
+  if (*info.model_note != '\0') std::fprintf(stderr, "%snote: %s\n", prefix, info.model_note);
 }
 
 qhx::OpenedDevices open_devices(const DeviceArgs& args) {

@@ -55,11 +55,9 @@ struct SpeculativeArgs {
   }
 };
 
-// The model's note (what of the checkpoint it leaves unused, qhx_model_info.model_note) on
-// stderr after `prefix`, unless --speculative mtp is asked for: generation refuses that with the
-// same reason, in one line.
-void print_model_note(const qhx_model_info& info, const SpeculativeArgs& speculative,
-                      const char* prefix);
+// The model's note (what of the checkpoint it leaves unused and why, qhx_model_info.model_note)
+// on stderr after `prefix`, if it has one.
+void print_model_note(const qhx_model_info& info, const char* prefix);
 
 // The backends they name (backend/devices.h), for commands that load a model themselves; the
 // note, if any, goes to stderr.

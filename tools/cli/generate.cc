@@ -89,7 +89,7 @@ int run_generate(const GenerateArgs& args) {
   check(qhx_model_get_info(m.model, &info));
   if (info.admission_note[0] != '\0') std::fprintf(stderr, "%s\n", info.admission_note);
   if (info.device_note[0] != '\0') std::fprintf(stderr, "qhx: %s\n", info.device_note);
-  print_model_note(info, args.speculative, "qhx: ");
+  print_model_note(info, "qhx: ");
   // The model's own configuration, for generation_config.json's max_new_tokens; a bundle's
   // provenance on stderr (its files were checked as the model opened).
   qhx::ModelConfig config;

@@ -19,28 +19,27 @@
 
 namespace {
 
-// A whole number in base 10 (CLI11 would read 010 as octal and saturate past the type) of at
-// least `low` and at most `high`. Its errors name the bound (CLI11's NonNegativeNumber and
-// PositiveNumber named the largest double, 309 digits).
+// A whole number in base 10 of at least `low` and at most `high`, passed on as its plain decimal
+// (CLI11 would read "010" as octal and saturate past the type). Its errors name the bound
+// (CLI11's NonNegativeNumber and PositiveNumber named the largest double, 309 digits).
 CLI::Validator whole_number(uint64_t low, uint64_t high) {
   const std::string bound = ">= " + std::to_string(low);
   return CLI::Validator(
-      [=](const std::string& text) -> std::string {
+      [=](std::string& text) -> std::string {
         if (text.starts_with('-') && text.size() > 1 &&
             text.find_first_not_of("0123456789", 1) == std::string::npos) {
           return "must be " + bound + ", got " + text;
         }
         uint64_t value = 0;
         const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (error == std::errc::result_out_of_range) {
+        if (error == std::errc::result_out_of_range || (error == std::errc() && value > high)) {
           return "'" + text + "' is too large (at most " + std::to_string(high) + ")";
         }
         if (error != std::errc() || end != text.data() + text.size()) {
           return "'" + text + "' is not a whole number";
         }
         if (value < low) return "must be " + bound + ", got " + text;
-        if (value > high)
-          return "'" + text + "' is too large (at most " + std::to_string(high) + ")";
+        text = std::to_string(value);
         return "";
       },
       "INTEGER " + bound);
@@ -110,7 +109,7 @@ int main(int argc, char** argv) {
   generate
       ->add_option("-n,--n-predict", gen.n,
                    "Tokens to generate (default: generation_config.json's max_new_tokens, or 64)")
-      ->check(kNonNegative);
+      ->transform(kNonNegative);
   generate->add_flag("--greedy", gen.greedy,
                      "Pick the most likely token (default unless generation_config.json samples)");
   generate->add_option("--temperature", gen.temperature, "Sampling temperature");
@@ -131,7 +130,8 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   generate->add_option("--stop", gen.stop, "Stop before this text (repeatable)")
       ->allow_extra_args(false);
-  generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)")->check(kSeed);
+  generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)")
+      ->transform(kSeed);
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated ids, comma-separated, on one line instead of text");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at the end-of-sequence ids");
@@ -149,10 +149,10 @@ int main(int argc, char** argv) {
       ->required();
   chat->add_option("--system", chat_args.system, "System prompt");
   chat->add_option("-n,--max-new-tokens", chat_args.max_new_tokens, "Longest reply in tokens")
-      ->check(kPositive);
+      ->transform(kPositive);
   chat->add_option("-c,--ctx-size", chat_args.context_length,
                    "Context length (default: the model's, lowered to fit in memory)")
-      ->check(kNonNegative);
+      ->transform(kNonNegative);
   auto* think = chat->add_flag_callback(
       "--think", [&] { chat_args.thinking = true; }, "Thinking on (default: the template's)");
   chat->add_flag_callback(
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   add_speculative_options(chat, chat_args.speculative,
                           "Speculative decoding: none, ngram (prompt lookup) or draft:DIR (a "
                           "smaller model with the same tokenizer); replies as without");
-  chat->add_option("--seed", chat_args.seed, "Random seed")->check(kSeed);
+  chat->add_option("--seed", chat_args.seed, "Random seed")->transform(kSeed);
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
   add_threads_option(chat, chat_args.threads);
   add_device_options(chat, chat_args.devices);
@@ -193,18 +193,21 @@ int main(int argc, char** argv) {
   convert->add_option("--weights", forge_args.weights, "Decoder matrices: f32, bf16, f16, w8, w4");
   convert->add_option("--lm-head", forge_args.lm_head, "lm_head dtype (default: --weights)");
   convert->add_option("--embed", forge_args.embed, "Embedding table dtype (default: --weights)");
-  convert->add_option("--group-size", forge_args.group_size, "W4 group width")->check(kPositive);
+  convert->add_option("--group-size", forge_args.group_size, "W4 group width")
+      ->transform(kPositive);
   auto* shards_opt =
-      convert->add_option("--shards", forge_args.shards, "Decoder shards")->check(kPositive);
+      convert->add_option("--shards", forge_args.shards, "Decoder shards")->transform(kPositive);
   convert
       ->add_option("--max-shard-bytes", forge_args.max_shard_bytes,
                    "Split decoder layers into shards of at most this size")
       ->excludes(shards_opt)
-      ->check(kPositive);
+      ->transform(kNonNegative);
   convert->add_option("--target", forge_args.target,
                       "generic, x86_64, x86_64-avx2, x86_64-avx512, aarch64, aarch64-dotprod");
-  convert->add_option("--max-ctx", forge_args.max_context, "Context limit of the plan")
-      ->check(kPositive);
+  convert
+      ->add_option("--max-ctx", forge_args.max_context,
+                   "Context limit of the plan (0: the checkpoint's)")
+      ->transform(kNonNegative);
   convert->add_option("--activations", forge_args.activations,
                       "W8/W4 matrices multiply int8-quantized or f32 activations: auto (int8 if "
                       "the gate accepts it), int8, f32");
@@ -217,11 +220,11 @@ int main(int argc, char** argv) {
   gate->add_flag("--json", forge_args.json, "Also print the report as one JSON object on stdout");
   for (CLI::App* sub : {convert, gate}) {
     sub->add_option("--gate-prompts", forge_args.suite.prompts, "Prompts in the built-in suite")
-        ->check(kPositive);
+        ->transform(kPositive);
     sub->add_option("--gate-prompt-file", forge_args.suite.prompt_file,
                     "Gate on these prompts instead: one per non-empty line (needs a tokenizer)");
     sub->add_option("--gate-tokens", forge_args.suite.greedy_tokens, "Greedy tokens per prompt")
-        ->check(kPositive);
+        ->transform(kPositive);
     sub->add_option("--min-top1", forge_args.min_top1, "Gate threshold: top-1 agreement");
     sub->add_option("--min-top5", forge_args.min_top5, "Gate threshold: top-5 overlap");
     sub->add_option("--min-pearson", forge_args.min_pearson, "Gate threshold: Pearson r");
@@ -242,7 +245,7 @@ int main(int argc, char** argv) {
                    "Share of the text's tokens the list covers (default 0.999)")
       ->check(CLI::Range(0.0, 1.0));
   draft_vocab->add_option("--max-tokens", draft_vocab_args.max_tokens, "At most this many tokens")
-      ->check(kNonNegative);
+      ->transform(kNonNegative);
   draft_vocab->add_option("-o,--output", draft_vocab_args.out,
                           "File to write (default: <model>/draft_vocab.json)");
 
@@ -250,15 +253,16 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Prefill and decode speed, TTFT, memory");
   bench->add_option("model", bench_args.model, "Bundle, pack, or checkpoint directory")->required();
   bench->add_option("-p,--n-prompt", bench_args.prompts, "Prompt lengths, comma-separated");
-  bench->add_option("-n,--n-gen", bench_args.n_gen, "Decoded tokens")->check(kNonNegative);
+  bench->add_option("-n,--n-gen", bench_args.n_gen, "Decoded tokens")->transform(kNonNegative);
   bench->add_option("-d,--depth", bench_args.depths,
                     "Context tokens before the decode is timed, comma-separated");
-  bench->add_option("-r,--repetitions", bench_args.repetitions, "Repetitions")->check(kPositive);
+  bench->add_option("-r,--repetitions", bench_args.repetitions, "Repetitions")
+      ->transform(kPositive);
   bench
       ->add_option("--turns", bench_args.turns,
                    "Multi-turn chat instead: N turns of -p user tokens and -n reply tokens, "
                    "TTFT with the state kept vs. a fresh session")
-      ->check(kPositive);
+      ->transform(kPositive);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
   add_speculative_options(bench, bench_args.speculative,
                           "Speculative decoding instead: -n greedy tokens after --prompt-file's "
@@ -276,9 +280,9 @@ int main(int argc, char** argv) {
       ->required();
   perplexity_cmd->add_option("--file,-f", ppl.file, "Text file")->required();
   perplexity_cmd->add_option("--window", ppl.window, "Tokens scored per window (context resets)")
-      ->check(kPositive);
+      ->transform(kPositive);
   perplexity_cmd->add_option("--max-tokens", ppl.max_tokens, "Score only the first N tokens")
-      ->check(kNonNegative);
+      ->transform(kNonNegative);
   perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
   add_threads_option(perplexity_cmd, ppl.threads);
   add_device_options(perplexity_cmd, ppl.devices);
@@ -298,7 +302,7 @@ int main(int argc, char** argv) {
   synth->add_option("--lm-head", synth_args.lm_head, "With --weights: lm_head dtype");
   synth->add_option("--activations", synth_args.activations,
                     "With --weights w8/w4: auto (= int8, ungated), int8, f32");
-  synth->add_option("--seed", synth_args.seed, "Random seed")->check(kSeed);
+  synth->add_option("--seed", synth_args.seed, "Random seed")->transform(kSeed);
 
   std::string verify_bundle;
   CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");
@@ -328,13 +332,13 @@ int main(int argc, char** argv) {
   serve
       ->add_option("--ctx-size,-c", serve_args.ctx_size,
                    "Tokens per session (default: as many as the model and memory allow)")
-      ->check(kNonNegative);
+      ->transform(kNonNegative);
   serve->add_option("--cache-mb", serve_args.cache_mb, "Prefix cache shared by the slots, MB")
       ->check(CLI::Range(0, 1 << 20));
   serve
       ->add_option("--max-request-bytes", serve_args.server.max_request_bytes,
                    "Larger request bodies get 413")
-      ->check(kPositive);
+      ->transform(kPositive);
   serve->add_option("--alias", serve_args.server.alias,
                     "Model id for clients (default: the model directory's name)");
   serve

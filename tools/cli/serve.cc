@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "commands.h"
@@ -12,11 +13,64 @@
 
 namespace qhx::cli {
 
+namespace {
+
+// Waits for SIGINT or SIGTERM (blocked in every thread) on a thread of its own, from before the
+// model opens: while it opens (minutes for a large bundle with --verify, a GPU upload, the
+// device check) there is nothing to end cleanly and the process exits at once; once the server
+// serves, it is stopped as Server::stop() does.
+class StopSignals {
+ public:
+  explicit StopSignals(const sigset_t& signals) : signals_(signals), waiter_([this] { wait(); }) {}
+  ~StopSignals() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!signalled_) {
+        closing_ = true;
+        pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait; ignored as closing
+      }
+    }
+    waiter_.join();
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // From now on a signal stops `server` (until it is null again).
+  void serve(qhx::server::Server* server) {
+    std::lock_guard lock(mutex_);
+    server_ = server;
+  }
+
+ private:
+  void wait() {
+    int signal_number = 0;
+    sigwait(&signals_, &signal_number);
+    std::lock_guard lock(mutex_);
+    if (closing_) return;
+    signalled_ = true;
+    if (server_ == nullptr) {
+      std::fprintf(stderr, "stopping (signal %d) before serving\n", signal_number);
+      std::_Exit(0);
+    }
+    std::fprintf(stderr, "stopping (signal %d)\n", signal_number);
+    server_->stop();
+  }
+
+  sigset_t signals_;
+  std::mutex mutex_;
+  qhx::server::Server* server_ = nullptr;
+  bool closing_ = false, signalled_ = false;
+  std::thread waiter_;  // last: it starts once the members above exist
+};
+
+}  // namespace
+
 // The OpenAI-compatible server (src/server), on the C API like any other embedder of qhx.
 int run_serve(const ServeArgs& serve_args) {
   // CLI11 takes an empty QHX_API_KEY for an unset one: a key set empty would turn authentication
-  // off without a word (--api-key "" is refused by its parser).
-  if (const char* key = std::getenv("QHX_API_KEY"); key != nullptr && *key == '\0') {
+  // off without a word (--api-key "" is refused by its parser; a key given with it wins).
+  if (const char* key = std::getenv("QHX_API_KEY");
+      key != nullptr && *key == '\0' && serve_args.server.api_key.empty()) {
     std::fprintf(stderr,
                  "qhx: error: QHX_API_KEY: is set but empty, which would turn authentication "
                  "off: give a key, or unset it\n");
@@ -24,13 +78,13 @@ int run_serve(const ServeArgs& serve_args) {
   }
   // SIGINT and SIGTERM stop the server cleanly: they are blocked before anything starts a thread
   // (the model's compute threads, a GPU driver's), so that every thread inherits the mask and
-  // none takes the signal's default action, and waited for by one thread once it serves. One
-  // that comes while the model opens is kept pending and stops the server as it starts.
+  // none takes the signal's default action, and one thread waits for them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  StopSignals stop(stop_signals);
   ServeArgs args = serve_args;
   args.server.speculative = args.speculative.kind();
   args.server.draft_max = args.speculative.draft_max;
@@ -60,21 +114,16 @@ int run_serve(const ServeArgs& serve_args) {
                *info.admission_note != '\0' ? " | " : "", info.admission_note);
   std::fprintf(stderr, "devices: prompts on %s, replies on %s%s%s\n", info.prefill_device,
                info.decode_device, *info.device_note != '\0' ? " | " : "", info.device_note);
-  print_model_note(info, args.speculative, "");
+  print_model_note(info, "");
   int status = 0;
   try {
     qhx::server::Server server(model, args.server);
     const int port = server.start();
     std::fprintf(stderr, "listening on http://%s:%d (%d slots, queue %d)\n",
                  args.server.host.c_str(), port, args.server.parallel, args.server.queue);
-    std::thread stopper([&] {
-      int signal_number = 0;
-      sigwait(&stop_signals, &signal_number);
-      std::fprintf(stderr, "stopping (signal %d)\n", signal_number);
-      server.stop();
-    });
+    stop.serve(&server);
     server.wait();
-    stopper.join();
+    stop.serve(nullptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qhx: error: %s\n", e.what());
     status = 1;
