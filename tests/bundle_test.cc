@@ -122,6 +122,26 @@ TEST_F(BundleTest, OnlyAWholeMtpHeadIsCarried) {
   }
 }
 
+// A tensor of the text model that the index lists and no shard holds is refused by convert, even
+// without the gate (which would have loaded the model); the optional parts' are not.
+TEST_F(BundleTest, ConvertRefusesTextTensorsTheIndexListsButNoFileHolds) {
+  const fs::path source = dir_.path() / "pruned-source";
+  test::copy_checkpoint(kQwen3_5, source, [](const std::string& n) {
+    return n == "model.language_model.norm.weight" || n == "mtp.fc.weight";
+  });
+  std::ofstream(source / "model.safetensors.index.json")
+      << test::read_file(kQwen3_5 / "model.safetensors.index.json");
+  ConvertOptions o = f32_options();
+  o.gate = false;
+  expect_error([&] { forge_convert(source, bundle("pruned"), o); },
+               {"missing tensor 'model.language_model.norm.weight'", "index.json"});
+  test::copy_checkpoint(kQwen3_5, source,
+                        [](const std::string& n) { return n == "mtp.fc.weight"; });
+  std::ofstream(source / "model.safetensors.index.json")
+      << test::read_file(kQwen3_5 / "model.safetensors.index.json");
+  EXPECT_TRUE(forge_convert(source, bundle("pruned-mtp"), o).published);
+}
+
 // A killed convert leaves its hidden directory; the next convert removes it (its process is gone),
 // and leaves a running convert's alone.
 TEST_F(BundleTest, StalePartialDirectoriesAreRemoved) {
@@ -337,6 +357,11 @@ TEST_F(BundleTest, IntegrityFailuresAreNamed) {
     std::ofstream(v1 / "manifest.json") << old_manifest.dump(2);
     fs::remove(v1 / kManifestHashFile);
     EXPECT_NO_THROW(load_model(v1, {.verify_sha256 = true}));
+    // sha256sum -b's form ("<hash> *manifest.json") is read too.
+    const fs::path binary = fresh("binary-mark");
+    std::ofstream(binary / kManifestHashFile)
+        << sha256_file(binary / "manifest.json") << " *manifest.json\n";
+    EXPECT_NO_THROW(load_model(binary, {.verify_sha256 = true}));
     const fs::path unprotected = fresh("unprotected");
     fs::remove(unprotected / kManifestHashFile);
     expect_error([&] { load_model(unprotected, {.verify_sha256 = true}); }, {"manifest.sha256"});

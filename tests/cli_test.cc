@@ -316,6 +316,25 @@ TEST_F(CliBrokenQwen3_5, MissingALog) {
   expect_user_error(generate(), {"missing tensor 'model.layers.1.linear_attn.A_log'"});
 }
 
+// A tensor simply missing from a Qwen3.5 attention layer (every fourth) is not taken for a
+// damaged name of its sibling (k_norm beside a missing q_norm), which other layers have too.
+TEST_F(CliBrokenQwen3_5, MissingAttentionTensorIsNotCalledDamaged) {
+  test::RawSafetensors raw = weights();
+  std::string missing;
+  for (const auto& [name, entry] : raw.header.items()) {
+    if (name.find("self_attn.q_norm.weight") != std::string::npos) {
+      missing = name;
+      break;
+    }
+  }
+  ASSERT_FALSE(missing.empty());
+  raw.erase(missing);
+  raw.write(model() / "model.safetensors");
+  const CliRun r = generate();
+  expect_user_error(r, {"model.safetensors: missing tensor '" + missing + "'"});
+  EXPECT_EQ(r.err.find("damaged"), std::string::npos) << r.err;
+}
+
 TEST_F(CliBrokenQwen3_5, ConvWeightOfTheWrongShape) {
   test::RawSafetensors raw = weights();
   Json& shape = raw.header["model.layers.0.linear_attn.conv1d.weight"]["shape"];
@@ -421,7 +440,8 @@ TEST(Cli, OutOfRangeOptionsNameTheirBound) {
            {"-n 1.5", "--n-predict: '1.5' is not a whole number"},
            {"-n 99999999999999999999",
             "--n-predict: '99999999999999999999' is too large (at most 9223372036854775807)"},
-           {"-n 08 --seed 010", ""},  // decimal: 8 tokens, seed 10 (CLI11 reads octal)
+           {"-n 08", ""},  // decimal: 8 tokens (CLI11 reads octal, and 08 is none)
+           {"-n 2 -t 0x2", "--threads: '0x2' is not a whole number"},
            {"-n 9223372036854775808",
             "--n-predict: '9223372036854775808' is too large (at most 9223372036854775807)"}}) {
     const CliRun r = qhx("generate" + model + " " + args);
@@ -434,6 +454,14 @@ TEST(Cli, OutOfRangeOptionsNameTheirBound) {
     EXPECT_EQ(r.err.substr(0, r.err.find('\n')), expected);
     EXPECT_LT(r.err.size(), 200u) << r.err;
   }
+  // A seed is read in decimal: 010 is 10, not 8 (sampled, so the seed decides the tokens).
+  const auto sampled = [&](const std::string& seed) {
+    const CliRun r = qhx("generate" + model + " -n 16 --temperature 1.5 --seed " + seed);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  };
+  EXPECT_EQ(sampled("010"), sampled("10"));
+  EXPECT_NE(sampled("010"), sampled("8"));
 }
 
 // An empty API key would turn authentication off: refused however it is given.
@@ -451,12 +479,17 @@ TEST(Cli, ServeRefusesAnEmptyApiKey) {
     EXPECT_NE(err.find("would turn authentication off"), std::string::npos) << err;
   }
   // A key given on the command line wins over an empty QHX_API_KEY (a systemd unit's default).
+  // It starts (however long the model takes to open), and stops on SIGTERM with status 0.
   const test::TempDir dir;
-  std::system(("QHX_API_KEY= timeout 10 " + qhx_path + " " + serve + " --api-key secret 2>" +
-               (dir.path() / "err").string() + " >/dev/null")
-                  .c_str());
+  const std::string err_file = (dir.path() / "err").string();
+  const std::string script =
+      "QHX_API_KEY= " + qhx_path + " " + serve + " --api-key secret 2>" + err_file +
+      " >/dev/null & p=$!; for i in $(seq 1200); do grep -q 'listening on' " + err_file +
+      " && break; sleep 0.1; done; kill -TERM $p; wait $p";
+  const int status = std::system(script.c_str());
   const std::string err = read_file(dir.path() / "err");
   EXPECT_NE(err.find("listening on"), std::string::npos) << err;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
 }
 
 TEST(CliForge, ConvertVerifyGateAndRun) {

@@ -223,10 +223,10 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   }
   ConvertResult result;
   result.int8_activations = any_quantized && options.int8_activations.value_or(true);
-  // A tensor the index lists and no file holds is refused here, unless it is part of the MTP
-  // head (optional): --no-gate never loads the model, and the bundle would lack it.
+  // A tensor of the text model the index lists and no file holds is refused here (--no-gate
+  // never loads the model, and the bundle would lack it); the optional parts are not carried.
   for (const std::string& name : checkpoint.listed_but_absent()) {
-    if (!name.starts_with("mtp.")) checkpoint.require(name, {});
+    if (name.starts_with(prefix) || name == "lm_head.weight") checkpoint.require(name, {});
   }
   // An MTP head that is incomplete (or of a type qhx does not compute with) is left out, as
   // loading leaves it unused: the bundle is a text model.

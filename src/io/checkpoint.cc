@@ -103,16 +103,32 @@ bool near_name(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-// Whether `name` is one of a layer's tensors that another layer has too (layer 0's or 1's): a
-// regular tensor, not a damaged name.
-bool Checkpoint::in_other_layers(const std::string& name) const {
+namespace {
+
+// "model.layers.12.mlp.up_proj.weight" -> ("model.layers.#.mlp.up_proj.weight", "12"); names of
+// no layer -> ("", "").
+std::pair<std::string, std::string> layer_pattern(const std::string& name) {
   const size_t at = name.find("layers.");
-  if (at == std::string::npos) return false;
+  if (at == std::string::npos) return {};
   const size_t digits = at + 7, dot = name.find('.', digits);
-  if (dot == std::string::npos || dot == digits) return false;
-  const std::string layer = name.substr(digits, dot - digits), rest = name.substr(dot);
-  const std::string other = layer == "0" ? "1" : "0";
-  return contains(name.substr(0, digits) + other + rest);
+  if (dot == std::string::npos || dot == digits) return {};
+  return {name.substr(0, digits) + "#" + name.substr(dot), name.substr(digits, dot - digits)};
+}
+
+}  // namespace
+
+// Whether `name` is one of a layer's tensors that another layer has too: a regular tensor, not a
+// damaged name (Qwen3.5's attention layers are every fourth: any other layer counts).
+bool Checkpoint::in_other_layers(const std::string& name) const {
+  const auto [pattern, layer] = layer_pattern(name);
+  if (pattern.empty()) return false;
+  for (const auto& f : files_) {
+    for (const auto& [other, view] : f->tensors()) {
+      const auto [other_pattern, other_layer] = layer_pattern(other);
+      if (other_pattern == pattern && other_layer != layer) return true;
+    }
+  }
+  return false;
 }
 
 void Checkpoint::fail_missing(const std::string& name) const {

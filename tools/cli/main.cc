@@ -19,30 +19,41 @@
 
 namespace {
 
-// A whole number in base 10 of at least `low` and at most `high`, passed on as its plain decimal
-// (CLI11 would read "010" as octal and saturate past the type). Its errors name the bound
-// (CLI11's NonNegativeNumber and PositiveNumber named the largest double, 309 digits).
-CLI::Validator whole_number(uint64_t low, uint64_t high) {
-  const std::string bound = ">= " + std::to_string(low);
+// A whole number in base 10 from `low` to `high`, passed on as its plain decimal (CLI11 would
+// read "010" as octal and "0x10" as hex, and saturate past the type). Its errors name the
+// bound (CLI11's NonNegativeNumber and PositiveNumber named the largest double, 309 digits).
+CLI::Validator whole_number(int64_t low, uint64_t high) {
+  const std::string low_text = std::to_string(low), high_text = std::to_string(high);
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        if (text.starts_with('-') && text.size() > 1 &&
-            text.find_first_not_of("0123456789", 1) == std::string::npos) {
-          return "must be " + bound + ", got " + text;
-        }
-        uint64_t value = 0;
-        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (error == std::errc::result_out_of_range || (error == std::errc() && value > high)) {
-          return "'" + text + "' is too large (at most " + std::to_string(high) + ")";
-        }
-        if (error != std::errc() || end != text.data() + text.size()) {
+        const bool negative = text.starts_with('-');
+        const char* const first = text.data() + (negative ? 1 : 0);
+        const char* const last = text.data() + text.size();
+        uint64_t magnitude = 0;
+        const auto [end, error] = std::from_chars(first, last, magnitude);
+        if (first == last || end != last ||
+            (error != std::errc() && error != std::errc::result_out_of_range)) {
           return "'" + text + "' is not a whole number";
         }
-        if (value < low) return "must be " + bound + ", got " + text;
-        text = std::to_string(value);
+        const bool over = error == std::errc::result_out_of_range;
+        if (negative) {
+          // -magnitude >= low, for low < 0 (magnitude up to 2^63 fits the test below).
+          if (low >= 0 ? magnitude > 0
+                       : over || magnitude > static_cast<uint64_t>(-(low + 1)) + 1) {
+            return "must be >= " + low_text + ", got " + text;
+          }
+          text = magnitude == 0 ? "0" : "-" + std::to_string(magnitude);
+          return "";
+        }
+        if (over || magnitude > high)
+          return "'" + text + "' is too large (at most " + high_text + ")";
+        if (low > 0 && magnitude < static_cast<uint64_t>(low)) {
+          return "must be >= " + low_text + ", got " + text;
+        }
+        text = std::to_string(magnitude);
         return "";
       },
-      "INTEGER " + bound);
+      "INTEGER in [" + low_text + ", " + high_text + "]");
 }
 const CLI::Validator kNonNegative = whole_number(0, INT64_MAX);
 const CLI::Validator kPositive = whole_number(1, INT64_MAX);
@@ -56,7 +67,7 @@ CLI::Validator not_empty(const std::string& why) {
 
 void add_threads_option(CLI::App* command, int& threads) {
   command->add_option("-t,--threads", threads, "Compute threads (default: all hardware threads)")
-      ->check(CLI::Range(1, 256));
+      ->transform(whole_number(1, 256));
 }
 
 void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
@@ -83,12 +94,12 @@ void add_speculative_options(CLI::App* command, qhx::cli::SpeculativeArgs& specu
           },
           "none|ngram|mtp|draft:DIR");
   command->add_option("--draft-max", speculative.draft_max, "Tokens per speculative draft")
-      ->check(CLI::Range(1, 32));
+      ->transform(whole_number(1, 32));
   command
       ->add_option("--draft-vocab", speculative.mtp_vocab,
                    "mtp: draft from the first N tokens of the model's draft_vocab.json (0: all "
                    "of them, -1: from the whole vocabulary)")
-      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 31));
+      ->transform(whole_number(-1, uint64_t{1} << 31));
 }
 
 }  // namespace
@@ -114,7 +125,7 @@ int main(int argc, char** argv) {
                      "Pick the most likely token (default unless generation_config.json samples)");
   generate->add_option("--temperature", gen.temperature, "Sampling temperature");
   generate->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens (0: all)")
-      ->check(CLI::Range(int64_t{0}, int64_t{INT32_MAX}));
+      ->transform(whole_number(0, INT32_MAX));
   generate->add_option("--top-p", gen.top_p, "Sample from the smallest set with this mass");
   generate->add_option("--min-p", gen.min_p,
                        "Drop tokens less likely than this fraction of the most likely one");
@@ -322,19 +333,19 @@ int main(int argc, char** argv) {
       ->required();
   serve->add_option("--host", serve_args.server.host, "Address to listen on");
   serve->add_option("--port", serve_args.server.port, "Port (0: any free one)")
-      ->check(CLI::Range(0, 65535));
+      ->transform(whole_number(0, 65535));
   serve->add_option("--parallel", serve_args.server.parallel, "Sessions served at once (slots)")
-      ->check(CLI::Range(1, 256));
+      ->transform(whole_number(1, 256));
   serve
       ->add_option("--queue", serve_args.server.queue,
                    "Requests that may wait for a slot; past them, 429")
-      ->check(CLI::Range(0, 4096));
+      ->transform(whole_number(0, 4096));
   serve
       ->add_option("--ctx-size,-c", serve_args.ctx_size,
                    "Tokens per session (default: as many as the model and memory allow)")
       ->transform(kNonNegative);
   serve->add_option("--cache-mb", serve_args.cache_mb, "Prefix cache shared by the slots, MB")
-      ->check(CLI::Range(0, 1 << 20));
+      ->transform(whole_number(0, 1 << 20));
   serve
       ->add_option("--max-request-bytes", serve_args.server.max_request_bytes,
                    "Larger request bodies get 413")
@@ -354,11 +365,11 @@ int main(int argc, char** argv) {
   serve
       ->add_option("--max-connections", serve_args.server.max_connections,
                    "Open connections at most; past it new ones are closed")
-      ->check(CLI::Range(1, 65536));
+      ->transform(whole_number(1, 65536));
   serve
       ->add_option("--timeout", serve_args.server.timeout_seconds,
                    "Seconds a client has to send a request (and may stall reading an answer)")
-      ->check(CLI::Range(1, 3600));
+      ->transform(whole_number(1, 3600));
   serve->add_flag("--verify", serve_args.verify,
                   "Bundles: check every file's sha256 before serving");
   add_threads_option(serve, serve_args.threads);

@@ -17,38 +17,52 @@ namespace {
 
 // Waits for SIGINT or SIGTERM (blocked in every thread) on a thread of its own, from before the
 // model opens: while it opens (minutes for a large bundle with --verify, a GPU upload, the
-// device check) there is nothing to end cleanly and the process exits at once; once the server
-// serves, it is stopped as Server::stop() does.
+// device check) there is nothing to end cleanly and the process exits at once; while the server
+// serves, it is stopped as Server::stop() does; after that, signals change nothing.
 class StopSignals {
  public:
   explicit StopSignals(const sigset_t& signals) : signals_(signals), waiter_([this] { wait(); }) {}
   ~StopSignals() {
     {
       std::lock_guard lock(mutex_);
-      if (!signalled_) {
-        closing_ = true;
-        pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait; ignored as closing
-      }
+      phase_ = Phase::kDone;
+      if (waiting_) pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes it, to no effect
     }
     waiter_.join();
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // From now on a signal stops `server` (until it is null again).
-  void serve(qhx::server::Server* server) {
+  // While it lives, a signal stops `server`; then signals change nothing.
+  class Serving {
+   public:
+    Serving(StopSignals& signals, qhx::server::Server& server) : signals_(signals) {
+      signals_.set(Phase::kServing, &server);
+    }
+    ~Serving() { signals_.set(Phase::kDone, nullptr); }  // waits for a stop() under way
+    Serving(const Serving&) = delete;
+    Serving& operator=(const Serving&) = delete;
+
+   private:
+    StopSignals& signals_;
+  };
+
+ private:
+  enum class Phase { kOpening, kServing, kDone };
+
+  void set(Phase phase, qhx::server::Server* server) {
     std::lock_guard lock(mutex_);
+    phase_ = phase;
     server_ = server;
   }
 
- private:
   void wait() {
     int signal_number = 0;
     sigwait(&signals_, &signal_number);
     std::lock_guard lock(mutex_);
-    if (closing_) return;
-    signalled_ = true;
-    if (server_ == nullptr) {
+    waiting_ = false;
+    if (phase_ == Phase::kDone) return;
+    if (phase_ == Phase::kOpening) {
       std::fprintf(stderr, "stopping (signal %d) before serving\n", signal_number);
       std::_Exit(0);
     }
@@ -58,8 +72,9 @@ class StopSignals {
 
   sigset_t signals_;
   std::mutex mutex_;
+  Phase phase_ = Phase::kOpening;
   qhx::server::Server* server_ = nullptr;
-  bool closing_ = false, signalled_ = false;
+  bool waiting_ = true;
   std::thread waiter_;  // last: it starts once the members above exist
 };
 
@@ -121,9 +136,8 @@ int run_serve(const ServeArgs& serve_args) {
     const int port = server.start();
     std::fprintf(stderr, "listening on http://%s:%d (%d slots, queue %d)\n",
                  args.server.host.c_str(), port, args.server.parallel, args.server.queue);
-    stop.serve(&server);
+    const StopSignals::Serving serving(stop, server);
     server.wait();
-    stop.serve(nullptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qhx: error: %s\n", e.what());
     status = 1;
