@@ -12,6 +12,7 @@
 #include "io/bundle.h"
 #include "io/pack.h"
 #include "io/qhxt.h"
+#include "models/families.h"
 #include "models/model.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
@@ -119,6 +120,19 @@ TEST_F(BundleTest, OnlyAWholeMtpHeadIsCarried) {
     EXPECT_FALSE(model->has_mtp());
     EXPECT_EQ(model->mtp_unavailable(), "");  // the bundle holds no mtp.* tensor at all
     EXPECT_EQ(logits_of(bundle(v.name), kPrompt), logits_of(kQwen3_5, kPrompt));
+  }
+  // Each of the head's tensors missing in turn: a text-model bundle, the note naming it.
+  for (const std::string& missing : mtp_head_tensors()) {
+    SCOPED_TRACE(missing);
+    const fs::path source = dir_.path() / ("without-" + missing);
+    test::copy_checkpoint(kQwen3_5, source, [&](const std::string& n) { return n == missing; });
+    const fs::path out = dir_.path() / ("bundle-without-" + missing);
+    ConvertOptions o = f32_options();
+    o.gate = false;
+    const ConvertResult r = forge_convert(source, out, o);
+    ASSERT_EQ(r.notes.size(), 1u);
+    EXPECT_NE(r.notes[0].find("missing 1 of 15 tensors: " + missing), std::string::npos);
+    EXPECT_FALSE(load_model(out)->has_mtp());
   }
 }
 
