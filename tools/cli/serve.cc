@@ -1,4 +1,5 @@
 // qhx serve: opens the model, runs src/server on it, and stops it cleanly on SIGINT or SIGTERM.
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -91,6 +92,12 @@ int run_serve(const ServeArgs& serve_args) {
                  "off: give a key, or unset it\n");
     return 1;
   }
+#ifdef __GLIBC__
+  // Blocks of 1 MiB or more (KV caches, the prefix cache's states, logits) are mapped on their own
+  // and unmapped when freed. glibc's moving threshold would put them in its heaps after the first
+  // such free, and RSS would keep what the prefix cache evicted until the next trim.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
   // SIGINT and SIGTERM stop the server cleanly: they are blocked before anything starts a thread
   // (the model's compute threads, a GPU driver's), so that every thread inherits the mask and
   // none takes the signal's default action, and one thread waits for them.
