@@ -101,7 +101,7 @@ TEST_F(BundleTest, OnlyAWholeMtpHeadIsCarried) {
       {"wrong_shape",
        [](const std::string& n) { return n == "mtp.norm.weight"; },
        {{"mtp.norm.weight", {3}}},
-       "mtp.norm.weight of shape [3]"},
+       "tensor 'mtp.norm.weight': shape [3]"},
   };
   for (const auto& v : variants) {
     SCOPED_TRACE(v.name);

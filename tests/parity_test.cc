@@ -654,7 +654,8 @@ TEST(Mtp, Fp8OptionalPartsAreReadPast) {
   raw.write(tmp.path() / shard);
   const auto model = load_model(tmp.path());
   EXPECT_FALSE(model->has_mtp());
-  EXPECT_NE(model->mtp_unavailable().find("mtp.fc.weight as F8_E4M3"), std::string::npos)
+  EXPECT_NE(model->mtp_unavailable().find("tensor 'mtp.fc.weight': dtype F8_E4M3"),
+            std::string::npos)
       << model->mtp_unavailable();
   const std::vector<int32_t> ids = {1, 2, 3, 4, 5};
   std::vector<float> logits, expected;

@@ -179,6 +179,18 @@ void fsync_path(const fs::path& p) {
   }
 }
 
+// A file of the bundle as its manifest lists it.
+Json file_entry(const fs::path& dir, const std::string& name) {
+  return {{"path", name}, {"size", fs::file_size(dir / name)}, {"sha256", sha256_file(dir / name)}};
+}
+
+// manifest.json, and manifest.sha256 beside it (which qhx verify checks it against).
+void write_manifest(const fs::path& dir, const Json& manifest) {
+  std::ofstream(dir / "manifest.json") << manifest.dump(2) << "\n";
+  std::ofstream(dir / kManifestHashFile)
+      << sha256_file(dir / "manifest.json") << "  manifest.json\n";
+}
+
 }  // namespace
 
 DType default_table_dtype(DType weights) {
@@ -349,8 +361,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   listed.insert(listed.end(), tokenizer_files.begin(), tokenizer_files.end());
   listed.insert(listed.end(), extra_files.begin(), extra_files.end());
   for (const auto& f : listed) {
-    files.push_back(
-        {{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
+    files.push_back(file_entry(temp, f));
   }
   Json manifest = {
       {"format", "qhx-bundle"},
@@ -394,7 +405,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         {"kv_cache", "f32"}}},
       {"files", files},
       {"gate", nullptr}};
-  std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
+  write_manifest(temp, manifest);
 
   if (options.gate) {
     const GateThresholds thresholds =
@@ -405,14 +416,14 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       result.int8_activation_gate = std::move(report);
       result.int8_activations = false;
       manifest["precision_policy"]["activations"] = "f32";
-      std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
+      write_manifest(temp, manifest);
       report = forge_gate(temp, hf_dir, thresholds, options.gate_suite);
     }
     Json certificate = report.to_json();
     certificate["reference"] = fs::absolute(hf_dir).lexically_normal().string();
     certificate["date"] = utc_now();
     manifest["gate"] = certificate;
-    std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
+    write_manifest(temp, manifest);
     result.gate = report;
     if (!report.passed) return result;  // the guard removes the temporary bundle
   }
@@ -420,12 +431,9 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   // the manifest itself (qhx verify, --verify).
   write_model_card(temp, manifest);
   for (const char* f : {"card.json", "README.md"}) {
-    manifest["files"].push_back(
-        {{"path", f}, {"size", fs::file_size(temp / f)}, {"sha256", sha256_file(temp / f)}});
+    manifest["files"].push_back(file_entry(temp, f));
   }
-  std::ofstream(temp / "manifest.json") << manifest.dump(2) << "\n";
-  std::ofstream(temp / kManifestHashFile)
-      << sha256_file(temp / "manifest.json") << "  manifest.json\n";
+  write_manifest(temp, manifest);
   for (const auto& entry : fs::directory_iterator(temp)) fsync_path(entry.path());
   if (fs::exists(out)) {
     const fs::path old = hidden_sibling(out, ".old-");

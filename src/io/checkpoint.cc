@@ -101,10 +101,6 @@ bool near_name(const std::string& a, const std::string& b) {
   return true;
 }
 
-}  // namespace
-
-namespace {
-
 // "model.layers.12.mlp.up_proj.weight" -> ("model.layers.#.mlp.up_proj.weight", "12"); names of
 // no layer -> ("", "").
 std::pair<std::string, std::string> layer_pattern(const std::string& name) {

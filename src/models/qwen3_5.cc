@@ -29,7 +29,7 @@ AttentionWeights read_gated_attention(const WeightReader& r, const std::string& 
 }
 
 // The multi-token-prediction head (top-level mtp.*, in text and multimodal layouts alike), read
-// only when mtp_head_unusable() finds it whole. Only its first layer is read: one draft step per
+// once every tensor of it is there. Only its first layer is read: one draft step per
 // layer is how the serving engines use it, and Qwen3.5 checkpoints carry one
 // (mtp_num_hidden_layers: 1).
 MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
@@ -60,25 +60,31 @@ MtpWeights read_mtp(const Checkpoint& checkpoint, const ModelConfig& c) {
   return w;
 }
 
-// transformers ignores every mtp.* tensor, so a module that is missing tensors or holds ones of
-// the wrong shape or type leaves the model a text model: the head is dropped, and why is kept.
-void read_mtp_if_whole(const Checkpoint& checkpoint, const ModelConfig& c,
-                       const std::function<std::vector<int32_t>()>& vocab_of, DecoderWeights& w) {
-  if (!has_mtp_tensors(checkpoint)) return;
-  w.mtp_unavailable = mtp_head_unusable(checkpoint, c);
-  if (!w.mtp_unavailable.empty()) return;
+// The head, or why the checkpoint's mtp.* tensors are not one (`why`). transformers ignores
+// every mtp.* tensor, so a module missing tensors or holding ones of another shape or type
+// leaves the model a text model.
+std::optional<MtpWeights> read_mtp_or_why(const Checkpoint& checkpoint, const ModelConfig& c,
+                                          std::string& why) {
+  why.clear();
+  if (!has_mtp_tensors(checkpoint)) return std::nullopt;
+  std::string missing;
+  int n = 0;
+  for (const std::string& name : mtp_head_tensors()) {
+    if (checkpoint.contains(name)) continue;
+    missing += (n++ == 0 ? "" : ", ") + name;
+  }
+  if (n > 0) {
+    why = "its MTP head (mtp.*) is incomplete, missing " + std::to_string(n) + " of " +
+          std::to_string(mtp_head_tensors().size()) + " tensors: " + missing;
+    return std::nullopt;
+  }
   try {
-    w.mtp = read_mtp(checkpoint, c);
+    return read_mtp(checkpoint, c);  // shapes and types checked as the model's own tensors
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kInvalidInput) throw;
-    w.mtp_unavailable = std::string("its MTP head (mtp.*) is not usable: ") + e.what();
-    return;
+    why = std::string("its MTP head (mtp.*) is not usable: ") + e.what();
+    return std::nullopt;
   }
-  // Its logits are over the draft vocabulary when there is one (the lm_head's rows, copied
-  // before packing releases them). That file is qhx's own, put there on purpose: a bad one is
-  // refused.
-  w.mtp->vocab = vocab_of();
-  if (!w.mtp->vocab.empty()) w.mtp->vocab_head.emplace(w.lm_head, w.mtp->vocab);
 }
 
 }  // namespace
@@ -114,38 +120,9 @@ bool has_mtp_tensors(const Checkpoint& checkpoint) {
 }
 
 std::string mtp_head_unusable(const Checkpoint& checkpoint, const ModelConfig& c) {
-  if (!has_mtp_tensors(checkpoint)) return "";
-  std::string missing;
-  int n = 0;
-  for (const std::string& name : mtp_head_tensors()) {
-    if (checkpoint.contains(name)) continue;
-    missing += (n++ == 0 ? "" : ", ") + name;
-  }
-  if (n > 0) {
-    return "its MTP head (mtp.*) is incomplete, missing " + std::to_string(n) + " of " +
-           std::to_string(mtp_head_tensors().size()) + " tensors: " + missing;
-  }
-  // The shapes read_mtp reads them in, in mtp_head_tensors()'s order.
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
-  const int64_t q = c.num_heads * hd, kv = c.num_kv_heads * hd;
-  const std::vector<std::vector<int64_t>> shapes = {
-      {H, 2 * H}, {H},    {H},  {H},  {H},    {H},    {2 * q, H}, {kv, H},
-      {kv, H},    {H, q}, {hd}, {hd}, {I, H}, {I, H}, {H, I}};
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const TensorView& t = *checkpoint.find(mtp_head_tensors()[i]);
-    const DType d = t.dtype;
-    if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16 && !is_quantized(d)) {
-      return "its MTP head (mtp.*) holds " + t.name + " as " + std::string(dtype_name(d)) +
-             ", not a weight type qhx computes with";
-    }
-    if (t.shape != shapes[i]) {
-      TensorView expected;
-      expected.shape = shapes[i];
-      return "its MTP head (mtp.*) holds " + t.name + " of shape " + t.shape_string() +
-             ", where the model's sizes make it " + expected.shape_string();
-    }
-  }
-  return "";
+  std::string why;
+  read_mtp_or_why(checkpoint, c, why);
+  return why;
 }
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
@@ -191,7 +168,14 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
     l.mlp = read_mlp(model, p, c);
     w.layers.push_back(std::move(l));
   }
-  read_mtp_if_whole(checkpoint, c, mtp_vocab, w);
+  w.mtp = read_mtp_or_why(checkpoint, c, w.mtp_unavailable);
+  if (w.mtp) {
+    // Its logits are over the draft vocabulary when there is one (the lm_head's rows, copied
+    // before packing releases them). That file is qhx's own, put there on purpose: a bad one is
+    // refused.
+    w.mtp->vocab = mtp_vocab();
+    if (!w.mtp->vocab.empty()) w.mtp->vocab_head.emplace(w.lm_head, w.mtp->vocab);
+  }
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
                       attention_params(c, /*output_gate=*/true), deltanet, std::move(context),

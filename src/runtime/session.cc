@@ -550,26 +550,21 @@ void Session::load(const std::filesystem::path& path) {
 
 void PrefixCache::insert(std::span<const int32_t> tokens, const ModelState& state,
                          std::span<const float> logits) {
-  // A prompt already held is only marked used (called with the lock held).
-  const auto held = [&] {
-    for (Entry& e : entries_) {
-      if (std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) {
-        e.last_used = ++clock_;
-        return true;
-      }
-    }
-    return false;
-  };
+  // One insert at a time: the memory estimate counts one copy over the cache's bound.
   std::lock_guard copying(copy_mutex_);
   {
     std::lock_guard lock(mutex_);
-    if (held()) return;  // before copying: a copy is as large as the prompt's state
+    for (Entry& e : entries_) {  // a prompt already held is only marked used, not copied again
+      if (std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) {
+        e.last_used = ++clock_;
+        return;
+      }
+    }
   }
   std::unique_ptr<ModelState> copy = state.clone();
   const int64_t bytes =
       copy->bytes() + static_cast<int64_t>(logits.size_bytes() + tokens.size_bytes());
   std::lock_guard lock(mutex_);
-  if (held()) return;  // another session inserted it meanwhile
   if (bytes > max_bytes_) return;
   while (bytes_ + bytes > max_bytes_) {
     const auto oldest =

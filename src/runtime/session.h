@@ -185,8 +185,7 @@ class PrefixCache {
     uint64_t last_used = 0;
   };
   mutable std::mutex mutex_;
-  // One insert copies a state at a time: the memory estimate counts one copy over the bound.
-  std::mutex copy_mutex_;
+  std::mutex copy_mutex_;  // held by insert(), which copies a state
   int64_t max_bytes_;
   int64_t bytes_ = 0;
   uint64_t clock_ = 0;
