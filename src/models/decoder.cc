@@ -1,13 +1,10 @@
 #include "models/decoder.h"
 
 #include <algorithm>
-#include <atomic>
 #include <optional>
-#include <tuple>
 
-#include "backend/cpu_backend.h"
 #include "core/dtype.h"
-#include "graph/schedule.h"
+#include "graph/runner.h"
 #include "kernels/cpu_context.h"
 #include "models/decoder_state.h"
 #include "models/weights.h"
@@ -50,29 +47,20 @@ void add_product(Plan& plan, Operand in, int64_t rows, const MatrixRef& w, Value
   n.matrix = &w;
 }
 
-// Whether any node of the schedule runs on a device (backend 0 is the CPU).
-bool uses_devices(const Schedule& s) {
-  return std::any_of(s.plan.nodes.begin(), s.plan.nodes.end(),
-                     [](const Node& n) { return n.backend > 0; });
-}
-
 class Decoder final : public Model {
  public:
   Decoder(const ModelConfig& config, Checkpoint checkpoint, DecoderWeights weights,
           AttentionParams attention, GatedDeltaNetParams deltanet,
-          std::shared_ptr<CpuContext> context, std::vector<std::shared_ptr<Backend>> devices)
+          std::shared_ptr<CpuContext> context, std::vector<std::shared_ptr<Backend>> backends)
       : context_(std::move(context)),
-        cpu_(std::make_unique<CpuBackend>(*context_)),
-        devices_(std::move(devices)),
         config_(config),
         checkpoint_(std::move(checkpoint)),
         weights_(std::move(weights)),
         attention_(std::move(attention)),
         deltanet_(deltanet),
         fingerprint_(checkpoint_.fingerprint()),
-        devices_enabled_(!devices_.empty()) {
-    backends_.push_back(cpu_.get());
-    for (const auto& d : devices_) backends_.push_back(d.get());
+        runner_(*context_, std::move(backends), [this](const PlanKey& key) { return build(key); },
+                PlanKey{1, variant(LogitsFor::kLastToken, PlanKind::kForward)}) {
     try {
       prepare_weights();
     } catch (...) {  // no destructor runs: the devices must not keep addresses into the files
@@ -112,28 +100,18 @@ class Decoder final : public Model {
     return total;
   }
 
-  bool has_devices() const override { return !devices_.empty(); }
-  bool devices_enabled() const override { return devices_enabled_.load(); }
-  void set_devices_enabled(bool on) override {
-    devices_enabled_ = on && !devices_.empty() && load_failure_.empty();
-  }
-  std::string device_load_failure() const override { return load_failure_; }
-  int64_t device_failures() const override { return device_failures_.load(); }
-  DeviceTraffic device_traffic() const override {
-    const CpuContext::Turn turn(*context_);
-    return traffic_;
-  }
-  std::string device_failure() const override {
-    const CpuContext::Turn turn(*context_);
-    return device_failure_;
-  }
+  bool has_devices() const override { return runner_.has_devices(); }
+  bool devices_enabled() const override { return runner_.devices_enabled(); }
+  void set_devices_enabled(bool on) override { runner_.set_devices_enabled(on); }
+  std::string device_load_failure() const override { return runner_.device_load_failure(); }
+  int64_t device_failures() const override { return runner_.device_failures(); }
+  DeviceTraffic device_traffic() const override { return runner_.device_traffic(); }
+  std::string device_failure() const override { return runner_.device_failure(); }
 
   std::unique_ptr<ModelState> new_state() const override {
     // In memory the CPU and the device the sequence shares with it both address (the CPU's
     // when it runs alone).
-    const BufferType& memory = devices_.empty() || !load_failure_.empty()
-                                   ? cpu_->buffer_type()
-                                   : devices_[0]->state_buffer_type();
+    const BufferType& memory = runner_.state_memory();
     std::vector<LayerState> layers(weights_.layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
       LayerState& l = layers[i];
@@ -164,8 +142,8 @@ class Decoder final : public Model {
     if (!weights_.mtp) return nullptr;
     std::vector<LayerState> layers(1);
     layers[0].kv_width = attention_.shape.n_kv_heads * attention_.shape.head_dim;
-    layers[0].keys = StateBuffer(cpu_->buffer_type());
-    layers[0].values = StateBuffer(cpu_->buffer_type());
+    layers[0].keys = StateBuffer(runner_.cpu_memory());
+    layers[0].values = StateBuffer(runner_.cpu_memory());
     return std::make_unique<DecoderState>(std::move(layers));
   }
   void mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,
@@ -187,45 +165,23 @@ class Decoder final : public Model {
   // y = the layer's mixer (attention or Gated DeltaNet) of x, updating its state.
   void add_mixer(Plan& plan, const DecoderLayer& layer, int index,
                  const GatedDeltaNetParams& deltanet, ValueId x, ValueId y) const;
-  // That plan placed, fused and laid out for this model's backends (or the CPU alone), cached.
-  // Call on the turn.
-  Schedule& schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
-                         PlanKind kind = PlanKind::kForward) const;
-  bool decodes_on_devices() const;  // whether a decode step's plan puts nodes on a device
-  // Whether every conv and delta-rule node of the schedule runs on devices that keep the states
-  // they compute (Backend::keep_states), and tells them to keep them or not accordingly.
-  bool keeps_states(const Schedule& s) const;
-  // Brings the state's host memory up to date after passes whose states a device kept
-  // (DecoderState::device_passes): writes them back, or when the device fails, redoes the passes
-  // on the CPU from that memory. settle takes the context's turn; settle_on_turn is for a caller
-  // that has it.
-  void settle(const DecoderState& state) const;
-  void settle_on_turn(const DecoderState& state) const;
-  // A device failed: it is not used again, and the state's kept passes are redone on the CPU.
-  void device_failed(const Error& e, DecoderState& state) const;
-  std::span<Backend* const> backends(bool devices) const {
-    return std::span<Backend* const>(backends_).first(devices ? backends_.size() : 1);
+  // A plan key's variant: which plan, and which logits it computes.
+  static int variant(LogitsFor which, PlanKind kind) {
+    return static_cast<int>(which) * 4 + static_cast<int>(kind);
+  }
+  Plan build(const PlanKey& key) const {
+    const auto which = static_cast<LogitsFor>(key.variant / 4);
+    const auto kind = static_cast<PlanKind>(key.variant % 4);
+    if (kind == PlanKind::kMtp || kind == PlanKind::kMtpWithLogits) {
+      return build_mtp_plan(key.n_tokens, kind == PlanKind::kMtpWithLogits);
+    }
+    return build_plan(key.n_tokens, which, kind == PlanKind::kForwardWithHidden);
   }
 
-  // Weight preparation is each backend's: the devices first (they copy from the mapped pages),
-  // then the CPU (which releases the pages of what it packs). A tied embedding table is then
-  // read from the lm_head's layout (read_row).
+  // Weight preparation is the runner's backends'. A tied embedding table is then read from the
+  // lm_head's layout (read_row).
   void prepare_weights() {
-    const std::vector<MatrixRef*> matrices = matrix_list(weights_);
-    for (size_t b = backends_.size(); b-- > 1;) {
-      try {
-        backends_[b]->prepare_weights(matrices);
-      } catch (const Error& e) {
-        // A device without room for the weights (or failing as they go up) leaves the model on
-        // the CPU, saying why (check_devices), rather than failing to load it.
-        if (e.kind() != ErrorKind::kOutOfMemory && e.kind() != ErrorKind::kDeviceFailed) throw;
-        backends_[b]->release_weights(matrices);
-        devices_enabled_ = false;
-        ++device_failures_;
-        device_failure_ = load_failure_ = e.what();
-      }
-    }
-    cpu_->prepare_weights(matrices);
+    runner_.prepare_weights(matrix_list(weights_));
     MatrixRef& embed = weights_.embed_tokens;
     if (embed.data == weights_.lm_head.data) embed.packed = weights_.lm_head.packed;
     // The MTP head drafts on the CPU.
@@ -242,19 +198,14 @@ class Decoder final : public Model {
                                       &m.layer.mlp.up_proj,
                                       &m.layer.mlp.down_proj};
       if (m.vocab_head) head.push_back(&m.vocab_head->matrix);
-      cpu_->prepare_weights(head);
+      runner_.prepare_cpu_weights(head);
     }
   }
 
   void release_device_weights() noexcept {
     std::vector<MatrixRef*> matrices = matrix_list(weights_);
     matrices.push_back(&weights_.embed_tokens);  // a device looks its rows up when it decodes
-    for (const auto& d : devices_) {
-      try {
-        d->release_weights(matrices);
-      } catch (...) {  // a lost device: its memory went with it
-      }
-    }
+    runner_.release_weights(matrices);
   }
 
   // Every matrix of the model but the embedding table, the lm_head first (the largest: it starts
@@ -274,28 +225,13 @@ class Decoder final : public Model {
   }
 
   std::shared_ptr<CpuContext> context_;  // where this model computes
-  std::unique_ptr<CpuBackend> cpu_;      // on context_ (a pointer: backends_ keeps its address)
-  std::vector<std::shared_ptr<Backend>> devices_;
-  std::vector<Backend*> backends_;  // the CPU, then the devices
-  struct CachedSchedule {
-    std::tuple<int64_t, LogitsFor, bool, PlanKind> key;
-    Schedule schedule;
-    uint64_t last_used = 0;
-  };
-  mutable std::vector<CachedSchedule> schedules_;  // used on the context's turn
-  mutable uint64_t schedule_clock_ = 0;
   ModelConfig config_;
   Checkpoint checkpoint_;  // owns the mappings every MatrixRef points into
   DecoderWeights weights_;
   AttentionParams attention_;
   GatedDeltaNetParams deltanet_;
   std::string fingerprint_;
-  // Off after a device failed (forward disables it, so mutable) or failed its check.
-  mutable std::atomic<bool> devices_enabled_;
-  mutable std::atomic<int64_t> device_failures_{0};
-  mutable DeviceTraffic traffic_;       // under the context's turn, as the schedules
-  mutable std::string device_failure_;  // on the turn
-  std::string load_failure_;            // why the devices took no weights: they stay unused
+  Runner runner_;  // the CPU and the devices
 };
 
 Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {
@@ -391,41 +327,9 @@ Plan Decoder::build_mtp_plan(int64_t n_tokens, bool logits) const {
   return plan;
 }
 
-Schedule& Decoder::schedule_for(int64_t n_tokens, LogitsFor which, bool devices,
-                                PlanKind kind) const {
-  const auto key = std::tuple{n_tokens, which, devices, kind};
-  ++schedule_clock_;
-  for (CachedSchedule& c : schedules_) {
-    if (c.key == key) {
-      c.last_used = schedule_clock_;
-      return c.schedule;
-    }
-  }
-  Plan plan = kind == PlanKind::kMtp || kind == PlanKind::kMtpWithLogits
-                  ? build_mtp_plan(n_tokens, kind == PlanKind::kMtpWithLogits)
-                  : build_plan(n_tokens, which, kind == PlanKind::kForwardWithHidden);
-  Schedule made = schedule(std::move(plan), backends(devices));
-  // A bounded cache (a schedule is its nodes' layout; the arenas it runs in are each backend's,
-  // one per backend): a decode step, the prefill chunks and decoding with speculation's small
-  // plans (verify passes of 2..k+1 tokens, replays, the MTP head's) stay; odd tails come and go.
-  constexpr size_t kMaxSchedules = 32;
-  if (schedules_.size() == kMaxSchedules) {
-    schedules_.erase(std::min_element(schedules_.begin(), schedules_.end(),
-                                      [](const CachedSchedule& a, const CachedSchedule& b) {
-                                        return a.last_used < b.last_used;
-                                      }));
-  }
-  schedules_.push_back({key, std::move(made), schedule_clock_});
-  return schedules_.back().schedule;
-}
-
-bool Decoder::decodes_on_devices() const {
-  return uses_devices(schedule_for(1, LogitsFor::kLastToken, true));
-}
-
 int64_t Decoder::activation_bytes(int64_t n_tokens) const {
   const CpuContext::Turn turn(*context_);
-  return schedule_for(n_tokens, LogitsFor::kLastToken, devices_enabled_).arena_bytes() +
+  return runner_.arena_bytes({n_tokens, variant(LogitsFor::kLastToken, PlanKind::kForward)}) +
          config_.vocab_size * static_cast<int64_t>(sizeof(float));
 }
 
@@ -467,129 +371,15 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
                           BorrowedBuffer::kWritable);
   }
   Buffer* const outputs[] = {&logits_memory, hidden_memory ? &*hidden_memory : nullptr};
-  const RunInputs inputs{.ids = ids,
-                         .first_pos = first_pos,
-                         .layers = state.layers,
-                         .external = std::span<Buffer* const>(outputs).first(hidden ? 2 : 1)};
-  bool devices = devices_enabled_;
-  // A step-exact pass (verifying a draft) must compute what decoding computes: it runs where a
-  // decode step runs, not where prompts do.
-  if (devices && (which == LogitsFor::kEveryStep || which == LogitsFor::kNoneStepwise)) {
-    devices = decodes_on_devices();
-  }
-  Schedule* s = &schedule_for(n_tokens, which, devices, kind);
-  if (devices && !uses_devices(*s)) {
-    devices = false;  // nothing of this pass runs on a device (a decode step, say)
-  }
-  const bool kept = devices && keeps_states(*s);
-  if (!kept) {
-    settle_on_turn(state);  // this pass reads the states' host memory
-    // A write-back that failed has turned the devices off; replaying may evict schedules.
-    devices = devices && devices_enabled_;
-    s = &schedule_for(n_tokens, which, devices, kind);
-  }
-  const auto on_cpu = [&] {
-    execute(schedule_for(n_tokens, which, false, kind), backends(false), inputs);
-  };
-  if (!devices) {
-    on_cpu();
-  } else if (kept) {
-    // The device leaves the states' host memory as it was (at the start of the kept passes).
-    try {
-      execute(*s, backends(true), inputs);
-      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes};
-      DecoderState::DevicePasses& passes = state.device_passes;
-      passes.passes.push_back({{ids.begin(), ids.end()}, which});
-      passes.tokens += n_tokens;
-      passes.settle = [this](const DecoderState& settled) { settle(settled); };
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kDeviceFailed) throw;
-      device_failed(e, state);
-      on_cpu();
-    }
-  } else {
-    // A device may fail part-way, after updating recurrent states in place: what it started
-    // from is kept (the conv and recurrent states; KV rows past n_past are rewritten anyway).
-    const StateCheckpoint start = state.checkpoint();
-    try {
-      execute(*s, backends(true), inputs);
-      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes};
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kDeviceFailed) throw;
-      device_failed(e, state);
-      state.rewind(first_pos, &start);
-      on_cpu();
-    }
-  }
-  state.advance(n_tokens);
-  // Written back now and then: a failure then costs the CPU at most this many tokens to redo.
-  constexpr int64_t kMaxKeptTokens = 256;
-  if (state.device_passes.tokens >= kMaxKeptTokens) settle_on_turn(state);
-}
-
-bool Decoder::keeps_states(const Schedule& s) const {
-  // (Attention-only models have no such states: their passes change only KV rows past the
-  // sequence, which the device writes back as it goes.)
-  bool any = false, on_devices = true;
-  for (const Node& n : s.plan.nodes) {
-    if (n.op != Op::kConvSilu && n.op != Op::kDeltaRule) continue;
-    any = true;
-    if (n.backend == 0) on_devices = false;
-  }
-  on_devices = on_devices && any;
-  bool kept = on_devices;
-  for (const std::shared_ptr<Backend>& device : devices_) {
-    kept = device->keep_states(on_devices) && kept;
-  }
-  return kept;
-}
-
-void Decoder::settle(const DecoderState& state) const {
-  const CpuContext::Turn turn(*context_);
-  settle_on_turn(state);
-}
-
-void Decoder::settle_on_turn(const DecoderState& settled) const {
-  if (settled.device_passes.passes.empty()) return;
-  // Settling changes no token of the sequence, only where its states' newest elements lie.
-  auto& state = const_cast<DecoderState&>(settled);
-  try {
-    const std::vector<const StateBuffer*> whole = state.whole_states();
-    for (const std::shared_ptr<Backend>& device : devices_) device->write_back_states(whole);
-    state.device_passes = {};
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kDeviceFailed) throw;
-    device_failed(e, state);
-  }
-}
-
-void Decoder::device_failed(const Error& e, DecoderState& state) const {
-  devices_enabled_ = false;
-  ++device_failures_;
-  device_failure_ = e.what();
-  // What the device kept is lost: the host memory holds the states as the kept passes found
-  // them, and the CPU redoes those passes as they ran (their logits are not needed again).
-  for (const StateBuffer* whole : state.whole_states()) whole->forget_shadow();
-  const int64_t redone = state.device_passes.tokens;
-  const std::vector<DecoderState::DevicePasses::Pass> passes =
-      std::move(state.device_passes.passes);
-  state.device_passes = {};
-  state.back_to(state.n_past() - redone);
-  std::vector<float> logits;
-  for (const DecoderState::DevicePasses::Pass& pass : passes) {
-    const int64_t n = static_cast<int64_t>(pass.ids.size());
-    const bool stepwise =
-        pass.which == LogitsFor::kEveryStep || pass.which == LogitsFor::kNoneStepwise;
-    const LogitsFor which = stepwise ? LogitsFor::kNoneStepwise : LogitsFor::kLastToken;
-    logits.resize(which == LogitsFor::kLastToken ? config_.vocab_size : 0);
-    BorrowedBuffer logits_memory(BufferKind::kHost, logits.data(), logits.size() * sizeof(float),
-                                 BorrowedBuffer::kWritable);
-    Buffer* const outputs[] = {&logits_memory};
-    const RunInputs inputs{
-        .ids = pass.ids, .first_pos = state.n_past(), .layers = state.layers, .external = outputs};
-    execute(schedule_for(n, which, false), backends(false), inputs);
-    state.advance(n);
-  }
+  // A pass a device kept the states of is redone, if it must be, for its states alone: a
+  // step-exact pass with no logits, any other with the last token's.
+  const bool step_exact = which == LogitsFor::kEveryStep || which == LogitsFor::kNoneStepwise;
+  const Runner::Pass pass{
+      .plan = {n_tokens, variant(which, kind)},
+      .replay = {n_tokens, variant(step_exact ? LogitsFor::kNoneStepwise : LogitsFor::kLastToken,
+                                   PlanKind::kForward)},
+      .step_exact = step_exact};
+  runner_.run(ids, pass, state, std::span<Buffer* const>(outputs).first(hidden ? 2 : 1));
 }
 
 void Decoder::mtp_forward(std::span<const float> hidden, std::span<const int32_t> ids,
@@ -619,11 +409,8 @@ void Decoder::mtp_forward(std::span<const float> hidden, std::span<const int32_t
   BorrowedBuffer out_memory(BufferKind::kHost, out.data(), out.size() * sizeof(float),
                             BorrowedBuffer::kWritable);
   Buffer* const external[] = {&logits_memory, &hidden_memory, &out_memory};
-  const RunInputs inputs{
-      .ids = ids, .first_pos = state.n_past(), .layers = state.layers, .external = external};
   const PlanKind kind = logits != nullptr ? PlanKind::kMtpWithLogits : PlanKind::kMtp;
-  execute(schedule_for(n_tokens, LogitsFor::kLastToken, false, kind), backends(false), inputs);
-  state.advance(n_tokens);
+  runner_.run_on_cpu(ids, {n_tokens, variant(LogitsFor::kLastToken, kind)}, state, external);
 }
 
 }  // namespace
@@ -649,10 +436,10 @@ std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkp
                                     DecoderWeights weights, AttentionParams attention,
                                     GatedDeltaNetParams deltanet,
                                     std::shared_ptr<CpuContext> context,
-                                    std::vector<std::shared_ptr<Backend>> devices) {
+                                    std::vector<std::shared_ptr<Backend>> backends) {
   return std::make_unique<Decoder>(config, std::move(checkpoint), std::move(weights),
                                    std::move(attention), deltanet, std::move(context),
-                                   std::move(devices));
+                                   std::move(backends));
 }
 
 }  // namespace qhx

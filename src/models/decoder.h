@@ -60,6 +60,6 @@ std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkp
                                     DecoderWeights weights, AttentionParams attention,
                                     GatedDeltaNetParams deltanet,
                                     std::shared_ptr<CpuContext> context,
-                                    std::vector<std::shared_ptr<Backend>> devices);
+                                    std::vector<std::shared_ptr<Backend>> backends);
 
 }  // namespace qhx

@@ -13,14 +13,14 @@ int64_t StateCheckpoint::bytes() const {
 }
 
 void DecoderState::reset() {
-  device_passes = {};
+  kept = {};
   for (LayerState& l : layers) {
     l.keys.clear();
     l.values.clear();
     l.conv.fill_zero();
     l.recurrent.fill_zero();
   }
-  n_past_ = 0;
+  tokens = 0;
 }
 
 void DecoderState::restore(const ModelState& snapshot) {
@@ -29,7 +29,7 @@ void DecoderState::restore(const ModelState& snapshot) {
     fail("state", "snapshot belongs to a different model");
   }
   other->settle();
-  device_passes = {};
+  kept = {};
   *this = *other;  // this one's device passes forgotten with its elements
 }
 
@@ -44,7 +44,7 @@ std::vector<StateTensor> DecoderState::tensors() const {
       out.push_back({p + "recurrent", l.recurrent.host_span()});
     } else {
       // The sequence's rows only: a forward pass grows the caches before it counts its tokens.
-      const size_t rows = static_cast<size_t>(std::min(l.keys.size(), n_past_ * l.kv_width));
+      const size_t rows = static_cast<size_t>(std::min(l.keys.size(), tokens * l.kv_width));
       out.push_back({p + "keys", l.keys.host_span().first(rows)});
       out.push_back({p + "values", l.values.host_span().first(rows)});
     }
@@ -60,7 +60,7 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
                     std::to_string(expected.size()));
   }
   if (n_past < 0) fail(where, "negative token count");
-  device_passes = {};  // every element is replaced
+  kept = {};  // every element is replaced
   StateBuffer* targets[2];
   size_t t = 0;
   for (LayerState& l : layers) {
@@ -80,7 +80,7 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
       target->assign(in.data);
     }
   }
-  n_past_ = n_past;
+  tokens = n_past;
 }
 
 bool DecoderState::can_truncate() const {
@@ -91,7 +91,7 @@ bool DecoderState::can_truncate() const {
 StateCheckpoint DecoderState::checkpoint() const {
   settle();
   StateCheckpoint c;
-  c.n_past = n_past_;
+  c.n_past = tokens;
   for (const LayerState& l : layers) {
     if (l.conv.empty()) continue;
     c.recurrent.push_back(l.conv.to_vector());
@@ -101,9 +101,9 @@ StateCheckpoint DecoderState::checkpoint() const {
 }
 
 void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
-  if (n < 0 || n > n_past_) {
+  if (n < 0 || n > tokens) {
     fail("state",
-         "cannot rewind to " + std::to_string(n) + " of " + std::to_string(n_past_) + " tokens");
+         "cannot rewind to " + std::to_string(n) + " of " + std::to_string(tokens) + " tokens");
   }
   const bool truncatable = can_truncate();
   if (!truncatable && (at == nullptr || at->n_past != n)) {
@@ -115,7 +115,7 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
   }
   if (!truncatable) {  // the conv and recurrent states are replaced, what a device kept too
     for (const StateBuffer* whole : whole_states()) whole->forget_shadow();
-    device_passes = {};
+    kept = {};
   }
   size_t part = 0;
   for (LayerState& l : layers) {
@@ -131,25 +131,7 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
       }
     }
   }
-  n_past_ = n;
-}
-
-void DecoderState::back_to(int64_t n) {
-  for (LayerState& l : layers) {
-    if (l.conv.empty()) {
-      l.keys.resize(std::min(l.keys.size(), n * l.kv_width));
-      l.values.resize(std::min(l.values.size(), n * l.kv_width));
-    }
-  }
-  n_past_ = n;
-}
-
-std::vector<const StateBuffer*> DecoderState::whole_states() const {
-  std::vector<const StateBuffer*> out;
-  for (const LayerState& l : layers) {
-    if (!l.conv.empty()) out.insert(out.end(), {&l.conv, &l.recurrent});
-  }
-  return out;
+  tokens = n;
 }
 
 size_t DecoderState::checkpoint_parts() const {

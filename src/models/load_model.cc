@@ -1,3 +1,4 @@
+#include "backend/cpu_backend.h"
 #include "io/bundle.h"
 #include "io/checkpoint.h"
 #include "io/draft_vocab.h"
@@ -42,11 +43,13 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
   }
   std::shared_ptr<CpuContext> context = options.context;
   if (context == nullptr) context = std::make_shared<CpuContext>(1, CpuKernels::from_environment());
+  std::vector<std::shared_ptr<Backend>> backends = {std::make_shared<CpuBackend>(*context)};
+  backends.insert(backends.end(), options.devices.begin(), options.devices.end());
   switch (config.family) {
     case Family::kQwen3:
-      return load_qwen3(config, std::move(checkpoint), std::move(context), options.devices);
+      return load_qwen3(config, std::move(checkpoint), std::move(context), std::move(backends));
     case Family::kQwen3_5:
-      return load_qwen3_5(config, std::move(checkpoint), std::move(context), options.devices,
+      return load_qwen3_5(config, std::move(checkpoint), std::move(context), std::move(backends),
                           [&] { return mtp_vocab(dir, config, options.mtp_vocab_size); });
   }
   return nullptr;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graph/backend.h"
+#include "graph/runner.h"
 #include "io/hf_config.h"
 #include "kernels/cpu_context.h"
 #include "util/error.h"
@@ -69,20 +70,6 @@ class ModelState {
 // logits and leaves the state as kEveryStep would, to the bit: replaying accepted tokens after a
 // rejected draft, where the lm_head's work would be thrown away.
 enum class LogitsFor { kLastToken, kEveryToken, kEveryStep, kNoneStepwise };
-
-// What ran on devices (Model::device_traffic).
-struct DeviceTraffic {
-  int64_t passes = 0, copies = 0, copy_bytes = 0;
-  DeviceTraffic operator-(const DeviceTraffic& o) const {
-    return {passes - o.passes, copies - o.copies, copy_bytes - o.copy_bytes};
-  }
-  DeviceTraffic& operator+=(const DeviceTraffic& o) {
-    passes += o.passes;
-    copies += o.copies;
-    copy_bytes += o.copy_bytes;
-    return *this;
-  }
-};
 
 class Model {
  public:
