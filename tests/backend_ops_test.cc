@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#include "backend/devices.h"
 #include "graph/schedule.h"
 #include "io/hf_config.h"
 #include "kernels/kernels.h"
@@ -449,45 +450,50 @@ TEST(BackendOps, EveryOpOnEveryBackendMatchesTheReferenceOnEveryFixturesShapes) 
   std::printf("fast kernels: %s\n", one.kernels().describe().c_str());
 }
 
-#if QHX_HAVE_VULKAN
-// The Vulkan backend on the tests' device (support/vulkan_device.h).
-TEST(BackendOps, EveryOpOnVulkanMatchesTheReferenceOnEveryFixturesShapes) {
-  QHX_VULKAN_DEVICE_OR_SKIP(device);
-  std::printf("vulkan: %s\n", device->info().describe().c_str());
-  std::printf("shaders: %s\n", VulkanBackend(device).name().c_str());
+// Every device kind the registry has (backend/devices.h), on the first device of that kind, in
+// the variants its factory gives: each op against the reference. A kind with no device here is
+// skipped, or fails under its factory's required switch (QHX_REQUIRE_VULKAN in CI).
+TEST(BackendOps, EveryOpOnEveryDeviceMatchesTheReferenceOnEveryFixturesShapes) {
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
-  // A phone-like device too: only the portable shaders, storage-buffer bindings so small that
-  // every weight matrix and every long KV cache is bound in parts, and binding offsets aligned to
-  // 256 bytes.
-  VulkanBackendOptions constrained;
-  constrained.portable = true;
-  constrained.max_binding_bytes = 1024;
-  constrained.offset_alignment = 256;  // windows start before their operands' first bytes
-  // The device's faster shaders on matrices bound in such parts (their rows start anywhere in a
-  // 64-row tile of the cooperative-matrix matmul, and at word offsets in their binding).
-  VulkanBackendOptions split = constrained;
-  split.portable = false;
-  std::set<Op> covered;
-  for (const fs::path& dir : test::fixture_checkpoints()) {
-    const ModelConfig config = load_model_config(dir / "config.json");
-    // Backends per configuration: they keep the weights they uploaded by their host address,
-    // and the cases' weights live as long as `cases`.
-    VulkanBackend vulkan(device), constrained_device(device, constrained),
-        split_device(device, split);
-    for (const OpCase& c : cases_for(config)) {
-      const std::string what = dir.filename().string() + ": " + c.name;
-      for (const Node& n : c.plan.nodes) covered.insert(n.op);
-      const Outcome want = run_on(c, reference);
-      expect_close(run_on(c, vulkan), want, what + " on " + vulkan.name());
-      expect_close(run_on(c, constrained_device), want, what + " on a constrained device");
-      if (c.plan.nodes.front().op == Op::kMatmul) {
-        expect_close(run_on(c, split_device), want, what + " with matrices in parts");
+  int devices = 0;
+  for (const DeviceFactory* factory : device_factories()) {
+    std::string why;
+    const std::vector<DeviceFactory::SuiteVariant> variants = factory->op_suite_variants(&why);
+    const std::string kind(factory->kind()), required(factory->required_switch());
+    if (variants.empty()) {
+      if (!required.empty() && std::getenv(required.c_str()) != nullptr) {
+        ADD_FAILURE() << "no " << kind << " device (" << required << " is set): " << why;
+      } else {
+        std::printf("%s: skipped, no device: %s\n", kind.c_str(), why.c_str());
+      }
+      continue;
+    }
+    ++devices;
+    for (const auto& v : variants) std::printf("%s: %s\n", kind.c_str(), v.name.c_str());
+    std::set<Op> covered;
+    for (const fs::path& dir : test::fixture_checkpoints()) {
+      const ModelConfig config = load_model_config(dir / "config.json");
+      // Backends per configuration: a device may keep the weights it uploaded by their host
+      // address, and the cases' weights live as long as `cases`.
+      std::vector<std::shared_ptr<Backend>> backends;
+      for (const auto& v : variants) backends.push_back(v.make());
+      for (const OpCase& c : cases_for(config)) {
+        const std::string what = dir.filename().string() + ": " + c.name;
+        for (const Node& n : c.plan.nodes) covered.insert(n.op);
+        const Outcome want = run_on(c, reference);
+        for (size_t i = 0; i < variants.size(); ++i) {
+          if (variants[i].matmuls_only && c.plan.nodes.front().op != Op::kMatmul) continue;
+          expect_close(run_on(c, *backends[i]), want, what + " on " + variants[i].name);
+        }
       }
     }
+    EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << kind << ": an op kind has no case";
   }
-  EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << "an op kind has no case";
+  if (devices == 0) GTEST_SKIP() << "no device of any kind";
 }
+
+#if QHX_HAVE_VULKAN
 
 // A prompt's matmul with float activations keeps float32's precision on every weight type, with
 // activations of every size (blocks from 2^-30 to 2^20, a larger outlier in each token, a block
@@ -687,6 +693,38 @@ TEST(Scheduler, InsertsACopyWhereAValueChangesBackend) {
   EXPECT_EQ(s.copies, 4);
   EXPECT_GT(s.arena_floats[1], 0);
   expect_cpu_logits(s, backends, c, cpu);
+}
+
+// A device compiles each run of nodes placed on it once, when the plan is scheduled; every run
+// of the schedule hands it back. A run it cannot compile goes to the CPU, with the same logits.
+TEST(Scheduler, KeepsWhatADeviceCompiledAndRunsWhatItCannotCompileOnTheCpu) {
+  CpuContext cx(1, CpuKernels::from_environment());
+  CpuBackend cpu(cx);
+  test::SubsetBackend device({Op::kMatmul, Op::kSiluMul}, 2);
+  device.compiling = true;
+  Backend* const backends[] = {&cpu, &device};
+  OpCase c;
+  small_plan(c, [](OpCase& k, ValueId h) {
+    Node& s = k.node(Op::kSiluMul, kSmallTokens);
+    s.in[0] = s.in[1] = s.out = {h};
+  });
+  Schedule s = schedule(c.plan, backends);
+  EXPECT_EQ(placement(s), (std::vector<std::string>{"embed@0", "copy@1", "matmul@1",
+                                                    "silu_mul@1", "matmul@1", "copy@0"}));
+  const int64_t compiled = device.runs_compiled;
+  EXPECT_GE(compiled, 1);
+  expect_cpu_logits(s, backends, c, cpu);
+  expect_cpu_logits(s, backends, c, cpu);
+  EXPECT_EQ(device.runs_compiled, compiled);  // compiled once, run twice
+  EXPECT_EQ(device.compiled_runs_run, device.nodes_run);  // every run had its compiled form
+  EXPECT_GT(device.compiled_runs_run, 0);
+
+  device.refuse_to_compile = Op::kSiluMul;
+  Schedule fallback = schedule(c.plan, backends);
+  EXPECT_EQ(placement(fallback),
+            (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "copy@0", "silu_mul@0",
+                                      "copy@1", "matmul@1", "copy@0"}));
+  expect_cpu_logits(fallback, backends, c, cpu);
 }
 
 // A device binds a window of its arena per node: a node whose operands lie further apart than

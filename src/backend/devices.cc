@@ -1,138 +1,135 @@
 #include "backend/devices.h"
 
-#include <charconv>
 #include <cstdio>
-#include <cstdlib>
 
-#include "util/cache_dir.h"
 #include "util/error.h"
 
-#if QHX_HAVE_VULKAN
-#include "backend/vulkan/vulkan_backend.h"
-#endif
-
 namespace qhx {
+namespace {
+
+// The factories, made once: each is immutable.
+struct Registry {
+  std::vector<std::unique_ptr<DeviceFactory>> owned;
+  std::vector<const DeviceFactory*> factories;
+  Registry() {
+    owned.push_back(make_vulkan_factory());
+    for (const auto& f : owned) factories.push_back(f.get());
+  }
+};
+
+const DeviceFactory* factory_of(std::string_view kind) {
+  for (const DeviceFactory* f : device_factories()) {
+    if (f->kind() == kind) return f;
+  }
+  return nullptr;
+}
+
+std::string kinds_help() {
+  std::string help = "cpu";
+  for (const DeviceFactory* f : device_factories()) help += ", " + std::string(f->forms());
+  return help;
+}
+
+class UnbuiltFactory final : public DeviceFactory {
+ public:
+  UnbuiltFactory(std::string kind, std::string forms, std::string why)
+      : kind_(std::move(kind)), forms_(std::move(forms)), why_(std::move(why)) {}
+  std::string_view kind() const override { return kind_; }
+  std::string_view forms() const override { return forms_; }
+  std::string canonical(std::string_view param, std::string_view) const override {
+    return param.empty() ? kind_ : kind_ + ":" + std::string(param);
+  }
+  std::vector<std::string> describe(std::string* why) const override {
+    if (why != nullptr) *why = why_;
+    return {};
+  }
+  OpenedDevice open(std::string_view, std::optional<bool>) const override { fail(kind_, why_); }
+  std::vector<SuiteVariant> op_suite_variants(std::string* why) const override {
+    *why = why_;
+    return {};
+  }
+  std::string_view required_switch() const override { return ""; }  // nothing to require
+
+ private:
+  std::string kind_, forms_, why_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceFactory> unbuilt_device_factory(std::string kind, std::string forms,
+                                                      std::string why) {
+  return std::make_unique<UnbuiltFactory>(std::move(kind), std::move(forms), std::move(why));
+}
+
+std::span<const DeviceFactory* const> device_factories() {
+  static const Registry registry;
+  return registry.factories;
+}
 
 std::string DeviceName::text() const {
-  return kind == Kind::kCpu ? "cpu" : "vulkan:" + std::to_string(index);
+  return param.empty() ? kind : kind + ":" + param;
 }
 
 DeviceName parse_device_name(std::string_view text, std::string_view option) {
   if (text == "cpu") return {};
-  if (text == "vulkan") return {DeviceName::Kind::kVulkan, 0};
-  if (text.starts_with("vulkan:")) {
-    const std::string_view digits = text.substr(7);
-    int index = -1;
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-    if (ec == std::errc{} && end == digits.data() + digits.size() && !digits.empty() &&
-        index >= 0) {
-      return {DeviceName::Kind::kVulkan, index};
-    }
+  const size_t colon = text.find(':');
+  const std::string_view kind = text.substr(0, colon);
+  const DeviceFactory* factory = factory_of(kind);
+  if (factory == nullptr) {
+    std::string message(text);  // (built up: g++ 12 warns falsely on "'" + std::string)
+    message += " names no device (" + kinds_help() + ")";
+    fail(option, message);
   }
-  std::string message(text);  // (built up: g++ 12 warns falsely on "'" + std::string)
-  message += " names no device (cpu, vulkan or vulkan:N)";
-  fail(option, message);
-}
-
-#if QHX_HAVE_VULKAN
-
-bool vulkan_built() {
-  return true;
+  const std::string_view param = colon == std::string_view::npos ? "" : text.substr(colon + 1);
+  const std::string canonical = factory->canonical(param, option);
+  const size_t split = canonical.find(':');
+  return {std::string(kind), split == std::string::npos ? "" : canonical.substr(split + 1)};
 }
 
 std::vector<std::string> describe_devices(std::string* why) {
   std::vector<std::string> lines;
-  for (const VulkanDeviceInfo& d : vulkan_devices(why)) {
-    lines.push_back("vulkan:" + std::to_string(d.index) + "  " + d.describe());
+  std::string reasons;
+  for (const DeviceFactory* f : device_factories()) {
+    std::string reason;
+    const std::vector<std::string> some = f->describe(&reason);
+    lines.insert(lines.end(), some.begin(), some.end());
+    if (some.empty() && !reason.empty()) reasons += (reasons.empty() ? "" : "; ") + reason;
   }
+  if (why != nullptr) *why = reasons;
   return lines;
 }
 
-namespace {
-
-// A batch of one token reads every weight once: decode is bound by memory bandwidth. A discrete
-// GPU's memory is several times the CPU's, so it decodes there; an integrated GPU (a phone's, a
-// laptop's) shares the CPU's memory and decodes no faster, while the CPU does it without
-// submissions; so does a CPU-type device (lavapipe).
-bool decode_on_device(const VulkanDeviceInfo& d) {
-  return d.discrete;
-}
-
-}  // namespace
-
 OpenedDevices open_devices(const DeviceChoice& choice) {
   OpenedDevices out;
-  const DeviceName cpu;
-  if (choice.prefill == cpu) {
-    if (choice.decode && *choice.decode != cpu) {
+  if (choice.prefill.is_cpu()) {
+    if (choice.decode && !choice.decode->is_cpu()) {
       fail("--decode-device", "decoding on " + choice.decode->text() +
                                   " needs the prompt there too (--device " + choice.decode->text() +
                                   ")");
     }
     return out;
   }
-  if (choice.decode && *choice.decode != cpu && *choice.decode != choice.prefill) {
+  if (choice.decode && !choice.decode->is_cpu() && *choice.decode != choice.prefill) {
     fail("--decode-device", "decoding on " + choice.decode->text() + " while prompts run on " +
                                 choice.prefill.text() + ": one device per model");
   }
-  std::shared_ptr<VulkanDevice> device;
+  const DeviceFactory* factory = factory_of(choice.prefill.kind);
+  if (factory == nullptr) fail("--device", choice.prefill.text() + " names no device");
+  std::optional<bool> decode;
+  if (choice.decode) decode = !choice.decode->is_cpu();
+  OpenedDevice device;
   try {
-    device = VulkanDevice::open(choice.prefill.index, default_cache_dir());
+    device = factory->open(choice.prefill.param, decode);
   } catch (const Error& e) {
     out.note = std::string(e.what()) + "; running on the CPU";
     return out;
   }
-  const bool decode = choice.decode ? *choice.decode != cpu : decode_on_device(device->info());
-  VulkanBackendOptions options;
-  options.decode = decode;
-  if (const char* n = std::getenv("QHX_VULKAN_FAIL_SUBMISSION")) {
-    options.fail_submission = std::atoll(n);
-  }
-  if (const char* n = std::getenv("QHX_VULKAN_FAIL_ALLOCATION")) {
-    options.fail_allocation = std::atoll(n);
-  }
-  if (const char* op = std::getenv("QHX_VULKAN_PERTURB")) options.perturb_op = op;
-  if (const char* p = std::getenv("QHX_VULKAN_PORTABLE")) options.portable = std::string(p) == "1";
-  if (const char* s = std::getenv("QHX_VULKAN_PRIVATE_STATES")) {
-    options.private_states = std::string(s) == "1";
-  }
-  if (const char* u = std::getenv("QHX_VULKAN_UPLOAD_WEIGHTS")) {
-    options.weights_in_place = std::string(u) != "1";
-  }
-  out.backends.push_back(std::make_shared<VulkanBackend>(device, options));
+  out.backends.push_back(device.backend);
   out.prefill = choice.prefill;
-  out.decode = decode ? choice.prefill : cpu;
-  if (!choice.decode) {
-    out.note = choice.prefill.text() + " (" + device->info().name + ") reads prompts; " +
-               (decode ? "it decodes too (a discrete GPU)"
-                       : "the CPU decodes (the device shares its memory: no faster at one token)");
-  }
+  out.decode = device.decodes ? choice.prefill : DeviceName{};
+  if (!choice.decode) out.note = device.summary;
   return out;
 }
-
-#else
-
-bool vulkan_built() {
-  return false;
-}
-
-std::vector<std::string> describe_devices(std::string* why) {
-  if (why != nullptr) {
-    *why = "qhx was built without Vulkan (QHX_VULKAN=OFF, or no libvulkan-dev and glslc)";
-  }
-  return {};
-}
-
-OpenedDevices open_devices(const DeviceChoice& choice) {
-  OpenedDevices out;
-  if (choice.prefill.kind != DeviceName::Kind::kCpu ||
-      (choice.decode && choice.decode->kind != DeviceName::Kind::kCpu)) {
-    out.note = "qhx was built without Vulkan; running on the CPU";
-  }
-  return out;
-}
-
-#endif
 
 std::string describe_weight_memory(const OpenedDevices& devices) {
   if (devices.backends.empty()) return "";

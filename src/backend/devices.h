@@ -1,36 +1,38 @@
-// Where a model computes, by the names the command line, the server and the C API use: "cpu",
-// "vulkan" (device 0) or "vulkan:N". A prompt and its reply may run on different devices: by
-// default, when a GPU is named, prompt chunks run on it and decoding runs where it is faster for
-// a batch of one token (decode_on_device says how that is decided). Builds without Vulkan
-// accept the names and explain why they run on the CPU.
+// Where a model computes, by the names the command line, the server and the C API use: "cpu" or
+// a device of a registered kind (backend/device_factory.h): "vulkan" (device 0), "vulkan:N". A
+// prompt and its reply may run on different devices: by default, when a device is named, prompt
+// chunks run on it and decoding runs where it is faster for a batch of one token (its factory
+// says). Builds without a backend accept its names and explain why they run on the CPU.
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "backend/device_factory.h"
 #include "graph/backend.h"
 
 namespace qhx {
 
 struct DeviceName {
-  enum class Kind { kCpu, kVulkan };
-  Kind kind = Kind::kCpu;
-  int index = 0;
+  std::string kind = "cpu";  // "cpu" or a factory's kind
+  std::string param;         // what follows ':' in the canonical name ("0" in "vulkan:0")
   std::string text() const;  // "cpu", "vulkan:0"
+  bool is_cpu() const { return kind == "cpu"; }
   bool operator==(const DeviceName&) const = default;
 };
+
+// The device factories, in the order `qhx devices` lists them.
+std::span<const DeviceFactory* const> device_factories();
 
 // Error naming `option` when `text` names no device.
 DeviceName parse_device_name(std::string_view text, std::string_view option);
 
-// Whether this build has the Vulkan backend.
-bool vulkan_built();
-
-// One line per accelerator this build can use ("vulkan:0  llvmpipe ... · CPU · ..."); empty,
-// with `why` saying why, when there is none.
+// One line per device this build can use ("vulkan:0  llvmpipe ... · CPU · ..."); empty, with
+// `why` saying, per kind, why there is none.
 std::vector<std::string> describe_devices(std::string* why);
 
 struct DeviceChoice {

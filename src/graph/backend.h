@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -16,11 +17,19 @@
 
 namespace qhx {
 
+// What a backend made of a run of nodes before running it (a graph compiled for its compiler,
+// tensors bound to the run's arena layout): the schedule keeps it (Schedule::compiled) and run
+// receives it (NodeArgs::compiled), every time the schedule runs.
+struct CompiledRun {
+  virtual ~CompiledRun() = default;
+};
+
 // A node's operands resolved for its backend: where each value lives (a buffer of that backend,
 // or the caller's memory for external values), plus the run's inputs.
 struct NodeArgs {
   std::span<const TensorRef> values;  // indexed by ValueId: [rows, cols] f32
   const RunInputs* inputs = nullptr;
+  const CompiledRun* compiled = nullptr;  // what compile made of this run (null: nothing)
   // The operand's first row, for backends whose kernels address the host.
   float* at(const Operand& o) const {
     const TensorRef& t = values[o.value];
@@ -62,6 +71,14 @@ class Backend {
   // Sets Node::fused on runs of adjacent nodes (all placed on this backend) it runs as one. The
   // default fuses nothing.
   virtual void fuse(const Plan&, std::span<Node>) const {}
+  // Compiles a run of nodes placed on it (nodes[0] and the nodes fused with it), once the
+  // schedule has laid out the arenas; what it returns is kept with the schedule and handed to
+  // run with those nodes. May throw Error (kDeviceFailed: the device cannot take the run, and
+  // the scheduler runs it on the CPU). The default compiles nothing.
+  virtual std::shared_ptr<const CompiledRun> compile(const Plan& /*plan*/,
+                                                     std::span<const Node> /*nodes*/) {
+    return nullptr;
+  }
   // At least `bytes` bytes of its memory for activations, valid until the next call (execute asks
   // for each run's arena; the backend keeps the largest it was asked for).
   virtual Buffer& arena(size_t bytes) = 0;

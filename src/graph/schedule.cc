@@ -271,8 +271,30 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
         largest_own = a.own;
       }
     }
-    if (largest < 0) return s;
-    on_cpu[largest] = true;
+    if (largest >= 0) {
+      on_cpu[largest] = true;
+      continue;
+    }
+    // Each device compiles its runs; a run it cannot take goes to the CPU, and the plan is
+    // placed again.
+    bool moved = false;
+    s.compiled.assign(s.plan.nodes.size(), nullptr);
+    for (size_t i = 0, next = 0; i < s.plan.nodes.size() && !moved; i = next) {
+      next = i + s.plan.nodes[i].fused + 1;
+      const int b = s.plan.nodes[i].backend;
+      if (b == 0) continue;
+      try {
+        s.compiled[i] = backends[b]->compile(
+            s.plan, std::span<const Node>(s.plan.nodes).subspan(i, next - i));
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kDeviceFailed) throw;
+        for (size_t j = i; j < next; ++j) {
+          if (source[j] >= 0) on_cpu[source[j]] = moved = true;
+        }
+        if (!moved) throw;  // copies alone: nothing to move
+      }
+    }
+    if (!moved) return s;
   }
 }
 
@@ -303,11 +325,12 @@ void execute(Schedule& s, std::span<Backend* const> backends, const RunInputs& i
                                              value.rows, value.cols);
     }
   }
-  const NodeArgs args{tensors, &inputs};
+  NodeArgs args{tensors, &inputs};
   const std::span<const Node> nodes(plan.nodes);
   for (size_t i = 0, next = 0; i < nodes.size(); i = next) {
     next = i + nodes[i].fused + 1;
     Backend& backend = *backends[nodes[i].backend];
+    args.compiled = i < s.compiled.size() ? s.compiled[i].get() : nullptr;
     backend.run(plan, nodes.subspan(i, next - i), args);
     // The next backend may read what this one wrote.
     if (next == nodes.size() || nodes[next].backend != nodes[i].backend) backend.synchronize();

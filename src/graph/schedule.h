@@ -8,7 +8,8 @@
 // a backend that claims it (Backend::claims: a device takes prompt-sized work) and else on the
 // CPU; a node without weights runs where the first value it reads is (an input, or the output
 // an in-place node updates), if that backend supports it, and else on the CPU.
-// backends[0] is the CPU backend, which supports every node.
+// backends[0] is the CPU backend, which supports every node. Last, each device compiles the runs
+// of nodes placed on it (Backend::compile); a run it cannot compile runs on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,8 @@ struct Schedule {
   int64_t copy_bytes = 0;             // what they copy per run
   int64_t arena_bytes() const;        // all backends
   std::vector<TensorRef> tensors;     // execute's table of where each value lives
+  // Per node: what its backend compiled of the run it starts (Backend::compile), else null.
+  std::vector<std::shared_ptr<const CompiledRun>> compiled;
 };
 
 Schedule schedule(Plan plan, std::span<Backend* const> backends);

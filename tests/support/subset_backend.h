@@ -6,6 +6,8 @@
 
 #include <bitset>
 #include <initializer_list>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/cpu_backend.h"
@@ -27,12 +29,42 @@ class SubsetBackend final : public Backend {
   const BufferType& buffer_type() const override { return inner_.buffer_type(); }
   Buffer& arena(size_t bytes) override { return inner_.arena(bytes); }
   int64_t max_arena_span_bytes(const Node&) const override { return max_arena_span; }
+  // With compiling on: each run of nodes is "compiled" into a record of its first node and
+  // length, which run checks it is handed; a run containing `refuse_to_compile` cannot be.
+  struct Compiled final : CompiledRun {
+    const Node* first;
+    size_t nodes;
+  };
+  std::shared_ptr<const CompiledRun> compile(const Plan&, std::span<const Node> nodes) override {
+    if (!compiling) return nullptr;
+    for (const Node& n : nodes) {
+      if (n.op == refuse_to_compile) {
+        fail("test device", "cannot compile that", ErrorKind::kDeviceFailed);
+      }
+    }
+    ++runs_compiled;
+    auto made = std::make_shared<Compiled>();
+    made->first = nodes.data();
+    made->nodes = nodes.size();
+    return made;
+  }
   void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override {
     ++nodes_run;
+    if (compiling) {
+      const auto* compiled = dynamic_cast<const Compiled*>(args.compiled);
+      if (compiled == nullptr || compiled->first != nodes.data() ||
+          compiled->nodes != nodes.size()) {
+        fail("test device", "run without its compiled form");
+      }
+      ++compiled_runs_run;
+    }
     inner_.run(plan, nodes, args);
   }
 
   int64_t nodes_run = 0;
+  bool compiling = false;
+  std::optional<Op> refuse_to_compile;
+  int64_t runs_compiled = 0, compiled_runs_run = 0;
   int64_t max_arena_span = INT64_MAX;  // as a device that binds only so much of its arena
 
  private:

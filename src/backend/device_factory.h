@@ -1,0 +1,69 @@
+// A kind of device qhx can compute on ("vulkan", "hexagon"): how its names read, what of it is
+// there, and opening one as a Backend. backend/devices.h enumerates the factories at run time and
+// chooses among them by name; each backend's own switches (test faults, portable shaders) are read
+// by its factory, not by the code that chooses. A build without a backend still has its factory,
+// which explains why it has none (unbuilt_device_factory).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/backend.h"
+
+namespace qhx {
+
+// A device opened for a model.
+struct OpenedDevice {
+  std::shared_ptr<Backend> backend;
+  bool decodes = false;  // whether single-token steps run on it (else on the CPU)
+  // "vulkan:0 (llvmpipe ...) reads prompts; the CPU decodes (...)": said to the user when the
+  // choice of where decoding runs was made for them.
+  std::string summary;
+};
+
+class DeviceFactory {
+ public:
+  virtual ~DeviceFactory() = default;
+  // The kind, the part of a device name before ':' ("vulkan").
+  virtual std::string_view kind() const = 0;
+  // How its names read, for errors and help ("vulkan or vulkan:N").
+  virtual std::string_view forms() const = 0;
+  // The canonical name of kind[:param] ("vulkan" → "vulkan:0"); Error naming `option` when
+  // `param` names none.
+  virtual std::string canonical(std::string_view param, std::string_view option) const = 0;
+  // One line per device of this kind that is there ("vulkan:0  llvmpipe ..."); none, with `why`
+  // saying why, when there is none.
+  virtual std::vector<std::string> describe(std::string* why) const = 0;
+  // Opens the device a canonical name's `param` names. `decode`: whether single-token steps run
+  // on it too (unset: where it is faster, the factory's call). A device that cannot be opened is
+  // an Error saying why; the caller runs on the CPU.
+  virtual OpenedDevice open(std::string_view param, std::optional<bool> decode) const = 0;
+
+  // The op suite (tests/backend_ops_test.cc) runs every op on each of these backends against its
+  // ref:: definition: the first device of this kind as it opens, and variants that take its other
+  // paths (a constrained phone-like device, say), each made fresh by `make`. None, with `why`,
+  // when no device of this kind is there: the suite then skips it, or fails when the environment
+  // sets required_switch() (CI sets QHX_REQUIRE_VULKAN).
+  struct SuiteVariant {
+    std::string name;
+    std::function<std::shared_ptr<Backend>()> make;
+    bool matmuls_only = false;  // a variant only the matmul cases exercise
+  };
+  virtual std::vector<SuiteVariant> op_suite_variants(std::string* why) const = 0;
+  virtual std::string_view required_switch() const = 0;
+};
+
+// A factory of a kind this build does not have: it accepts the names and says why it cannot
+// open them.
+std::unique_ptr<DeviceFactory> unbuilt_device_factory(std::string kind, std::string forms,
+                                                      std::string why);
+
+// Each backend's factory (the unbuilt one when the build leaves it out: src/CMakeLists.txt picks
+// the source).
+std::unique_ptr<DeviceFactory> make_vulkan_factory();
+
+}  // namespace qhx
