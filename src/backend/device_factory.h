@@ -52,6 +52,12 @@ class DeviceFactory {
     std::string name;
     std::function<std::shared_ptr<Backend>()> make;
     bool matmuls_only = false;  // a variant only the matmul cases exercise
+    // Whether it runs every op kind at every row count (else: the cases whose nodes it
+    // supports), the rows its cases take (empty: the suite's own, 1 and 5, matmuls 70), and its
+    // tolerance, relative to the largest reference value (fp16 arithmetic needs more).
+    bool every_op = true;
+    std::vector<int64_t> rows = {};
+    float tolerance = 1e-4f;
   };
   virtual std::vector<SuiteVariant> op_suite_variants(std::string* why) const = 0;
   virtual std::string_view required_switch() const = 0;
@@ -65,5 +71,6 @@ std::unique_ptr<DeviceFactory> unbuilt_device_factory(std::string kind, std::str
 // Each backend's factory (the unbuilt one when the build leaves it out: src/CMakeLists.txt picks
 // the source).
 std::unique_ptr<DeviceFactory> make_vulkan_factory();
+std::unique_ptr<DeviceFactory> make_hexagon_factory();
 
 }  // namespace qhx

@@ -1,5 +1,6 @@
 #include "backend/devices.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "util/error.h"
@@ -13,6 +14,7 @@ struct Registry {
   std::vector<const DeviceFactory*> factories;
   Registry() {
     owned.push_back(make_vulkan_factory());
+    owned.push_back(make_hexagon_factory());
     for (const auto& f : owned) factories.push_back(f.get());
   }
 };
@@ -86,16 +88,18 @@ DeviceName parse_device_name(std::string_view text, std::string_view option) {
   return {std::string(kind), split == std::string::npos ? "" : canonical.substr(split + 1)};
 }
 
-std::vector<std::string> describe_devices(std::string* why) {
+std::vector<std::string> describe_devices() {
   std::vector<std::string> lines;
-  std::string reasons;
   for (const DeviceFactory* f : device_factories()) {
     std::string reason;
     const std::vector<std::string> some = f->describe(&reason);
     lines.insert(lines.end(), some.begin(), some.end());
-    if (some.empty() && !reason.empty()) reasons += (reasons.empty() ? "" : "; ") + reason;
+    if (some.empty()) {
+      std::string line(f->kind());
+      line.resize(std::max<size_t>(line.size() + 2, 10), ' ');
+      lines.push_back(line + "none: " + reason);
+    }
   }
-  if (why != nullptr) *why = reasons;
   return lines;
 }
 

@@ -31,9 +31,9 @@ std::span<const DeviceFactory* const> device_factories();
 // Error naming `option` when `text` names no device.
 DeviceName parse_device_name(std::string_view text, std::string_view option);
 
-// One line per device this build can use ("vulkan:0  llvmpipe ... · CPU · ..."); empty, with
-// `why` saying, per kind, why there is none.
-std::vector<std::string> describe_devices(std::string* why);
+// One line per device this build can use ("vulkan:0  llvmpipe ... · CPU · ..."), and per kind
+// with none here, why ("hexagon   none: no QNN HTP library ...").
+std::vector<std::string> describe_devices();
 
 struct DeviceChoice {
   DeviceName prefill;                // where prompt chunks run

@@ -74,7 +74,8 @@ class Backend {
   // Compiles a run of nodes placed on it (nodes[0] and the nodes fused with it), once the
   // schedule has laid out the arenas; what it returns is kept with the schedule and handed to
   // run with those nodes. May throw Error (kDeviceFailed: the device cannot take the run, and
-  // the scheduler runs it on the CPU). The default compiles nothing.
+  // the scheduler runs it on the CPU; the CPU itself must take what it is given). The default
+  // compiles nothing.
   virtual std::shared_ptr<const CompiledRun> compile(const Plan& /*plan*/,
                                                      std::span<const Node> /*nodes*/) {
     return nullptr;

@@ -275,19 +275,18 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
       on_cpu[largest] = true;
       continue;
     }
-    // Each device compiles its runs; a run it cannot take goes to the CPU, and the plan is
-    // placed again.
+    // Each backend compiles its runs; a run a device cannot take goes to the CPU, and the plan
+    // is placed again (backends[0] runs everything: what it cannot compile is an error).
     bool moved = false;
     s.compiled.assign(s.plan.nodes.size(), nullptr);
     for (size_t i = 0, next = 0; i < s.plan.nodes.size() && !moved; i = next) {
       next = i + s.plan.nodes[i].fused + 1;
       const int b = s.plan.nodes[i].backend;
-      if (b == 0) continue;
       try {
         s.compiled[i] = backends[b]->compile(
             s.plan, std::span<const Node>(s.plan.nodes).subspan(i, next - i));
       } catch (const Error& e) {
-        if (e.kind() != ErrorKind::kDeviceFailed) throw;
+        if (e.kind() != ErrorKind::kDeviceFailed || b == 0) throw;
         for (size_t j = i; j < next; ++j) {
           if (source[j] >= 0) on_cpu[source[j]] = moved = true;
         }

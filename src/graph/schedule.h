@@ -8,8 +8,8 @@
 // a backend that claims it (Backend::claims: a device takes prompt-sized work) and else on the
 // CPU; a node without weights runs where the first value it reads is (an input, or the output
 // an in-place node updates), if that backend supports it, and else on the CPU.
-// backends[0] is the CPU backend, which supports every node. Last, each device compiles the runs
-// of nodes placed on it (Backend::compile); a run it cannot compile runs on the CPU.
+// backends[0] is the CPU backend, which supports every node. Last, each backend compiles the runs
+// of nodes placed on it (Backend::compile); a run a device cannot compile runs on the CPU.
 #pragma once
 
 #include <cstdint>

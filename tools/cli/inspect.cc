@@ -49,10 +49,7 @@ int run_template(const TemplateArgs& args) {
 int run_devices() {
   std::printf("cpu       %s · %d threads\n", qhx::CpuKernels::from_environment().describe().c_str(),
               qhx::hardware_threads());
-  std::string why;
-  const std::vector<std::string> devices = qhx::describe_devices(&why);
-  for (const std::string& line : devices) std::printf("%s\n", line.c_str());
-  if (devices.empty()) std::printf("(no accelerator: %s)\n", why.c_str());
+  for (const std::string& line : qhx::describe_devices()) std::printf("%s\n", line.c_str());
   return 0;
 }
 

@@ -1,0 +1,362 @@
+#include "backend/qnn/hexagon_backend.h"
+
+#include <cstring>
+#include <functional>
+
+#include "core/dtype.h"
+#include "kernels/kernels.h"
+#include "util/error.h"
+#include "util/sha256.h"
+
+namespace qhx {
+namespace {
+
+constexpr int64_t kRows = HexagonBackend::kChunkRows;
+
+bool row_wise_op(Op op) {
+  switch (op) {
+    case Op::kMatmul:
+    case Op::kRmsNorm:
+    case Op::kAdd:
+    case Op::kSiluMul:
+    case Op::kSigmoidGate:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Ops whose output is also read (updated in place).
+bool reads_output(Op op) {
+  return op == Op::kAdd || op == Op::kSigmoidGate;
+}
+
+// Refuses a run this backend cannot compile: the scheduler then places it on the CPU.
+[[noreturn]] void cannot(const std::string& why) {
+  throw Error("hexagon: " + why, ErrorKind::kDeviceFailed);
+}
+
+uint32_t dim(int64_t n) {
+  if (n <= 0 || n > UINT32_MAX) cannot("a dimension of " + std::to_string(n));
+  return static_cast<uint32_t>(n);
+}
+
+}  // namespace
+
+// One compiled graph: kChunkRows rows of a run, its inputs and outputs in the order the graph
+// binds them, each named by its position among the run's values (first read or write order).
+struct HexagonBackend::Graph {
+  QnnGraph graph;
+  std::vector<size_t> inputs, outputs;  // canonical value numbers
+};
+
+namespace {
+
+// A compiled run as a schedule keeps it: the graph and which of the plan's values each of its
+// inputs and outputs is.
+struct CompiledGraph final : CompiledRun {
+  std::shared_ptr<HexagonBackend::Graph> graph;
+  std::vector<ValueId> inputs, outputs;
+  bool first_run = false;  // the plan's first run here: each of its chunks is a prompt chunk
+};
+
+}  // namespace
+
+HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device,
+                               HexagonBackendOptions options)
+    : device_(std::move(device)),
+      options_(std::move(options)),
+      context_(std::make_unique<HexagonContext>(device_)) {}
+
+HexagonBackend::~HexagonBackend() {
+  graphs_.clear();  // before their context
+  context_.reset();
+}
+
+std::string HexagonBackend::name() const {
+  return "hexagon:v" + std::to_string(device_->chip().arch);
+}
+
+void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
+  // The weights stay where they lie until a graph takes them as constants; their place in the
+  // model's list names them in a graph's key.
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    weight_ids_.emplace(matrices[i]->data, static_cast<int64_t>(i));
+  }
+}
+
+void HexagonBackend::release_weights(std::span<MatrixRef* const> matrices) {
+  for (const MatrixRef* m : matrices) weight_ids_.erase(m->data);
+  graphs_.clear();  // they hold those weights as constants
+}
+
+bool HexagonBackend::supports(const Node& node) const {
+  if (node.op == Op::kCopy) return true;
+  return row_wise_op(node.op) && node.rows >= kRows && node.rows % kRows == 0;
+}
+
+bool HexagonBackend::claims(const Node& node) const {
+  return supports(node);
+}
+
+void HexagonBackend::fuse(const Plan&, std::span<Node> nodes) const {
+  // Every stretch of adjacent nodes but copies is one graph.
+  for (size_t i = 0; i < nodes.size();) {
+    size_t end = i + 1;
+    if (nodes[i].op != Op::kCopy) {
+      while (end < nodes.size() && nodes[end].op != Op::kCopy) ++end;
+    }
+    nodes[i].fused = static_cast<int>(end - i - 1);
+    i = end;
+  }
+}
+
+std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
+                                                           std::span<const Node> nodes) {
+  if (nodes.front().op == Op::kCopy) return nullptr;  // a copy is a memcpy
+  const int64_t rows = nodes.front().rows;
+  const size_t begin = static_cast<size_t>(nodes.data() - plan.nodes.data());
+  const size_t end = begin + nodes.size();
+
+  // The run's values in order of first use, and which must leave the graph: those read after
+  // the run (or bound by the caller).
+  std::vector<ValueId> order;
+  std::map<ValueId, size_t> number;
+  const auto canonical = [&](ValueId v) {
+    const auto [it, added] = number.emplace(v, order.size());
+    if (added) order.push_back(v);
+    return it->second;
+  };
+  const auto check = [&](const Operand& o) {
+    const Value& v = plan.values[o.value];
+    if (o.row != 0 || v.rows != rows) cannot("an operand at a row offset");
+    canonical(o.value);
+  };
+  std::string key = "rows " + std::to_string(kRows);
+  for (const Node& n : nodes) {
+    if (n.rows != rows) cannot("nodes of different row counts in one run");
+    key += '|';
+    key += op_name(n.op);
+    for (const Operand& in : n.in) {
+      if (in.value == kNoValue) continue;
+      check(in);
+      key += " i" + std::to_string(number[in.value]) + "x" +
+             std::to_string(plan.values[in.value].cols);
+    }
+    check(n.out);
+    key += " o" + std::to_string(number[n.out.value]) + "x" +
+           std::to_string(plan.values[n.out.value].cols);
+    if (n.matrix != nullptr) {
+      const MatrixRef& m = *n.matrix;
+      key += " w";
+      if (const auto id = weight_ids_.find(m.data); id != weight_ids_.end()) {
+        key += std::to_string(id->second);
+      } else {  // weights it was not given at load (the op suite's): named by their bytes
+        Sha256 hash;
+        hash.update(std::as_bytes(std::span(
+            static_cast<const char*>(m.data), matrix_bytes(m.dtype, m.rows, m.cols, m.group_size))));
+        if (m.scales != nullptr) {
+          hash.update(std::as_bytes(
+              std::span(static_cast<const char*>(m.scales),
+                        matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size))));
+        }
+        key += hash.hex().substr(0, 16);
+      }
+      key += ":" + std::to_string(m.rows) + "x" + std::to_string(m.cols) + ":" +
+             std::string(dtype_name(m.dtype));
+    }
+    if (n.vector != nullptr) {
+      // A norm's weights: small, named by their bytes.
+      Sha256 hash;
+      hash.update(std::as_bytes(std::span(n.vector, static_cast<size_t>(n.width))));
+      key += " v" + hash.hex().substr(0, 16);
+    }
+    if (n.op == Op::kRmsNorm) key += " w" + std::to_string(n.width) + " e" + std::to_string(n.eps);
+    if (options_.perturb_op == op_name(n.op)) key += " perturbed";
+  }
+  // A value the run writes leaves it unless the plan writes it again before reading it (the
+  // MLP's gate and up values): read later, or the plan's last word on it.
+  std::vector<bool> leaves(order.size(), true), settled(order.size(), false);
+  for (size_t j = end; j < plan.nodes.size(); ++j) {
+    const Node& n = plan.nodes[j];
+    const auto touch = [&](ValueId v, bool reads) {
+      if (v == kNoValue || !number.contains(v) || settled[number[v]]) return;
+      settled[number[v]] = true;
+      leaves[number[v]] = reads || plan.values[v].external();
+    };
+    for (const Operand& in : n.in) touch(in.value, true);
+    touch(n.out.value, reads_output(n.op));
+    touch(n.out2.value, n.op == Op::kDeltaGates);
+  }
+  for (size_t i = 0; i < leaves.size(); ++i) key += leaves[i] ? " L" : " -";
+
+  auto compiled = std::make_shared<CompiledGraph>();
+  compiled->first_run = true;
+  for (size_t j = 0; j < begin; ++j) {
+    if (plan.nodes[j].backend == nodes.front().backend && plan.nodes[j].op != Op::kCopy) {
+      compiled->first_run = false;
+      break;
+    }
+  }
+  std::shared_ptr<Graph>& graph = graphs_[key];
+  if (graph == nullptr) {
+    try {
+      graph = std::make_shared<Graph>(Graph{
+          QnnGraph(*context_, "qhx_graph_" + std::to_string(graph_names_++)), {}, {}});
+      QnnGraph& g = graph->graph;
+      // Each value's latest tensor in the graph; the last write of a value that leaves is an
+      // output.
+      std::vector<int64_t> current(order.size(), -1);
+      std::vector<size_t> last_write(order.size(), SIZE_MAX);
+      for (size_t i = 0; i < nodes.size(); ++i) last_write[number[nodes[i].out.value]] = i;
+      const auto read = [&](ValueId v) {
+        const size_t c = number[v];
+        if (current[c] < 0) {
+          current[c] = static_cast<int64_t>(g.input({dim(kRows), dim(plan.values[v].cols)}));
+          graph->inputs.push_back(c);
+        }
+        return static_cast<QnnGraph::TensorId>(current[c]);
+      };
+      const auto write = [&](size_t node_index, ValueId v) {
+        const size_t c = number[v];
+        const std::vector<uint32_t> dims = {dim(kRows), dim(plan.values[v].cols)};
+        QnnGraph::TensorId t;
+        if (last_write[c] == node_index && leaves[c]) {
+          t = g.output(dims);
+          graph->outputs.push_back(c);
+        } else {
+          t = g.intermediate(dims);
+        }
+        return t;
+      };
+      std::vector<std::vector<float>> scratch;  // constants, until finalize
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        const Node& n = nodes[i];
+        const int64_t cols = plan.values[n.out.value].cols;
+        QnnGraph::TensorId result = 0;
+        const bool perturbed = options_.perturb_op == op_name(n.op);
+        // The op's result goes to a fresh tensor; a perturbed op's through one more.
+        const auto target = [&] {
+          return perturbed ? g.intermediate({dim(kRows), dim(cols)}) : write(i, n.out.value);
+        };
+        switch (n.op) {
+          case Op::kMatmul: {
+            const MatrixRef& w = *n.matrix;
+            std::vector<float>& values = scratch.emplace_back(w.rows * w.cols);
+            for (int64_t r = 0; r < w.rows; ++r) ref::read_row(w, r, values.data() + r * w.cols);
+            const auto weights = g.constant({dim(w.rows), dim(w.cols)}, values);
+            const auto x = read(n.in[0].value);
+            result = target();
+            g.add("FullyConnected", {x, weights}, {result});
+            break;
+          }
+          case Op::kRmsNorm: {
+            const auto x = read(n.in[0].value);
+            std::vector<float>& gamma = scratch.emplace_back(n.vector, n.vector + n.width);
+            const auto weight = g.constant({dim(n.width)}, gamma);
+            const uint32_t axis_values[] = {1};
+            if (n.width == cols) {
+              const auto axes = g.constant_u32({1}, axis_values);
+              result = target();
+              g.add("RmsNorm", {x, weight}, {result}, {{"epsilon", QnnGraph::f32(n.eps)}},
+                    {{"axes", axes}});
+            } else {
+              // Every `width` elements of the chunk (per head): [rows · cols / width, width],
+              // normalized over each row.
+              if (kRows * cols % n.width != 0) cannot("a norm width that does not divide a chunk");
+              const std::vector<uint32_t> heads = {dim(kRows * cols / n.width), dim(n.width)};
+              const auto split = g.intermediate(heads);
+              g.add("Reshape", {x}, {split});
+              const auto normed = g.intermediate(heads);
+              const auto axes = g.constant_u32({1}, axis_values);
+              g.add("RmsNorm", {split, weight}, {normed}, {{"epsilon", QnnGraph::f32(n.eps)}},
+                    {{"axes", axes}});
+              result = target();
+              g.add("Reshape", {normed}, {result});
+            }
+            break;
+          }
+          case Op::kAdd: {
+            const auto sum = read(n.out.value), term = read(n.in[0].value);
+            result = target();
+            g.add("ElementWiseAdd", {sum, term}, {result});
+            break;
+          }
+          case Op::kSiluMul: {
+            const auto gate = read(n.in[0].value), up = read(n.in[1].value);
+            const auto sigmoid = g.intermediate({dim(kRows), dim(cols)});
+            g.add("Sigmoid", {gate}, {sigmoid});
+            const auto silu = g.intermediate({dim(kRows), dim(cols)});
+            g.add("ElementWiseMultiply", {gate, sigmoid}, {silu});
+            result = target();
+            g.add("ElementWiseMultiply", {silu, up}, {result});
+            break;
+          }
+          case Op::kSigmoidGate: {
+            const auto x = read(n.out.value), gate = read(n.in[0].value);
+            const auto sigmoid = g.intermediate({dim(kRows), dim(cols)});
+            g.add("Sigmoid", {gate}, {sigmoid});
+            result = target();
+            g.add("ElementWiseMultiply", {x, sigmoid}, {result});
+            break;
+          }
+          default:
+            cannot(std::string("op ") + op_name(n.op));
+        }
+        if (perturbed) {
+          std::vector<float>& bump = scratch.emplace_back(1, 0.25f);
+          const auto offset = g.constant({1}, bump);
+          const auto out = write(i, n.out.value);
+          g.add("ElementWiseAdd", {result, offset}, {out});
+          result = out;
+        }
+        current[number[n.out.value]] = static_cast<int64_t>(result);
+      }
+      g.finalize();
+      ++graphs_compiled_;
+    } catch (...) {
+      graphs_.erase(key);
+      throw;
+    }
+  }
+  compiled->graph = graph;
+  for (const size_t c : graph->inputs) compiled->inputs.push_back(order[c]);
+  for (const size_t c : graph->outputs) compiled->outputs.push_back(order[c]);
+  return compiled;
+}
+
+Buffer& HexagonBackend::arena(size_t bytes) {
+  if (arena_ == nullptr || arena_->bytes() < bytes) arena_ = memory_.allocate(bytes);
+  return *arena_;
+}
+
+void HexagonBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) {
+  const Node& head = nodes.front();
+  if (head.op == Op::kCopy) {
+    const int64_t cols = plan.values[head.out.value].cols;
+    std::memcpy(args.at(head.out), args.at(head.in[0]),
+                static_cast<size_t>(head.rows * cols) * sizeof(float));
+    return;
+  }
+  const auto* compiled = dynamic_cast<const CompiledGraph*>(args.compiled);
+  if (compiled == nullptr) fail("hexagon", "a run that was not compiled");
+  std::vector<std::span<const float>> in(compiled->inputs.size());
+  std::vector<std::span<float>> out(compiled->outputs.size());
+  for (int64_t chunk = 0; chunk < head.rows / kRows; ++chunk) {
+    const auto slice = [&](ValueId v) {
+      const int64_t cols = plan.values[v].cols;
+      return std::span<float>(args.at({v, chunk * kRows}), static_cast<size_t>(kRows * cols));
+    };
+    for (size_t i = 0; i < in.size(); ++i) in[i] = slice(compiled->inputs[i]);
+    for (size_t o = 0; o < out.size(); ++o) out[o] = slice(compiled->outputs[o]);
+    if (++executions_ == options_.fail_execution) {
+      throw Error("hexagon: graph execution " + std::to_string(executions_) +
+                      " failed (QHX_HEXAGON_FAIL_EXECUTION)",
+                  ErrorKind::kDeviceFailed);
+    }
+    compiled->graph->graph.execute(in, out);
+    if (compiled->first_run) ++chunks_;
+  }
+}
+
+}  // namespace qhx

@@ -1,0 +1,119 @@
+// The Hexagon NPU (backend/device_factory.h): "hexagon" or "hexagon:v73|v75|v79|v81", through the
+// QNN libraries found at run time (backend/qnn/qnn_library.h). On x86 the library is Qualcomm's
+// simulator, and "hexagon" alone simulates the newest chip qhx knows.
+#include <cstdlib>
+
+#include "backend/device_factory.h"
+#include "backend/qnn/hexagon_backend.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+std::string chip_forms() {
+  std::string forms = "hexagon or hexagon:";
+  for (const HexagonChip& c : hexagon_chips()) {
+    forms += 'v';
+    forms += std::to_string(c.arch);
+    if (&c != &hexagon_chips().back()) forms += '|';
+  }
+  return forms;
+}
+
+HexagonBackendOptions options_from_environment() {
+  HexagonBackendOptions options;
+  if (const char* n = std::getenv("QHX_HEXAGON_FAIL_EXECUTION")) {
+    options.fail_execution = std::atoll(n);
+  }
+  if (const char* op = std::getenv("QHX_HEXAGON_PERTURB")) options.perturb_op = op;
+  return options;
+}
+
+class HexagonFactory final : public DeviceFactory {
+ public:
+  HexagonFactory() : forms_(chip_forms()) {}
+  std::string_view kind() const override { return "hexagon"; }
+  std::string_view forms() const override { return forms_; }
+
+  std::string canonical(std::string_view param, std::string_view option) const override {
+    if (param.empty()) return "hexagon:v" + std::to_string(hexagon_chips().back().arch);
+    const HexagonChip* chip = hexagon_chip(param);
+    if (chip == nullptr) {
+      std::string message = "hexagon:";
+      message += param;
+      message += " names no chip qhx compiles for (" + forms_ + ")";
+      fail(option, message);
+    }
+    return "hexagon:v" + std::to_string(chip->arch);
+  }
+
+  std::vector<std::string> describe(std::string* why) const override {
+    std::shared_ptr<const QnnLibrary> library;
+    try {
+      library = QnnLibrary::load();
+    } catch (const Error& e) {
+      if (why != nullptr) *why = e.what();
+      return {};
+    }
+    std::string chips;
+    for (const HexagonChip& c : hexagon_chips()) {
+      chips += (chips.empty() ? "v" : "|v") + std::to_string(c.arch);
+    }
+    return {"hexagon:" + chips + "  " +
+            (library->simulator() ? "Qualcomm's HTP simulator (functional, not a phone's speed)"
+                                  : "Hexagon NPU") +
+            " · " + library->describe() + " · " + library->dir().string()};
+  }
+
+  OpenedDevice open(std::string_view param, std::optional<bool> decode) const override {
+    if (decode.value_or(false)) {
+      fail("--decode-device", "hexagon reads prompts; decoding runs on the CPU");
+    }
+    const HexagonChip* chip = hexagon_chip(param);
+    if (chip == nullptr) fail("hexagon", "no chip " + std::string(param));
+    const auto device = HexagonDevice::open(QnnLibrary::load(), *chip);
+    OpenedDevice out;
+    out.backend = std::make_shared<HexagonBackend>(device, options_from_environment());
+    out.decodes = false;
+    out.summary = device->describe() + " reads prompts in chunks of " +
+                  std::to_string(HexagonBackend::kChunkRows) + " tokens; the CPU decodes";
+    return out;
+  }
+
+  std::vector<SuiteVariant> op_suite_variants(std::string* why) const override {
+    std::shared_ptr<const QnnLibrary> library;
+    try {
+      library = QnnLibrary::load();
+    } catch (const Error& e) {
+      *why = e.what();
+      return {};
+    }
+    std::vector<SuiteVariant> out;
+    for (const int arch : {75, 81}) {
+      const HexagonChip& chip = *hexagon_chip(std::to_string(arch));
+      SuiteVariant v;
+      v.name = "hexagon:v" + std::to_string(arch) + " (" + library->describe() + ")";
+      v.make = [library, chip] {
+        return std::make_shared<HexagonBackend>(HexagonDevice::open(library, chip));
+      };
+      // The row-wise ops, on whole chunks (one and two), in the HTP's fp16.
+      v.every_op = false;
+      v.rows = {HexagonBackend::kChunkRows, 2 * HexagonBackend::kChunkRows};
+      v.tolerance = 1e-2f;
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+  std::string_view required_switch() const override { return "QHX_REQUIRE_HEXAGON"; }
+
+ private:
+  std::string forms_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceFactory> make_hexagon_factory() {
+  return std::make_unique<HexagonFactory>();
+}
+
+}  // namespace qhx

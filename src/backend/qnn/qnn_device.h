@@ -1,0 +1,124 @@
+// The HTP as qhx drives it through QNN: a device opened for one chip, contexts (a context holds
+// compiled graphs and their weights, and serializes to a context binary, the unit a pack ships
+// per chip), and graphs built op by op, finalized (compiled for the chip) and executed.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/qnn/qnn_library.h"
+
+namespace qhx {
+
+class HexagonDevice {
+ public:
+  // The backend and device for `chip` (Error kDeviceFailed when QNN refuses them).
+  static std::shared_ptr<HexagonDevice> open(std::shared_ptr<const QnnLibrary> library,
+                                             const HexagonChip& chip);
+  ~HexagonDevice();
+  HexagonDevice(const HexagonDevice&) = delete;
+  HexagonDevice& operator=(const HexagonDevice&) = delete;
+
+  const QnnLibrary& library() const { return *library_; }
+  const HexagonChip& chip() const { return chip_; }
+  qnn::Handle backend() const { return backend_; }
+  qnn::Handle device() const { return device_; }
+  // "hexagon:v81 · SM8850 (...) · simulator · QNN 2.40.0, HTP 5.51.0, build ..."
+  std::string describe() const;
+
+ private:
+  HexagonDevice(std::shared_ptr<const QnnLibrary> library, const HexagonChip& chip)
+      : library_(std::move(library)), chip_(chip) {}
+  std::shared_ptr<const QnnLibrary> library_;
+  HexagonChip chip_;
+  qnn::Handle log_ = nullptr, backend_ = nullptr, device_ = nullptr;
+};
+
+class QnnGraph;
+
+// A context: graphs are created in it and finalized, or it is made from a context binary whose
+// graphs are then retrieved by name.
+class HexagonContext {
+ public:
+  explicit HexagonContext(std::shared_ptr<HexagonDevice> device);
+  HexagonContext(std::shared_ptr<HexagonDevice> device, std::span<const unsigned char> binary);
+  ~HexagonContext();
+  HexagonContext(const HexagonContext&) = delete;
+  HexagonContext& operator=(const HexagonContext&) = delete;
+
+  HexagonDevice& device() const { return *device_; }
+  qnn::Handle handle() const { return context_; }
+  // The context binary of its finalized graphs.
+  std::vector<unsigned char> binary() const;
+
+ private:
+  std::shared_ptr<HexagonDevice> device_;
+  qnn::Handle context_ = nullptr;
+};
+
+// One graph. Built: tensors and ops added, then finalize. Retrieved from a binary: its inputs and
+// outputs described again (same order, dimensions and types) so that execute can name them.
+class QnnGraph {
+ public:
+  using TensorId = size_t;  // an index into this graph's tensors
+  // A graph to build in `context`, under `name`.
+  QnnGraph(HexagonContext& context, std::string name);
+  // A finalized graph of `context` (made from a binary), as the binary describes it.
+  static QnnGraph retrieve(HexagonContext& context, const HexagonBinaryInfo::Graph& graph);
+
+  // Tensors: f32 unless said. Inputs and outputs are bound at execute, in the order made.
+  TensorId input(std::vector<uint32_t> dims);
+  TensorId output(std::vector<uint32_t> dims);
+  TensorId intermediate(std::vector<uint32_t> dims);
+  // A constant (weights): its values are copied into the graph.
+  TensorId constant(std::vector<uint32_t> dims, std::span<const float> values);
+  TensorId constant_u32(std::vector<uint32_t> dims, std::span<const uint32_t> values);
+  struct ScalarParam {
+    const char* name;
+    qnn::Scalar value;
+  };
+  struct TensorParam {
+    const char* name;
+    TensorId tensor;
+  };
+  static qnn::Scalar f32(float v);
+  static qnn::Scalar u32(uint32_t v);
+  static qnn::Scalar boolean(bool v);
+  void add(const char* type, std::vector<TensorId> inputs, std::vector<TensorId> outputs,
+           std::vector<ScalarParam> scalars = {}, std::vector<TensorParam> tensors = {});
+  void finalize();
+
+  // Runs it: `inputs` and `outputs` in the order input()/output() made them, each holding its
+  // tensor's f32 elements exactly (QNN does not check sizes: this does).
+  void execute(std::span<const std::span<const float>> inputs,
+               std::span<const std::span<float>> outputs);
+
+  const std::string& name() const { return name_; }
+  size_t ops() const { return ops_; }
+
+ private:
+  struct Slot {
+    qnn::Tensor tensor;
+    std::vector<uint32_t> dims;
+    std::string name;
+    std::vector<unsigned char> data;  // a constant's, until finalize
+    int64_t elements() const;
+  };
+  explicit QnnGraph(HexagonContext& context) : context_(&context) {}
+  TensorId make(qnn::TensorType type, std::vector<uint32_t> dims, qnn::DataType data_type,
+                std::span<const unsigned char> data);
+
+  HexagonContext* context_;
+  std::string name_;
+  qnn::Handle graph_ = nullptr;
+  std::deque<Slot> slots_;  // stable addresses: QNN keeps pointers into them until finalize
+  std::vector<TensorId> inputs_, outputs_;
+  size_t ops_ = 0;
+  bool finalized_ = false;
+};
+
+}  // namespace qhx
