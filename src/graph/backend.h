@@ -68,6 +68,8 @@ class Backend {
   // True when it asks for a node it supports although the node's weights live elsewhere (a device
   // takes prompt-sized matmuls).
   virtual bool claims(const Node&) const { return false; }
+  // The rows it takes prompt work in multiples of (graphs of a static shape), or 0: any.
+  virtual int64_t rows_multiple() const { return 0; }
   // Sets Node::fused on runs of adjacent nodes (all placed on this backend) it runs as one. The
   // default fuses nothing.
   virtual void fuse(const Plan&, std::span<Node>) const {}

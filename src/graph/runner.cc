@@ -98,6 +98,13 @@ const BufferType& Runner::state_memory() const {
                                                     : devices_[0]->state_buffer_type();
 }
 
+int64_t Runner::rows_multiple() const {
+  int64_t rows = 0;
+  if (!devices_enabled_) return rows;
+  for (const auto& d : devices_) rows = std::max(rows, d->rows_multiple());
+  return rows;
+}
+
 const BufferType& Runner::cpu_memory() const {
   return cpu_->buffer_type();
 }

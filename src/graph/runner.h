@@ -139,6 +139,8 @@ class Runner {
     devices_enabled_ = on && !devices_.empty() && load_failure_.empty();
   }
   const std::string& device_load_failure() const { return load_failure_; }
+  // The largest Backend::rows_multiple of the devices while they are enabled, else 0.
+  int64_t rows_multiple() const;
   int64_t device_failures() const { return device_failures_.load(); }
   // Why the devices were last disabled by a failure ("" if never), and what ran on them: read on
   // the context's turn.

@@ -106,6 +106,7 @@ class Decoder final : public Model {
   std::string device_load_failure() const override { return runner_.device_load_failure(); }
   int64_t device_failures() const override { return runner_.device_failures(); }
   DeviceTraffic device_traffic() const override { return runner_.device_traffic(); }
+  int64_t prompt_rows_multiple() const override { return runner_.rows_multiple(); }
   std::string device_failure() const override { return runner_.device_failure(); }
 
   std::unique_ptr<ModelState> new_state() const override {

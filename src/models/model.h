@@ -138,6 +138,9 @@ class Model {
   // between backends (the plans' copy nodes). Sequence states need no hand-off: they live in
   // memory every backend of the model reads (Backend::state_buffer_type).
   virtual DeviceTraffic device_traffic() const { return {}; }
+  // The rows a device takes prompt work in multiples of (an NPU's static graphs), or 0: a
+  // session cuts its prompt chunks to whole multiples so that the device takes them.
+  virtual int64_t prompt_rows_multiple() const { return 0; }
 };
 
 struct LoadOptions {

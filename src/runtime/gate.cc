@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <span>
 #include <sstream>
 
 #include "runtime/sampler.h"
@@ -40,6 +41,21 @@ std::vector<int32_t> greedy(const Model& model, const std::vector<int32_t>& prom
     return true;
   });
   return out;
+}
+
+// Every position's logits, the sequence read as a session reads a prompt: in whole multiples of
+// what the model's devices take (Model::prompt_rows_multiple), then the rest.
+std::vector<float> every_token_logits(const Model& model, std::span<const int32_t> sequence) {
+  auto state = model.new_state();
+  const int64_t n = static_cast<int64_t>(sequence.size()), whole = model.prompt_rows_multiple();
+  const int64_t first = whole > 1 && n > whole ? n / whole * whole : n;
+  std::vector<float> logits, rest;
+  model.forward(sequence.first(first), *state, LogitsFor::kEveryToken, logits);
+  if (first < n) {
+    model.forward(sequence.subspan(first), *state, LogitsFor::kEveryToken, rest);
+    logits.insert(logits.end(), rest.begin(), rest.end());
+  }
+  return logits;
 }
 
 std::vector<int32_t> top_k_ids(const float* logits, int64_t n, int64_t k) {
@@ -164,10 +180,8 @@ GateReport run_gate(const Model& candidate, const Model& reference,
     std::vector<int32_t> sequence = prompt.ids;
     sequence.insert(sequence.end(), ref_greedy.begin(), ref_greedy.end());
     if (sequence.size() > 1) sequence.pop_back();  // its logits would not be compared
-    std::vector<float> ref_logits, cand_logits;
-    auto ref_state = reference.new_state(), cand_state = candidate.new_state();
-    reference.forward(sequence, *ref_state, LogitsFor::kEveryToken, ref_logits);
-    candidate.forward(sequence, *cand_state, LogitsFor::kEveryToken, cand_logits);
+    const std::vector<float> ref_logits = every_token_logits(reference, sequence);
+    const std::vector<float> cand_logits = every_token_logits(candidate, sequence);
     r.positions = static_cast<int64_t>(sequence.size());
     r.pearson_min = 1.0;
     double top1 = 0, top5 = 0, kl = 0;

@@ -188,6 +188,11 @@ void Session::forward(std::span<const int32_t> tokens, std::span<const int64_t> 
         if (at > begin && at < stop) stop = at;
       }
     }
+    // A device that reads prompts in chunks of a fixed size takes whole ones: the rest of the
+    // chunk runs after them, on the CPU.
+    if (const int64_t whole = model_.prompt_rows_multiple(); whole > 1 && stop - begin > whole) {
+      stop = begin + (stop - begin) / whole * whole;
+    }
     run(tokens.subspan(begin, stop - begin), LogitsFor::kLastToken, logits_);
     history_.insert(history_.end(), tokens.begin() + begin, tokens.begin() + stop);
     if (std::find(checkpoint_at.begin(), checkpoint_at.end(), stop) != checkpoint_at.end()) {

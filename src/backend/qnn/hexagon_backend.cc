@@ -74,7 +74,9 @@ HexagonBackend::~HexagonBackend() {
 }
 
 std::string HexagonBackend::name() const {
-  return "hexagon:v" + std::to_string(device_->chip().arch);
+  const QnnLibrary& lib = device_->library();
+  return "hexagon:v" + std::to_string(device_->chip().arch) + " (QNN build " + lib.build_id() +
+         (lib.simulator() ? ", simulator)" : ")");
 }
 
 void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {

@@ -46,6 +46,7 @@ class HexagonBackend final : public Backend {
   void release_weights(std::span<MatrixRef* const> matrices) override;
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
+  int64_t rows_multiple() const override { return kChunkRows; }
   void fuse(const Plan& plan, std::span<Node> nodes) const override;
   std::shared_ptr<const CompiledRun> compile(const Plan& plan,
                                              std::span<const Node> nodes) override;

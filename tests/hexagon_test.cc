@@ -1,0 +1,261 @@
+// The Hexagon backend on Qualcomm's HTP simulator (support/hexagon_device.h): qhx's declarations
+// of the QNN ABI against the library itself (the build id read through the function table,
+// graphs that compile for two chips, run, serialize, describe themselves and load again), prompt
+// chunks of whole models on the NPU with the CPU's greedy replies, the check before use refusing
+// a perturbed graph, and a failed graph execution finished by the CPU with the same tokens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "backend/qnn/hexagon_backend.h"
+#include "models/model.h"
+#include "runtime/device_check.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+#include "support/hexagon_device.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kFixtures[] = {"qwen3/gqa2_f16", "qwen3_5/gva2_tied"};
+
+fs::path fixture(const char* name) {
+  return test::source_dir() / "tests/fixtures" / name;
+}
+
+TEST(Hexagon, TheLibraryIsCalledThroughQhxsOwnDeclarations) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const std::string build = library->build_id();  // through slot 4 of the function table
+  EXPECT_TRUE(build.starts_with("v2.")) << build;
+  const qnn::ApiVersion v = library->api_version();
+  EXPECT_EQ(v.core.major, 2u);
+  EXPECT_GE(v.core.minor, 32u);
+  EXPECT_NE(library->describe().find(build), std::string::npos);
+  std::printf("%s\n", library->describe().c_str());
+}
+
+// y = rms_norm(x · Wᵀ) over 128 rows, as a graph of two ops.
+struct SmallGraph {
+  static constexpr uint32_t kRows = 128, kIn = 64, kOut = 32;
+  std::vector<float> x = test::random_vector(kRows * kIn, 1), w = test::random_vector(kOut * kIn, 2, 0.2f),
+                     gamma = test::random_vector(kOut, 3, 0.5f);
+
+  void build(QnnGraph& g) const {
+    const auto in = g.input({kRows, kIn});
+    const auto weights = g.constant({kOut, kIn}, w);
+    const auto product = g.intermediate({kRows, kOut});
+    g.add("FullyConnected", {in, weights}, {product});
+    const uint32_t axis[] = {1};
+    const auto axes = g.constant_u32({1}, axis);
+    const auto scale = g.constant({kOut}, gamma);
+    const auto out = g.output({kRows, kOut});
+    g.add("RmsNorm", {product, scale}, {out}, {{"epsilon", QnnGraph::f32(1e-6f)}},
+          {{"axes", axes}});
+    g.finalize();
+  }
+  std::vector<float> reference() const {
+    std::vector<float> y(kRows * kOut);
+    for (uint32_t r = 0; r < kRows; ++r) {
+      double squares = 0;
+      std::vector<double> p(kOut);
+      for (uint32_t o = 0; o < kOut; ++o) {
+        for (uint32_t i = 0; i < kIn; ++i) p[o] += double(x[r * kIn + i]) * w[o * kIn + i];
+        squares += p[o] * p[o];
+      }
+      const double scale = 1.0 / std::sqrt(squares / kOut + 1e-6);
+      for (uint32_t o = 0; o < kOut; ++o) y[r * kOut + o] = float(p[o] * scale * gamma[o]);
+    }
+    return y;
+  }
+  std::vector<float> run(QnnGraph& g) const {
+    std::vector<float> y(kRows * kOut);
+    const std::span<const float> in[] = {x};
+    const std::span<float> out[] = {y};
+    g.execute(in, out);
+    return y;
+  }
+};
+
+float max_error(const std::vector<float>& got, const std::vector<float>& want) {
+  float worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  return worst;
+}
+
+TEST(Hexagon, AGraphCompilesForEachChipRunsAndLoadsAgainFromItsBinary) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const SmallGraph small;
+  const std::vector<float> want = small.reference();
+  std::vector<std::vector<unsigned char>> binaries;
+  for (const char* arch : {"v75", "v81"}) {
+    SCOPED_TRACE(arch);
+    const HexagonChip& chip = *hexagon_chip(arch);
+    const auto device = HexagonDevice::open(library, chip);
+    std::vector<float> built;
+    std::vector<unsigned char> binary;
+    {
+      HexagonContext context(device);
+      QnnGraph g(context, "small");
+      small.build(g);
+      EXPECT_EQ(g.ops(), 2u);
+      built = small.run(g);
+      binary = context.binary();
+    }
+    EXPECT_LT(max_error(built, want), 2e-2f);  // fp16 arithmetic on values of about 3
+    const HexagonBinaryInfo info = read_binary_info(*library, binary);
+    EXPECT_EQ(info.dsp_arch, chip.arch);
+    EXPECT_EQ(info.soc_model, chip.soc);
+    EXPECT_EQ(info.build_id, library->build_id());
+    ASSERT_EQ(info.graphs.size(), 1u);
+    EXPECT_EQ(info.graphs[0].name, "small");
+    ASSERT_EQ(info.graphs[0].inputs.size(), 1u);
+    EXPECT_EQ(info.graphs[0].inputs[0].dims, (std::vector<uint32_t>{128, 64}));
+    EXPECT_GT(info.graphs[0].const_bytes, 0);
+    EXPECT_EQ(info.graphs[0].io_bytes, int64_t{128} * (64 + 32) * 4);
+    HexagonContext loaded(device, binary);
+    QnnGraph again = QnnGraph::retrieve(loaded, info.graphs[0]);
+    EXPECT_EQ(small.run(again), built);  // the same compiled graph: the same bits
+    binaries.push_back(binary);
+  }
+  EXPECT_NE(binaries[0], binaries[1]);  // compiled for different chips
+}
+
+TEST(Hexagon, ADamagedBinaryIsRefusedInOneLine) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const auto device = HexagonDevice::open(library, *hexagon_chip("v81"));
+  std::vector<unsigned char> binary;
+  {
+    HexagonContext context(device);
+    QnnGraph g(context, "small");
+    SmallGraph().build(g);
+    binary = context.binary();
+  }
+  binary.resize(binary.size() / 2);
+  try {
+    HexagonContext broken(device, binary);
+    FAIL() << "a truncated binary loaded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kDeviceFailed);
+    EXPECT_NE(message.find("QNN error"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+std::vector<int32_t> long_prompt(int64_t n, int64_t vocab) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
+  return ids;
+}
+
+std::vector<int32_t> greedy_reply(const Model& model, const std::vector<int32_t>& prompt, int64_t n) {
+  Session session(model);
+  TurnOptions options;
+  options.max_new_tokens = n;
+  std::vector<int32_t> reply;
+  session.generate(prompt, options, [&](int32_t id) {
+    reply.push_back(id);
+    return true;
+  });
+  return reply;
+}
+
+// A prompt of two chunks and a tail: the chunks' row-wise work runs on the NPU (compiled once per
+// graph, run per chunk), the rest and the reply on the CPU, with the CPU's greedy tokens and
+// logits within fp16's reach of the CPU's.
+TEST(Hexagon, PromptChunksRunOnTheNpuAndTheReplyIsTheCpus) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const auto backend =
+        std::make_shared<HexagonBackend>(HexagonDevice::open(library, *hexagon_chip("v81")));
+    const auto npu = load_model(fixture(name), {.devices = {backend}});
+    const auto cpu = load_model(fixture(name));
+    EXPECT_EQ(npu->prompt_rows_multiple(), 128);
+    const std::vector<int32_t> prompt = long_prompt(300, cpu->config().vocab_size);
+    EXPECT_EQ(greedy_reply(*npu, prompt, 8), greedy_reply(*cpu, prompt, 8));
+    EXPECT_EQ(backend->chunks_run(), 2);  // 256 of the 300 rows; the 44 left ran on the CPU
+    EXPECT_GT(backend->graphs_compiled(), 0);
+    const int64_t compiled = backend->graphs_compiled();
+    // Another prompt of the same shape compiles nothing more.
+    EXPECT_EQ(greedy_reply(*npu, long_prompt(260, cpu->config().vocab_size), 4),
+              greedy_reply(*cpu, long_prompt(260, cpu->config().vocab_size), 4));
+    EXPECT_EQ(backend->graphs_compiled(), compiled);
+    EXPECT_EQ(backend->chunks_run(), 4);
+    // The logits of a whole chunk, within fp16's reach.
+    std::vector<float> got, want;
+    auto s1 = npu->new_state(), s2 = cpu->new_state();
+    const std::vector<int32_t> chunk(prompt.begin(), prompt.begin() + 128);
+    npu->forward(chunk, *s1, LogitsFor::kEveryToken, got);
+    cpu->forward(chunk, *s2, LogitsFor::kEveryToken, want);
+    float scale = 0;
+    for (const float v : want) scale = std::max(scale, std::fabs(v));
+    EXPECT_LT(max_error(got, want), 2e-2f * scale);
+    EXPECT_EQ(npu->device_failures(), 0);
+  }
+}
+
+// The check before use compares the NPU with the CPU on prompts long enough to reach it: an
+// honest one passes, one whose graphs return wrong numbers (the test switch) is refused and the
+// CPU takes over.
+TEST(Hexagon, TheCheckBeforeUsePassesTheNpuAndRefusesAPerturbedGraph) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const auto device = HexagonDevice::open(library, *hexagon_chip("v75"));
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    DeviceCheckOptions options;
+    options.mode = DeviceCheckMode::kAlways;
+    const auto backend = std::make_shared<HexagonBackend>(device);
+    const auto honest = load_model(fixture(name), {.devices = {backend}});
+    const DeviceCheckResult passed = check_devices(*honest, backend->name(), nullptr, options);
+    EXPECT_TRUE(passed.passed) << passed.summary;
+    EXPECT_GT(backend->chunks_run(), 0);  // the check reached the NPU
+    HexagonBackendOptions perturbed;
+    perturbed.perturb_op = "silu_mul";
+    const auto wrong = load_model(
+        fixture(name), {.devices = {std::make_shared<HexagonBackend>(device, perturbed)}});
+    const DeviceCheckResult refused = check_devices(*wrong, "perturbed", nullptr, options);
+    EXPECT_FALSE(refused.passed);
+    EXPECT_NE(refused.summary.find("disagrees with the CPU"), std::string::npos) << refused.summary;
+    EXPECT_FALSE(wrong->devices_enabled());
+  }
+}
+
+// A graph execution that fails (the fault-injection switch: the first, a middle and the last of
+// an uninterrupted reply's) costs the reply nothing: the CPU redoes that chunk from the state it
+// started from and the reply goes on with the same tokens.
+TEST(Hexagon, AFailedGraphExecutionIsRedoneByTheCpuWithTheSameTokens) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const auto device = HexagonDevice::open(library, *hexagon_chip("v81"));
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const auto cpu = load_model(fixture(name));
+    const std::vector<int32_t> prompt = long_prompt(300, cpu->config().vocab_size);
+    const std::vector<int32_t> want = greedy_reply(*cpu, prompt, 6);
+    const auto counting = std::make_shared<HexagonBackend>(device);
+    EXPECT_EQ(greedy_reply(*load_model(fixture(name), {.devices = {counting}}), prompt, 6), want);
+    const int64_t total = counting->graphs_executed();
+    ASSERT_GE(total, 3);
+    for (const int64_t n : {int64_t{1}, (total + 1) / 2, total}) {
+      SCOPED_TRACE("failing execution " + std::to_string(n));
+      HexagonBackendOptions options;
+      options.fail_execution = n;
+      const auto model = load_model(
+          fixture(name), {.devices = {std::make_shared<HexagonBackend>(device, options)}});
+      EXPECT_EQ(greedy_reply(*model, prompt, 6), want);
+      EXPECT_EQ(model->device_failures(), 1);
+      EXPECT_FALSE(model->devices_enabled());
+      EXPECT_NE(model->device_failure().find("QHX_HEXAGON_FAIL_EXECUTION"), std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qhx
