@@ -59,7 +59,8 @@ typedef struct qhx_model_options {
   int32_t verify_sha256;      /* bundles: check every file's sha256 at open (slow for big models) */
   int32_t check_memory;       /* 1 (default): refuse or shorten the context to fit in memory */
   const char* device;         /* where prompts run: "cpu" (default; NULL too), "vulkan" or
-                                 "vulkan:N" (`qhx devices` lists them) */
+                                 "vulkan:N", "hexagon" or "hexagon:v73|v75|v79|v81" (the NPU;
+                                 Qualcomm's simulator on x86) (`qhx devices` lists them) */
   const char* decode_device;  /* where replies are decoded: NULL for the device's default (the
                                  GPU itself when it is a discrete one, else the CPU), "cpu", or
                                  the same device as `device` */
@@ -72,6 +73,9 @@ typedef struct qhx_model_options {
   int64_t mtp_vocab_size;     /* speculative "mtp": the head drafts from the first N tokens of the
                                  model's draft_vocab.json; 0 (default): all of them; -1: from the
                                  whole vocabulary. Without the file it always uses the whole one */
+  const char* qnn_lib;        /* "hexagon": the folder of Qualcomm's libQnnHtp.so and
+                                 libQnnSystem.so; NULL: $QHX_QNN_LIB, else beside qhx, else an
+                                 installed onnxruntime_qnn Python package */
 } qhx_model_options;
 
 void qhx_model_options_default(qhx_model_options* options);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +16,10 @@
 #include "graph/backend.h"
 
 namespace qhx {
+
+// Named settings a factory reads as it opens a device ("qnn_lib" → a folder): what a command
+// line or the C API passes to one kind of device without the others knowing of it.
+using DeviceSettings = std::map<std::string, std::string>;
 
 // A device opened for a model.
 struct OpenedDevice {
@@ -35,13 +40,16 @@ class DeviceFactory {
   // The canonical name of kind[:param] ("vulkan" → "vulkan:0"); Error naming `option` when
   // `param` names none.
   virtual std::string canonical(std::string_view param, std::string_view option) const = 0;
+  // Whether its devices can decode (single-token steps); an NPU that reads prompts cannot.
+  virtual bool decodes() const { return true; }
   // One line per device of this kind that is there ("vulkan:0  llvmpipe ..."); none, with `why`
   // saying why, when there is none.
   virtual std::vector<std::string> describe(std::string* why) const = 0;
   // Opens the device a canonical name's `param` names. `decode`: whether single-token steps run
   // on it too (unset: where it is faster, the factory's call). A device that cannot be opened is
   // an Error saying why; the caller runs on the CPU.
-  virtual OpenedDevice open(std::string_view param, std::optional<bool> decode) const = 0;
+  virtual OpenedDevice open(std::string_view param, std::optional<bool> decode,
+                            const DeviceSettings& settings) const = 0;
 
   // The op suite (tests/backend_ops_test.cc) runs every op on each of these backends against its
   // ref:: definition: the first device of this kind as it opens, and variants that take its other

@@ -45,7 +45,9 @@ class UnbuiltFactory final : public DeviceFactory {
     if (why != nullptr) *why = why_;
     return {};
   }
-  OpenedDevice open(std::string_view, std::optional<bool>) const override { fail(kind_, why_); }
+  OpenedDevice open(std::string_view, std::optional<bool>, const DeviceSettings&) const override {
+    fail(kind_, why_);
+  }
   std::vector<SuiteVariant> op_suite_variants(std::string* why) const override {
     *why = why_;
     return {};
@@ -119,11 +121,15 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   }
   const DeviceFactory* factory = factory_of(choice.prefill.kind);
   if (factory == nullptr) fail("--device", choice.prefill.text() + " names no device");
+  if (choice.decode && !choice.decode->is_cpu() && !factory->decodes()) {
+    fail("--decode-device", choice.prefill.text() + " reads prompts only: replies are decoded "
+                            "on the CPU (--decode-device cpu)");
+  }
   std::optional<bool> decode;
   if (choice.decode) decode = !choice.decode->is_cpu();
   OpenedDevice device;
   try {
-    device = factory->open(choice.prefill.param, decode);
+    device = factory->open(choice.prefill.param, decode, choice.settings);
   } catch (const Error& e) {
     out.note = std::string(e.what()) + "; running on the CPU";
     return out;

@@ -5,6 +5,7 @@
 // says). Builds without a backend accept its names and explain why they run on the CPU.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -38,6 +39,7 @@ std::vector<std::string> describe_devices();
 struct DeviceChoice {
   DeviceName prefill;                // where prompt chunks run
   std::optional<DeviceName> decode;  // where single-token steps run; unset: the default
+  DeviceSettings settings;           // for the device's factory ("qnn_lib": a folder)
 };
 
 struct OpenedDevices {

@@ -351,6 +351,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     if (options->decode_device != nullptr) {
       choice.decode = qhx::parse_device_name(options->decode_device, "decode_device");
     }
+    if (options->qnn_lib != nullptr) choice.settings["qnn_lib"] = options->qnn_lib;
     qhx::DeviceCheckOptions check;
     if (options->device_check != nullptr) {
       const auto mode = qhx::parse_device_check_mode(options->device_check);

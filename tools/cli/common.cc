@@ -62,6 +62,7 @@ qhx::OpenedDevices open_devices(const DeviceArgs& args) {
   if (!args.decode_device.empty()) {
     choice.decode = qhx::parse_device_name(args.decode_device, "--decode-device");
   }
+  if (!args.qnn_lib.empty()) choice.settings["qnn_lib"] = args.qnn_lib;
   qhx::OpenedDevices opened = qhx::open_devices(choice);
   if (!opened.note.empty()) std::fprintf(stderr, "qhx: %s\n", opened.note.c_str());
   return opened;

@@ -36,6 +36,7 @@ struct DeviceArgs {
   std::string device = "cpu";
   std::string decode_device;  // empty: the device's default
   std::string device_check = "once";
+  std::string qnn_lib;  // empty: QNN's libraries where qhx looks by default
   const char* decode_or_null() const {
     return decode_device.empty() ? nullptr : decode_device.c_str();
   }

@@ -72,10 +72,14 @@ void add_threads_option(CLI::App* command, int& threads) {
 
 void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
   command->add_option("--device", devices.device,
-                      "Where prompts run: cpu, vulkan or vulkan:N (`qhx devices` lists them)");
+                      "Where prompts run: cpu, vulkan or vulkan:N, hexagon or hexagon:vNN (the "
+                      "NPU; `qhx devices` lists them)");
   command->add_option("--decode-device", devices.decode_device,
                       "Where replies are decoded: cpu or the --device GPU (default: the GPU "
-                      "itself when it is a discrete one, else the CPU)");
+                      "itself when it is a discrete one, else the CPU; the NPU never decodes)");
+  command->add_option("--qnn-lib", devices.qnn_lib,
+                      "hexagon: the folder of Qualcomm's libQnnHtp.so and libQnnSystem.so "
+                      "(default: $QHX_QNN_LIB, beside qhx, an installed onnxruntime_qnn)");
   command
       ->add_option("--device-check", devices.device_check,
                    "Compare the device with the CPU before using it: once (default: unless it "

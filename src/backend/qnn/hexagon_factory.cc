@@ -34,6 +34,7 @@ class HexagonFactory final : public DeviceFactory {
   HexagonFactory() : forms_(chip_forms()) {}
   std::string_view kind() const override { return "hexagon"; }
   std::string_view forms() const override { return forms_; }
+  bool decodes() const override { return false; }  // the next issue's decode graphs
 
   std::string canonical(std::string_view param, std::string_view option) const override {
     if (param.empty()) return "hexagon:v" + std::to_string(hexagon_chips().back().arch);
@@ -65,13 +66,13 @@ class HexagonFactory final : public DeviceFactory {
             " · " + library->describe() + " · " + library->dir().string()};
   }
 
-  OpenedDevice open(std::string_view param, std::optional<bool> decode) const override {
-    if (decode.value_or(false)) {
-      fail("--decode-device", "hexagon reads prompts; decoding runs on the CPU");
-    }
+  OpenedDevice open(std::string_view param, std::optional<bool> /*decode: never on it*/,
+                    const DeviceSettings& settings) const override {
     const HexagonChip* chip = hexagon_chip(param);
     if (chip == nullptr) fail("hexagon", "no chip " + std::string(param));
-    const auto device = HexagonDevice::open(QnnLibrary::load(), *chip);
+    const auto lib = settings.find("qnn_lib");
+    const auto device = HexagonDevice::open(
+        QnnLibrary::load(lib != settings.end() ? lib->second : std::string()), *chip);
     OpenedDevice out;
     out.backend = std::make_shared<HexagonBackend>(device, options_from_environment());
     out.decodes = false;

@@ -64,7 +64,8 @@ class VulkanFactory final : public DeviceFactory {
     return lines;
   }
 
-  OpenedDevice open(std::string_view param, std::optional<bool> decode) const override {
+  OpenedDevice open(std::string_view param, std::optional<bool> decode,
+                    const DeviceSettings&) const override {
     const int index = std::atoi(std::string(param).c_str());
     const std::shared_ptr<VulkanDevice> device = VulkanDevice::open(index, default_cache_dir());
     VulkanBackendOptions options = options_from_environment();
