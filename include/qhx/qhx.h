@@ -76,6 +76,10 @@ typedef struct qhx_model_options {
   const char* qnn_lib;        /* "hexagon": the folder of Qualcomm's libQnnHtp.so and
                                  libQnnSystem.so; NULL: $QHX_QNN_LIB, else beside qhx, else an
                                  installed onnxruntime_qnn Python package */
+  const char* npu_pack;       /* "hexagon": an NPU pack of this model's bundle (qhx forge npu):
+                                 its graphs for the chip load instead of compiling on first use;
+                                 a pack for another bundle, a chip it lacks or a changed file is
+                                 an error */
 } qhx_model_options;
 
 void qhx_model_options_default(qhx_model_options* options);

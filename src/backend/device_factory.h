@@ -14,12 +14,20 @@
 #include <vector>
 
 #include "graph/backend.h"
+#include "util/error.h"
 
 namespace qhx {
 
 // Named settings a factory reads as it opens a device ("qnn_lib" → a folder): what a command
 // line or the C API passes to one kind of device without the others knowing of it.
 using DeviceSettings = std::map<std::string, std::string>;
+
+// What a factory throws when a setting names something wrong (a pack made for another model):
+// an error of the caller's, not the device's, so the model does not quietly run on the CPU.
+class DeviceSettingError : public Error {
+ public:
+  using Error::Error;
+};
 
 // A device opened for a model.
 struct OpenedDevice {

@@ -130,6 +130,8 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   OpenedDevice device;
   try {
     device = factory->open(choice.prefill.param, decode, choice.settings);
+  } catch (const DeviceSettingError&) {
+    throw;
   } catch (const Error& e) {
     out.note = std::string(e.what()) + "; running on the CPU";
     return out;

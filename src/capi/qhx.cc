@@ -352,6 +352,13 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       choice.decode = qhx::parse_device_name(options->decode_device, "decode_device");
     }
     if (options->qnn_lib != nullptr) choice.settings["qnn_lib"] = options->qnn_lib;
+    if (options->npu_pack != nullptr) {
+      if (choice.prefill.kind != "hexagon") {
+        qhx::fail("npu_pack", "an NPU pack needs the NPU as the device (hexagon:vNN)");
+      }
+      choice.settings["npu_pack"] = options->npu_pack;
+    }
+    choice.settings["model"] = dir.string();
     qhx::DeviceCheckOptions check;
     if (options->device_check != nullptr) {
       const auto mode = qhx::parse_device_check_mode(options->device_check);

@@ -226,7 +226,7 @@ int run_bench(const BenchArgs& args) {
   qhx::Json gate;
   const std::string weights = weights_label(dir, gate);
   const auto load_start = qhx::Clock::now();
-  const qhx::OpenedDevices devices = open_devices(args.devices);
+  const qhx::OpenedDevices devices = open_devices(args.devices, dir);
   qhx::Json backends = qhx::Json::array({"cpu"});
   for (const auto& b : devices.backends) backends.push_back(b->name());
   const std::shared_ptr<qhx::CpuContext> context = cpu_context(args.threads);

@@ -63,6 +63,7 @@ class Chat {
     mo.decode_device = args.devices.decode_or_null();
     mo.device_check = args.devices.device_check.c_str();
     if (!args.devices.qnn_lib.empty()) mo.qnn_lib = args.devices.qnn_lib.c_str();
+    if (!args.devices.npu_pack.empty()) mo.npu_pack = args.devices.npu_pack.c_str();
     mo.draft_model = args.speculative.draft_model();
     mo.mtp_vocab_size = args.speculative.mtp_vocab;
     check(qhx_model_open(args.model.c_str(), &mo, &model_));

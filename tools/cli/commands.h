@@ -72,6 +72,14 @@ struct ForgeArgs {
   }
 };
 
+// qhx forge npu: a bundle's prompt graphs compiled for Hexagon chips into an NPU pack.
+struct NpuPackArgs {
+  std::string bundle, out, chips = "v75,v81", qnn_lib;
+  uint64_t context_budget = 0;
+  bool force = false;
+};
+int run_forge_npu(const NpuPackArgs& a);
+
 // qhx forge convert: a checkpoint into a bundle, published only if it passes the gate (else 3).
 int run_convert(const ForgeArgs& a);
 // qhx forge gate: a bundle compared with its reference; exit status 3 if it fails.

@@ -56,13 +56,20 @@ void print_model_note(const qhx_model_info& info, const char* prefix) {
   if (*info.model_note != '\0') std::fprintf(stderr, "%snote: %s\n", prefix, info.model_note);
 }
 
-qhx::OpenedDevices open_devices(const DeviceArgs& args) {
+qhx::OpenedDevices open_devices(const DeviceArgs& args, const std::filesystem::path& model_dir) {
   qhx::DeviceChoice choice;
   choice.prefill = qhx::parse_device_name(args.device, "--device");
   if (!args.decode_device.empty()) {
     choice.decode = qhx::parse_device_name(args.decode_device, "--decode-device");
   }
   if (!args.qnn_lib.empty()) choice.settings["qnn_lib"] = args.qnn_lib;
+  if (!args.npu_pack.empty()) {
+    if (choice.prefill.kind != "hexagon") {
+      qhx::fail("--npu-pack", "an NPU pack needs the NPU as the device (--device hexagon:vNN)");
+    }
+    choice.settings["npu_pack"] = args.npu_pack;
+  }
+  choice.settings["model"] = model_dir.string();
   qhx::OpenedDevices opened = qhx::open_devices(choice);
   if (!opened.note.empty()) std::fprintf(stderr, "qhx: %s\n", opened.note.c_str());
   return opened;

@@ -36,7 +36,8 @@ struct DeviceArgs {
   std::string device = "cpu";
   std::string decode_device;  // empty: the device's default
   std::string device_check = "once";
-  std::string qnn_lib;  // empty: QNN's libraries where qhx looks by default
+  std::string qnn_lib;   // empty: QNN's libraries where qhx looks by default
+  std::string npu_pack;  // empty: none (graphs compile on first use)
   const char* decode_or_null() const {
     return decode_device.empty() ? nullptr : decode_device.c_str();
   }
@@ -62,7 +63,7 @@ void print_model_note(const qhx_model_info& info, const char* prefix);
 
 // The backends they name (backend/devices.h), for commands that load a model themselves; the
 // note, if any, goes to stderr.
-qhx::OpenedDevices open_devices(const DeviceArgs& args);
+qhx::OpenedDevices open_devices(const DeviceArgs& args, const std::filesystem::path& model_dir);
 // The device check before use (runtime/device_check.h) for those commands; its line goes to
 // stderr.
 void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const DeviceArgs& args,

@@ -1,5 +1,6 @@
 // The bundle commands: qhx forge convert, gate and synth, qhx verify, qhx pack. Thin over
 // src/forge and src/io; what they add is the gate's report on stderr and its exit status.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +13,9 @@
 
 #include "commands.h"
 #include "forge/convert.h"
+#include "backend/qnn/npu_pack.h"
 #include "forge/draft_vocab.h"
+#include "forge/npu_pack.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
 #include "io/draft_vocab.h"
@@ -167,7 +170,37 @@ int run_gate(const ForgeArgs& a) {
   return r.passed ? 0 : kGateFailed;
 }
 
+int run_forge_npu(const NpuPackArgs& a) {
+  qhx::NpuPackOptions options;
+  options.chips.clear();
+  for (size_t begin = 0; begin <= a.chips.size();) {
+    const size_t comma = std::min(a.chips.find(',', begin), a.chips.size());
+    if (comma > begin) options.chips.push_back(a.chips.substr(begin, comma - begin));
+    begin = comma + 1;
+  }
+  options.context_budget_bytes = static_cast<int64_t>(a.context_budget);
+  options.qnn_lib = a.qnn_lib;
+  options.overwrite = a.force;
+  for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
+    std::fprintf(stderr, "v%d: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
+                 r.arch, static_cast<long long>(r.graphs), static_cast<long long>(r.contexts),
+                 static_cast<double>(r.bytes) / 1e6, static_cast<double>(r.const_bytes) / 1e6,
+                 r.gate.c_str());
+  }
+  std::fprintf(stderr, "wrote %s\n", a.out.c_str());
+  return 0;
+}
+
 int run_verify(const std::string& bundle) {
+  if (qhx::is_npu_pack(bundle)) {
+    const qhx::NpuPackManifest m = qhx::read_npu_pack(bundle);
+    const int64_t files = qhx::verify_npu_pack(bundle);
+    std::printf("%s: NPU pack for '%s', %lld files verified (sizes, sha256) for", bundle.c_str(),
+                m.base_name.c_str(), static_cast<long long>(files));
+    for (const qhx::NpuPackChip& chip : m.chips) std::printf(" v%d", chip.arch);
+    std::printf("; compiled by QNN %s\n", m.qnn_build.c_str());
+    return 0;
+  }
   const auto manifest =
       qhx::open_bundle_manifest(bundle, {.verify_sha256 = true, .check_target = false});
   qhx::open_bundle_tensors(bundle, manifest);  // every tensor table parses and fits its file

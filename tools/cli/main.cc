@@ -77,6 +77,9 @@ void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
   command->add_option("--decode-device", devices.decode_device,
                       "Where replies are decoded: cpu or the --device GPU (default: the GPU "
                       "itself when it is a discrete one, else the CPU; the NPU never decodes)");
+  command->add_option("--npu-pack", devices.npu_pack,
+                      "hexagon: the model's NPU pack (qhx forge npu): graphs load rather than "
+                      "compile on first use");
   command->add_option("--qnn-lib", devices.qnn_lib,
                       "hexagon: the folder of Qualcomm's libQnnHtp.so and libQnnSystem.so "
                       "(default: $QHX_QNN_LIB, beside qhx, an installed onnxruntime_qnn)");
@@ -248,6 +251,21 @@ int main(int argc, char** argv) {
                     "Gate threshold: fraction of identical greedy continuations");
   }
 
+  qhx::cli::NpuPackArgs npu_args;
+  CLI::App* npu = forge->add_subcommand(
+      "npu", "Compile a bundle's prompt graphs for Hexagon NPUs into a pack (one folder per chip)");
+  npu->add_option("bundle", npu_args.bundle, "Bundle directory (the base the pack pairs with)")
+      ->required();
+  npu->add_option("-o,--output", npu_args.out, "Pack directory to create")->required();
+  npu->add_option("--chips", npu_args.chips, "Hexagon generations, comma-separated (v73,v75,v79,v81)");
+  npu->add_option("--context-budget", npu_args.context_budget,
+                  "Bytes of weights per context (default 1.5 GiB; an NPU maps about 3.5 GB)")
+      ->transform(kNonNegative);
+  npu->add_option("--qnn-lib", npu_args.qnn_lib,
+                  "Folder of libQnnHtp.so and libQnnSystem.so (default: $QHX_QNN_LIB, beside "
+                  "qhx, an installed onnxruntime_qnn)");
+  npu->add_flag("--force", npu_args.force, "Replace an existing pack");
+
   qhx::cli::DraftVocabArgs draft_vocab_args;
   CLI::App* draft_vocab = forge->add_subcommand(
       "draft-vocab", "The tokens an MTP head drafts from (draft_vocab.json), from sample text");
@@ -396,6 +414,7 @@ int main(int argc, char** argv) {
     }
     if (chat->parsed()) return qhx::cli::run_chat(chat_args);
     if (convert->parsed()) return qhx::cli::run_convert(forge_args);
+    if (npu->parsed()) return qhx::cli::run_forge_npu(npu_args);
     if (gate->parsed()) return qhx::cli::run_gate(forge_args);
     if (synth->parsed()) return qhx::cli::run_synth(synth_args);
     if (draft_vocab->parsed()) return qhx::cli::run_draft_vocab(draft_vocab_args);

@@ -38,7 +38,7 @@ int run_perplexity(const PerplexityArgs& args) {
   if (qhx::is_bundle(dir)) {
     std::fprintf(stderr, "%s\n", describe_bundle(qhx::open_bundle_manifest(dir, {})).c_str());
   }
-  const qhx::OpenedDevices devices = open_devices(args.devices);
+  const qhx::OpenedDevices devices = open_devices(args.devices, dir);
   const auto model =
       qhx::load_model(dir, {.context = cpu_context(args.threads), .devices = devices.backends});
   check_devices(*model, devices, args.devices, dir);

@@ -121,6 +121,7 @@ int run_serve(const ServeArgs& serve_args) {
   options.decode_device = args.devices.decode_or_null();
   options.device_check = args.devices.device_check.c_str();
   if (!args.devices.qnn_lib.empty()) options.qnn_lib = args.devices.qnn_lib.c_str();
+  if (!args.devices.npu_pack.empty()) options.npu_pack = args.devices.npu_pack.c_str();
   options.draft_model = args.speculative.draft_model();
   options.mtp_vocab_size = args.speculative.mtp_vocab;
   qhx_model* model = nullptr;

@@ -1,5 +1,7 @@
 #include "backend/qnn/hexagon_backend.h"
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <functional>
 
@@ -64,13 +66,72 @@ struct CompiledGraph final : CompiledRun {
 
 HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device,
                                HexagonBackendOptions options)
-    : device_(std::move(device)),
-      options_(std::move(options)),
-      context_(std::make_unique<HexagonContext>(device_)) {}
+    : device_(std::move(device)), options_(std::move(options)) {}
+
+HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device,
+                               HexagonBackendOptions options, std::vector<NpuPackContext> pack)
+    : HexagonBackend(std::move(device), std::move(options)) {
+  const QnnLibrary& lib = device_->library();
+  for (const NpuPackContext& c : pack) {
+    const HexagonBinaryInfo info = read_binary_info(lib, c.binary);
+    if (info.dsp_arch != device_->chip().arch) {
+      fail("NPU pack", "a context compiled for v" + std::to_string(info.dsp_arch) + ", not v" +
+                           std::to_string(device_->chip().arch));
+    }
+    auto& context = contexts_.emplace_back(std::make_unique<Context>());
+    context->handle = std::make_unique<HexagonContext>(device_, c.binary);
+    context->from_pack = true;
+    for (const NpuPackGraph& g : c.graphs) {
+      const auto described = std::find_if(info.graphs.begin(), info.graphs.end(),
+                                          [&](const auto& d) { return d.name == g.name; });
+      if (described == info.graphs.end()) {
+        fail("NPU pack", "graph " + g.name + " is not in its context binary");
+      }
+      graphs_[g.key] = std::make_shared<Graph>(
+          Graph{QnnGraph::retrieve(*context->handle, *described), g.inputs, g.outputs});
+      context->keys.push_back(g.key);
+      ++graphs_from_pack_;
+    }
+  }
+}
 
 HexagonBackend::~HexagonBackend() {
-  graphs_.clear();  // before their context
-  context_.reset();
+  graphs_.clear();  // before their contexts
+  contexts_.clear();
+}
+
+HexagonContext& HexagonBackend::context_for(int64_t bytes) {
+  if (contexts_.empty() || contexts_.back()->from_pack ||
+      (!contexts_.back()->keys.empty() &&
+       contexts_.back()->const_estimate + bytes > options_.context_budget_bytes)) {
+    auto& context = contexts_.emplace_back(std::make_unique<Context>());
+    context->handle = std::make_unique<HexagonContext>(device_);
+  }
+  contexts_.back()->const_estimate += bytes;
+  return *contexts_.back()->handle;
+}
+
+std::vector<NpuPackContext> HexagonBackend::export_contexts() const {
+  std::vector<NpuPackContext> out;
+  const QnnLibrary& lib = device_->library();
+  for (const auto& context : contexts_) {
+    if (context->from_pack || context->keys.empty()) continue;
+    NpuPackContext& c = out.emplace_back();
+    c.binary = context->handle->binary();
+    const HexagonBinaryInfo info = read_binary_info(lib, c.binary);
+    for (const std::string& key : context->keys) {
+      const Graph& graph = *graphs_.at(key);
+      NpuPackGraph g{graph.graph.name(), key, graph.inputs, graph.outputs};
+      for (const auto& d : info.graphs) {
+        if (d.name != g.name) continue;
+        g.const_bytes = d.const_bytes;
+        g.io_bytes = d.io_bytes;
+        g.spill_fill_bytes = d.spill_fill_bytes;
+      }
+      c.graphs.push_back(std::move(g));
+    }
+  }
+  return out;
 }
 
 std::string HexagonBackend::name() const {
@@ -90,6 +151,7 @@ void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
 void HexagonBackend::release_weights(std::span<MatrixRef* const> matrices) {
   for (const MatrixRef* m : matrices) weight_ids_.erase(m->data);
   graphs_.clear();  // they hold those weights as constants
+  contexts_.clear();
 }
 
 bool HexagonBackend::supports(const Node& node) const {
@@ -101,12 +163,31 @@ bool HexagonBackend::claims(const Node& node) const {
   return supports(node);
 }
 
-void HexagonBackend::fuse(const Plan&, std::span<Node> nodes) const {
-  // Every stretch of adjacent nodes but copies is one graph.
+namespace {
+
+// A node that writes the caller's memory (the logits, the final-norm rows): the lm-head and what
+// feeds the reply stay with the CPU's model, so a pack never carries the lm-head.
+// (On a device it writes its own copy of such a value, which a copy node then hands over.)
+bool writes_callers_memory(const Plan& plan, const Node& node) {
+  const ValueId out = node.out.value;
+  if (plan.values[out].external()) return true;
+  return std::any_of(plan.nodes.begin(), plan.nodes.end(), [&](const Node& n) {
+    return n.op == Op::kCopy && n.in[0].value == out && plan.values[n.out.value].external();
+  });
+}
+
+}  // namespace
+
+void HexagonBackend::fuse(const Plan& plan, std::span<Node> nodes) const {
+  // Every stretch of adjacent nodes but copies is one graph; a node that writes the caller's
+  // memory is a run of its own, which compile refuses (so the scheduler moves it alone).
   for (size_t i = 0; i < nodes.size();) {
     size_t end = i + 1;
-    if (nodes[i].op != Op::kCopy) {
-      while (end < nodes.size() && nodes[end].op != Op::kCopy) ++end;
+    if (nodes[i].op != Op::kCopy && !writes_callers_memory(plan, nodes[i])) {
+      while (end < nodes.size() && nodes[end].op != Op::kCopy &&
+             !writes_callers_memory(plan, nodes[end])) {
+        ++end;
+      }
     }
     nodes[i].fused = static_cast<int>(end - i - 1);
     i = end;
@@ -116,6 +197,9 @@ void HexagonBackend::fuse(const Plan&, std::span<Node> nodes) const {
 std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
                                                            std::span<const Node> nodes) {
   if (nodes.front().op == Op::kCopy) return nullptr;  // a copy is a memcpy
+  if (writes_callers_memory(plan, nodes.front())) {
+    cannot("the caller's output (logits, final-norm rows) is the CPU's to write");
+  }
   const int64_t rows = nodes.front().rows;
   const size_t begin = static_cast<size_t>(nodes.data() - plan.nodes.data());
   const size_t end = begin + nodes.size();
@@ -135,6 +219,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
     canonical(o.value);
   };
   std::string key = "rows " + std::to_string(kRows);
+  int64_t constant_bytes = 0;  // about what the graph's constants take (fp16 weights)
   for (const Node& n : nodes) {
     if (n.rows != rows) cannot("nodes of different row counts in one run");
     key += '|';
@@ -166,14 +251,18 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       }
       key += ":" + std::to_string(m.rows) + "x" + std::to_string(m.cols) + ":" +
              std::string(dtype_name(m.dtype));
+      constant_bytes += m.rows * m.cols * 2;
     }
     if (n.vector != nullptr) {
       // A norm's weights: small, named by their bytes.
       Sha256 hash;
       hash.update(std::as_bytes(std::span(n.vector, static_cast<size_t>(n.width))));
       key += " v" + hash.hex().substr(0, 16);
+      constant_bytes += n.width * 4;
     }
-    if (n.op == Op::kRmsNorm) key += " w" + std::to_string(n.width) + " e" + std::to_string(n.eps);
+    if (n.op == Op::kRmsNorm) {
+      key += " w" + std::to_string(n.width) + " e" + std::to_string(std::bit_cast<uint32_t>(n.eps));
+    }
     if (options_.perturb_op == op_name(n.op)) key += " perturbed";
   }
   // A value the run writes leaves it unless the plan writes it again before reading it (the
@@ -204,7 +293,9 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
   if (graph == nullptr) {
     try {
       graph = std::make_shared<Graph>(Graph{
-          QnnGraph(*context_, "qhx_graph_" + std::to_string(graph_names_++)), {}, {}});
+          QnnGraph(context_for(constant_bytes), "qhx_graph_" + std::to_string(graph_names_++)),
+          {}, {}});
+      contexts_.back()->keys.push_back(key);
       QnnGraph& g = graph->graph;
       // Each value's latest tensor in the graph; the last write of a value that leaves is an
       // output.
@@ -318,6 +409,10 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       ++graphs_compiled_;
     } catch (...) {
       graphs_.erase(key);
+      if (!contexts_.empty() && !contexts_.back()->keys.empty() &&
+          contexts_.back()->keys.back() == key) {
+        contexts_.back()->keys.pop_back();
+      }
       throw;
     }
   }

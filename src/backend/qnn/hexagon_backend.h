@@ -18,11 +18,17 @@
 #include <string>
 #include <vector>
 
+#include "backend/qnn/npu_pack.h"
 #include "backend/qnn/qnn_device.h"
 #include "core/buffer.h"
 #include "graph/backend.h"
 
 namespace qhx {
+
+// The most bytes of constants (weights, in fp16) one context holds before the next graph starts
+// another: an NPU process domain maps about 3.5 GB in all, a 3.6 GB context failed to load on a
+// v81 phone (error 1002), and Qualcomm's own LLM exports split into parts of 1-2 GB.
+inline constexpr int64_t kDefaultContextBudget = int64_t{1536} << 20;
 
 struct HexagonBackendOptions {
   // Test switches (docs/hexagon.md; QHX_HEXAGON_FAIL_EXECUTION and QHX_HEXAGON_PERTURB set them
@@ -30,6 +36,7 @@ struct HexagonBackendOptions {
   // the output of every node of one op kind (op_name, e.g. "silu_mul") is perturbed ("": none).
   int64_t fail_execution = 0;
   std::string perturb_op;
+  int64_t context_budget_bytes = kDefaultContextBudget;
 };
 
 class HexagonBackend final : public Backend {
@@ -38,6 +45,10 @@ class HexagonBackend final : public Backend {
 
   explicit HexagonBackend(std::shared_ptr<HexagonDevice> device,
                           HexagonBackendOptions options = {});
+  // Its graphs loaded from a pack's contexts for the device's chip (npu_pack.h: checked against
+  // the manifest by the caller); a run the pack lacks is compiled as without one.
+  HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBackendOptions options,
+                 std::vector<NpuPackContext> pack);
   ~HexagonBackend() override;
 
   std::string name() const override;
@@ -58,17 +69,31 @@ class HexagonBackend final : public Backend {
   int64_t graphs_compiled() const { return graphs_compiled_; }
   int64_t graphs_executed() const { return executions_; }   // one per chunk of a run
   int64_t chunks_run() const { return chunks_; }            // distinct prompt chunks of 128 rows
+  int64_t graphs_from_pack() const { return graphs_from_pack_; }
+  int64_t contexts() const { return static_cast<int64_t>(contexts_.size()); }
+  // The contexts it compiled graphs into, serialized, each with its graphs as the binary
+  // describes them (what qhx forge npu writes into a pack).
+  std::vector<NpuPackContext> export_contexts() const;
 
  private:
   std::shared_ptr<HexagonDevice> device_;
   HexagonBackendOptions options_;
   HostBufferType memory_;  // a type of its own: the arena is host memory QNN binds by address
   std::unique_ptr<Buffer> arena_;
-  std::unique_ptr<HexagonContext> context_;
+  struct Context {
+    std::unique_ptr<HexagonContext> handle;
+    bool from_pack = false;  // finalized in its binary: no graph is added to it
+    int64_t const_estimate = 0;
+    std::vector<std::string> keys;  // its graphs
+  };
+  // The context a new graph of about `bytes` of constants goes into, within the budget.
+  HexagonContext& context_for(int64_t bytes);
+  std::vector<std::unique_ptr<Context>> contexts_;
   std::map<const void*, int64_t> weight_ids_;  // a matrix's place in prepare_weights' list
   std::map<std::string, std::shared_ptr<Graph>> graphs_;  // by what they compute
   int64_t graphs_compiled_ = 0, executions_ = 0, chunks_ = 0;
   int64_t graph_names_ = 0;  // a context's graphs need names of their own, failed ones too
+  int64_t graphs_from_pack_ = 0;
 };
 
 }  // namespace qhx

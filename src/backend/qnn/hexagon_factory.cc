@@ -70,14 +70,35 @@ class HexagonFactory final : public DeviceFactory {
                     const DeviceSettings& settings) const override {
     const HexagonChip* chip = hexagon_chip(param);
     if (chip == nullptr) fail("hexagon", "no chip " + std::string(param));
+    // A pack's graphs for this chip, checked against its manifest and its base: a pack that
+    // does not fit is the caller's error.
+    std::vector<NpuPackContext> pack;
+    std::string pack_note;
+    if (const auto p = settings.find("npu_pack"); p != settings.end() && !p->second.empty()) {
+      const auto model = settings.find("model");
+      try {
+        if (model == settings.end()) fail("npu_pack", "no base model to pair the pack with");
+        pack = load_npu_pack_chip(p->second, model->second, chip->arch);
+      } catch (const Error& e) {
+        throw DeviceSettingError(e.what());
+      }
+      int64_t bytes = 0;
+      for (const NpuPackContext& c : pack) bytes += static_cast<int64_t>(c.binary.size());
+      pack_note = " from the pack's " + std::to_string(pack.size()) + " context(s), " +
+                  std::to_string(bytes / 1000000) + " MB";
+    }
     const auto lib = settings.find("qnn_lib");
     const auto device = HexagonDevice::open(
         QnnLibrary::load(lib != settings.end() ? lib->second : std::string()), *chip);
     OpenedDevice out;
-    out.backend = std::make_shared<HexagonBackend>(device, options_from_environment());
+    out.backend = pack.empty()
+                      ? std::make_shared<HexagonBackend>(device, options_from_environment())
+                      : std::make_shared<HexagonBackend>(device, options_from_environment(),
+                                                         std::move(pack));
     out.decodes = false;
     out.summary = device->describe() + " reads prompts in chunks of " +
-                  std::to_string(HexagonBackend::kChunkRows) + " tokens; the CPU decodes";
+                  std::to_string(HexagonBackend::kChunkRows) + " tokens" + pack_note +
+                  "; the CPU decodes";
     return out;
   }
 

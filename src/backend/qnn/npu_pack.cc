@@ -1,0 +1,217 @@
+#include "backend/qnn/npu_pack.h"
+
+#include <fstream>
+#include <iterator>
+#include <span>
+
+#include "util/error.h"
+#include "util/json_file.h"
+#include "util/sha256.h"
+
+namespace qhx {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFormat = "qhx-npu-pack";
+
+std::vector<size_t> indices(const Json& array, const std::string& where) {
+  if (!array.is_array()) fail(where, "expected an array of value numbers");
+  std::vector<size_t> out;
+  for (const Json& i : array) {
+    if (!i.is_number_unsigned()) fail(where, "expected an array of value numbers");
+    out.push_back(i.get<size_t>());
+  }
+  return out;
+}
+
+// A path inside the pack: relative, no "..".
+std::string inside(const std::string& path, const std::string& where) {
+  const fs::path p(path);
+  if (path.empty() || p.is_absolute()) fail(where, "'" + path + "' is not a file of the pack");
+  for (const auto& part : p) {
+    if (part == "..") fail(where, "'" + path + "' is not a file of the pack");
+  }
+  return path;
+}
+
+void check_file(const fs::path& pack, const NpuPackFile& f) {
+  const fs::path file = pack / f.path;
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  if (ec) fail(file.string(), "missing (listed in MANIFEST.json)");
+  if (static_cast<int64_t>(size) != f.bytes) fail(file.string(), "size differs from MANIFEST.json");
+  if (sha256_file(file) != f.sha256) {
+    fail(file.string(), "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
+  }
+}
+
+}  // namespace
+
+int64_t NpuPackChip::bytes() const {
+  int64_t total = 0;
+  for (const NpuPackFile& f : files) total += f.bytes;
+  return total;
+}
+
+bool is_npu_pack(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "MANIFEST.json", ec)) return false;
+  try {
+    const Json m = read_json_file(dir / "MANIFEST.json");
+    return m.is_object() && m.value("format", std::string()) == kFormat;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+NpuPackManifest read_npu_pack(const fs::path& dir) {
+  const fs::path path = dir / "MANIFEST.json";
+  const std::string where = path.string();
+  const Json m = read_json_file(path);
+  if (!m.is_object() || m.value("format", std::string()) != kFormat) {
+    fail(where + ": format", "not an NPU pack (qhx forge npu makes them)");
+  }
+  if (require_int(m, "format_version", where) > kNpuPackFormatVersion) {
+    fail(where + ": format_version",
+         "newer than this qhx reads (" + std::to_string(kNpuPackFormatVersion) + ")");
+  }
+  NpuPackManifest out;
+  const Json& base = require_field(m, "base", where);
+  out.base_name = require_string(base, "name", field(where, "base"));
+  out.base_manifest_sha256 = require_string(base, "manifest_sha256", field(where, "base"));
+  out.qnn_build = require_string(m, "qnn_build", where);
+  out.precision = require_string(m, "precision", where);
+  out.chunk_rows = require_int(m, "chunk_rows", where);
+  out.context_budget_bytes = require_int(m, "context_budget_bytes", where);
+  const Json& chips = require_field(m, "chips", where);
+  if (!chips.is_array()) fail(field(where, "chips"), "expected an array");
+  for (size_t c = 0; c < chips.size(); ++c) {
+    const std::string cw = where + ": chips[" + std::to_string(c) + "]";
+    NpuPackChip chip;
+    chip.arch = static_cast<int>(require_int(chips[c], "arch", cw));
+    chip.soc = static_cast<uint32_t>(require_int(chips[c], "soc", cw));
+    chip.gate = require_string(chips[c], "gate", cw);
+    const Json& files = require_field(chips[c], "files", cw);
+    if (!files.is_array()) fail(field(cw, "files"), "expected an array");
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string fw = cw + ": files[" + std::to_string(i) + "]";
+      NpuPackFile f;
+      f.path = inside(require_string(files[i], "path", fw), field(fw, "path"));
+      f.sha256 = require_string(files[i], "sha256", fw);
+      f.bytes = require_int(files[i], "bytes", fw);
+      const Json& graphs = require_field(files[i], "graphs", fw);
+      if (!graphs.is_array()) fail(field(fw, "graphs"), "expected an array");
+      for (size_t g = 0; g < graphs.size(); ++g) {
+        const std::string gw = fw + ": graphs[" + std::to_string(g) + "]";
+        NpuPackGraph graph;
+        graph.name = require_string(graphs[g], "name", gw);
+        graph.key = require_string(graphs[g], "key", gw);
+        graph.inputs = indices(require_field(graphs[g], "inputs", gw), field(gw, "inputs"));
+        graph.outputs = indices(require_field(graphs[g], "outputs", gw), field(gw, "outputs"));
+        graph.const_bytes = require_int(graphs[g], "const_bytes", gw);
+        graph.io_bytes = require_int(graphs[g], "io_bytes", gw);
+        graph.spill_fill_bytes = require_int(graphs[g], "spill_fill_bytes", gw);
+        f.graphs.push_back(std::move(graph));
+      }
+      chip.files.push_back(std::move(f));
+    }
+    out.chips.push_back(std::move(chip));
+  }
+  return out;
+}
+
+void write_npu_pack_manifest(const fs::path& dir, const NpuPackManifest& m) {
+  Json chips = Json::array();
+  for (const NpuPackChip& chip : m.chips) {
+    Json files = Json::array();
+    for (const NpuPackFile& f : chip.files) {
+      Json graphs = Json::array();
+      for (const NpuPackGraph& g : f.graphs) {
+        graphs.push_back({{"name", g.name},
+                          {"key", g.key},
+                          {"inputs", g.inputs},
+                          {"outputs", g.outputs},
+                          {"const_bytes", g.const_bytes},
+                          {"io_bytes", g.io_bytes},
+                          {"spill_fill_bytes", g.spill_fill_bytes}});
+      }
+      files.push_back(
+          {{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"graphs", graphs}});
+    }
+    chips.push_back({{"arch", chip.arch},
+                     {"soc", chip.soc},
+                     {"bytes", chip.bytes()},
+                     {"gate", chip.gate},
+                     {"files", files}});
+  }
+  const Json manifest = {{"format", kFormat},
+                         {"format_version", kNpuPackFormatVersion},
+                         {"base", {{"name", m.base_name}, {"manifest_sha256", m.base_manifest_sha256}}},
+                         {"qnn_build", m.qnn_build},
+                         {"precision", m.precision},
+                         {"chunk_rows", m.chunk_rows},
+                         {"context_budget_bytes", m.context_budget_bytes},
+                         {"chips", chips}};
+  std::ofstream out(dir / "MANIFEST.json");
+  out << manifest.dump(2) << "\n";
+  if (!out) fail((dir / "MANIFEST.json").string(), "could not be written");
+}
+
+std::string npu_pack_base_id(const fs::path& bundle) {
+  const fs::path manifest = bundle / "manifest.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(manifest, ec)) {
+    fail(bundle.string(), "not a bundle (no manifest.json): an NPU pack pairs with a bundle "
+                          "(qhx forge convert makes one)");
+  }
+  return sha256_file(manifest);
+}
+
+std::vector<NpuPackContext> load_npu_pack_chip(const fs::path& pack, const fs::path& base,
+                                               int arch) {
+  const NpuPackManifest m = read_npu_pack(pack);
+  if (npu_pack_base_id(base) != m.base_manifest_sha256) {
+    fail(pack.string(), "made from another base bundle ('" + m.base_name + "'), not " +
+                            base.string() + " (its manifest.json differs)");
+  }
+  std::string chips;
+  for (const NpuPackChip& chip : m.chips) {
+    chips += (chips.empty() ? "v" : ", v") + std::to_string(chip.arch);
+    if (chip.arch != arch) continue;
+    std::vector<NpuPackContext> out;
+    for (const NpuPackFile& f : chip.files) {
+      // Read once, and checked as read: what loads is what was checked.
+      const fs::path file = pack / f.path;
+      std::ifstream in(file, std::ios::binary);
+      if (!in) fail(file.string(), "missing (listed in MANIFEST.json)");
+      NpuPackContext& c = out.emplace_back();
+      c.binary.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (static_cast<int64_t>(c.binary.size()) != f.bytes) {
+        fail(file.string(), "size differs from MANIFEST.json");
+      }
+      Sha256 hash;
+      hash.update(std::as_bytes(std::span(c.binary)));
+      if (hash.hex() != f.sha256) {
+        fail(file.string(), "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
+      }
+      c.graphs = f.graphs;
+    }
+    return out;
+  }
+  fail(pack.string(), "has no graphs for hexagon:v" + std::to_string(arch) + " (it has " +
+                          (chips.empty() ? std::string("none") : chips) + ")");
+}
+
+int64_t verify_npu_pack(const fs::path& pack) {
+  const NpuPackManifest m = read_npu_pack(pack);
+  int64_t files = 0;
+  for (const NpuPackChip& chip : m.chips) {
+    for (const NpuPackFile& f : chip.files) {
+      check_file(pack, f);
+      ++files;
+    }
+  }
+  return files;
+}
+
+}  // namespace qhx

@@ -1,0 +1,77 @@
+// NPU packs: the Hexagon graphs of one base bundle compiled ahead of time, once per chip, as QNN
+// context binaries (qhx forge npu makes them; docs/bundle.md documents the layout):
+//
+//   <pack>/MANIFEST.json      format "qhx-npu-pack": the base bundle it pairs with (the sha256 of
+//                             its manifest.json, which lists every file's), the QNN build, and
+//                             per chip every file with its size, sha256 and graphs
+//   <pack>/v75/context_0.bin  one or more contexts per chip, each under the context budget
+//   <pack>/v81/...
+//
+// A pack carries no embeddings or lm-head: the reply always comes from the base model, which
+// the CPU decodes. A run picks its chip's folder only, checks the sha256 of what it loads, and
+// refuses in one line a pack for another base, an absent chip, a tampered binary.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace qhx {
+
+inline constexpr int64_t kNpuPackFormatVersion = 1;
+
+// One graph of a context binary: its name there, what it computes (the backend's key), and which
+// of the run's values its inputs and outputs are (in the order of first use within the run).
+struct NpuPackGraph {
+  std::string name, key;
+  std::vector<size_t> inputs, outputs;
+  int64_t const_bytes = 0, io_bytes = 0, spill_fill_bytes = 0;  // from the binary's own fields
+};
+
+struct NpuPackFile {
+  std::string path;  // relative to the pack
+  std::string sha256;
+  int64_t bytes = 0;
+  std::vector<NpuPackGraph> graphs;
+};
+
+struct NpuPackChip {
+  int arch = 0;
+  uint32_t soc = 0;
+  std::vector<NpuPackFile> files;
+  std::string gate;  // how the NPU compared with the CPU when the pack was made (one line)
+  int64_t bytes() const;
+};
+
+struct NpuPackManifest {
+  std::string base_name;             // the base bundle's folder name, for messages
+  std::string base_manifest_sha256;  // what pairs the pack with its base
+  std::string qnn_build;             // the QNN build that compiled it
+  std::string precision = "fp16";
+  int64_t chunk_rows = 0;
+  int64_t context_budget_bytes = 0;
+  std::vector<NpuPackChip> chips;
+};
+
+bool is_npu_pack(const std::filesystem::path& dir);
+// Reads and checks the manifest (Error naming MANIFEST.json and the field).
+NpuPackManifest read_npu_pack(const std::filesystem::path& dir);
+void write_npu_pack_manifest(const std::filesystem::path& dir, const NpuPackManifest& manifest);
+// The sha256 of a bundle's manifest.json: what a pack records of its base.
+std::string npu_pack_base_id(const std::filesystem::path& bundle);
+
+// A context of a chip as it loads: its binary, read whole and checked against the manifest.
+struct NpuPackContext {
+  std::vector<unsigned char> binary;
+  std::vector<NpuPackGraph> graphs;
+};
+// The contexts of chip `arch` in `pack`, for the base bundle `base`. Error (one line) when the
+// pack was made from another base, has no folder for this chip, or a file differs from the
+// manifest (missing, resized, tampered).
+std::vector<NpuPackContext> load_npu_pack_chip(const std::filesystem::path& pack,
+                                               const std::filesystem::path& base, int arch);
+// Checks every file of every chip against the manifest (qhx verify); returns the files checked.
+int64_t verify_npu_pack(const std::filesystem::path& pack);
+
+}  // namespace qhx

@@ -1,0 +1,137 @@
+#include "forge/npu_pack.h"
+
+#include <fstream>
+#include <optional>
+
+#include "backend/qnn/hexagon_backend.h"
+#include "io/bundle.h"
+#include "models/model.h"
+#include "runtime/device_check.h"
+#include "runtime/gate.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#include "util/partial_path.h"
+#include "util/sha256.h"
+
+namespace qhx {
+namespace fs = std::filesystem;
+namespace {
+
+// The prompt plans a session runs, one chunk each, so that every graph they use is compiled.
+void run_prompt_plans(const Model& model, int64_t rows) {
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    ids[i] = static_cast<int32_t>((i * 7919 + 13) % model.config().vocab_size);
+  }
+  std::vector<float> logits, hidden;
+  for (const LogitsFor which : {LogitsFor::kLastToken, LogitsFor::kEveryToken}) {
+    auto state = model.new_state();
+    model.forward(ids, *state, which, logits);
+  }
+  if (model.has_mtp()) {  // speculative decoding's prompt pass keeps the final-norm rows
+    for (const LogitsFor which : {LogitsFor::kLastToken, LogitsFor::kEveryToken}) {
+      auto state = model.new_state();
+      model.forward(ids, *state, which, logits, &hidden);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::path& out,
+                                              const NpuPackOptions& options) {
+  const std::string base_id = npu_pack_base_id(bundle);
+  if (options.chips.empty()) fail("--chips", "no chip given");
+  if (fs::exists(out) && !options.overwrite) {
+    fail(out.string(), "already exists (pass --force to replace it)");
+  }
+  const auto library = QnnLibrary::load(options.qnn_lib);
+  HexagonBackendOptions backend_options;
+  if (options.context_budget_bytes > 0) {
+    backend_options.context_budget_bytes = options.context_budget_bytes;
+  }
+  std::optional<Tokenizer> tokenizer;
+  if (fs::exists(bundle / "tokenizer.json")) tokenizer = Tokenizer::load(bundle);
+  const auto cpu = load_model(bundle);
+
+  NpuPackManifest manifest;
+  manifest.base_name = fs::absolute(bundle).lexically_normal().filename().string();
+  if (manifest.base_name.empty()) manifest.base_name = fs::absolute(bundle).parent_path().filename();
+  manifest.base_manifest_sha256 = base_id;
+  manifest.qnn_build = library->build_id();
+  manifest.chunk_rows = HexagonBackend::kChunkRows;
+  manifest.context_budget_bytes = backend_options.context_budget_bytes;
+  std::vector<NpuPackChipReport> reports;
+
+  remove_stale_partials(out);
+  const fs::path temp = partial_sibling(out);
+  fs::remove_all(temp);
+  fs::create_directories(temp);
+  try {
+    for (const std::string& name : options.chips) {
+      const HexagonChip* chip = hexagon_chip(name);
+      if (chip == nullptr) fail("--chips", "'" + name + "' is not a chip qhx compiles for");
+      for (const NpuPackChip& done : manifest.chips) {
+        if (done.arch == chip->arch) fail("--chips", "v" + std::to_string(chip->arch) + " twice");
+      }
+      const auto backend =
+          std::make_shared<HexagonBackend>(HexagonDevice::open(library, *chip), backend_options);
+      const auto model = load_model(bundle, {.devices = {backend}});
+      run_prompt_plans(*model, HexagonBackend::kChunkRows);
+      if (backend->graphs_compiled() == 0) {
+        fail(bundle.string(), "no prompt work of this model runs on the NPU");
+      }
+      NpuPackChipReport report;
+      report.arch = chip->arch;
+      report.graphs = backend->graphs_compiled();
+      NpuPackChip& packed = manifest.chips.emplace_back();
+      packed.arch = chip->arch;
+      packed.soc = chip->soc;
+      const std::string folder = "v" + std::to_string(chip->arch);
+      fs::create_directories(temp / folder);
+      const std::vector<NpuPackContext> contexts = backend->export_contexts();
+      for (size_t i = 0; i < contexts.size(); ++i) {
+        const NpuPackContext& c = contexts[i];
+        int64_t const_bytes = 0;
+        for (const NpuPackGraph& g : c.graphs) const_bytes += g.const_bytes;
+        if (const_bytes > backend_options.context_budget_bytes) {
+          fail(folder + " context " + std::to_string(i),
+               std::to_string(const_bytes) + " bytes of constants, over the budget of " +
+                   std::to_string(backend_options.context_budget_bytes));
+        }
+        NpuPackFile& f = packed.files.emplace_back();
+        f.path = folder + "/context_" + std::to_string(i) + ".bin";
+        std::ofstream(temp / f.path, std::ios::binary)
+            .write(reinterpret_cast<const char*>(c.binary.data()),
+                   static_cast<std::streamsize>(c.binary.size()));
+        f.bytes = static_cast<int64_t>(c.binary.size());
+        f.sha256 = sha256_file(temp / f.path);
+        f.graphs = c.graphs;
+        report.const_bytes += const_bytes;
+      }
+      report.contexts = static_cast<int64_t>(contexts.size());
+      report.bytes = packed.bytes();
+      // The NPU against the CPU, as a user's first run checks it.
+      DeviceCheckOptions check;
+      check.mode = DeviceCheckMode::kAlways;
+      check.weights = check_weights_of(bundle);
+      const DeviceCheckResult r =
+          check_devices(*model, backend->name(), tokenizer ? &*tokenizer : nullptr, check);
+      report.gate = r.summary;
+      report.gate_passed = r.passed;
+      if (!r.passed) fail(folder, r.summary);
+      packed.gate = r.summary;
+      reports.push_back(report);
+    }
+    write_npu_pack_manifest(temp, manifest);
+    if (fs::exists(out)) fs::remove_all(out);
+    fs::rename(temp, out);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(temp, ignored);
+    throw;
+  }
+  return reports;
+}
+
+}  // namespace qhx

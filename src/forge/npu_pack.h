@@ -1,0 +1,38 @@
+// qhx forge npu: a base bundle's prompt graphs compiled for the Hexagon NPU of several chips into
+// an NPU pack (backend/qnn/npu_pack.h). Per chip: the model runs the prompt plans a session uses
+// (a chunk's last-token logits, every token's, with the MTP head's hidden rows when it has one)
+// with the chip's backend compiling each run of NPU work into a graph; the graphs are grouped
+// into contexts under the per-context budget, serialized, and their sizes read back from the
+// binaries' own fields; then the NPU is compared with the CPU by the gate's measures on probe
+// prompts that reach it, and the result recorded per chip.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "backend/qnn/npu_pack.h"
+
+namespace qhx {
+
+struct NpuPackOptions {
+  std::vector<std::string> chips = {"v75", "v81"};  // "v73", ... (hexagon_chips())
+  int64_t context_budget_bytes = 0;                  // 0: the backend's default
+  std::filesystem::path qnn_lib;                     // empty: where qhx looks by default
+  bool overwrite = false;
+};
+
+struct NpuPackChipReport {
+  int arch = 0;
+  int64_t graphs = 0, contexts = 0, bytes = 0, const_bytes = 0;
+  std::string gate;  // the gate's one-line summary
+  bool gate_passed = false;
+};
+
+// Writes the pack at `out` atomically; Error when the bundle or a chip cannot be compiled, a
+// context passes the budget, or the NPU disagrees with the CPU (nothing is written then).
+std::vector<NpuPackChipReport> forge_npu_pack(const std::filesystem::path& bundle,
+                                              const std::filesystem::path& out,
+                                              const NpuPackOptions& options);
+
+}  // namespace qhx
