@@ -8,10 +8,15 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "backend/devices.h"
 #include "backend/qnn/hexagon_backend.h"
+#include "backend/qnn/npu_pack.h"
+#include "forge/convert.h"
+#include "forge/npu_pack.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
 #include "runtime/session.h"
@@ -255,6 +260,136 @@ TEST(Hexagon, AFailedGraphExecutionIsRedoneByTheCpuWithTheSameTokens) {
       EXPECT_NE(model->device_failure().find("QHX_HEXAGON_FAIL_EXECUTION"), std::string::npos);
     }
   }
+}
+
+// A W8 bundle of a fixture, and an NPU pack of it (for v75 and v81 unless said).
+struct PackedFixture {
+  test::TempDir dir;
+  fs::path bundle = dir.path() / "bundle", pack = dir.path() / "pack";
+  std::vector<NpuPackChipReport> reports;
+  explicit PackedFixture(const char* name, int64_t budget = 0,
+                         std::vector<std::string> chips = {"v75", "v81"}) {
+    ConvertOptions convert;
+    convert.weights = DType::kW8;
+    convert.gate = false;
+    forge_convert(fixture(name), bundle, convert);
+    NpuPackOptions options;
+    options.context_budget_bytes = budget;
+    options.chips = std::move(chips);
+    reports = forge_npu_pack(bundle, pack, options);
+  }
+};
+
+std::shared_ptr<HexagonBackend> from_pack(const std::shared_ptr<const QnnLibrary>& library,
+                                          const fs::path& pack, const fs::path& base, int arch) {
+  return std::make_shared<HexagonBackend>(
+      HexagonDevice::open(library, *hexagon_chip(std::to_string(arch))), HexagonBackendOptions{},
+      load_npu_pack_chip(pack, base, arch));
+}
+
+// qhx forge npu: a pack for two chips whose graphs load instead of compiling, with the tokens of
+// graphs compiled on first use (the CPU's), its manifest recording what the binaries say.
+TEST(HexagonPack, LoadsInsteadOfCompilingAndGivesTheSameTokens) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const PackedFixture packed(name);
+    const NpuPackManifest m = read_npu_pack(packed.pack);
+    ASSERT_EQ(m.chips.size(), 2u);
+    EXPECT_EQ(m.base_manifest_sha256, npu_pack_base_id(packed.bundle));
+    EXPECT_EQ(m.qnn_build, library->build_id());
+    for (const NpuPackChip& chip : m.chips) {
+      EXPECT_NE(chip.gate.find("agrees with the CPU"), std::string::npos) << chip.gate;
+      ASSERT_FALSE(chip.files.empty());
+      for (const NpuPackFile& f : chip.files) {
+        ASSERT_FALSE(f.graphs.empty());
+        for (const NpuPackGraph& g : f.graphs) EXPECT_GT(g.const_bytes, 0) << g.key;
+      }
+    }
+    EXPECT_EQ(verify_npu_pack(packed.pack), 2);
+    const auto cpu = load_model(packed.bundle);
+    const std::vector<int32_t> prompt = long_prompt(300, cpu->config().vocab_size);
+    const std::vector<int32_t> want = greedy_reply(*cpu, prompt, 6);
+    for (const int arch : {75, 81}) {
+      const auto backend = from_pack(library, packed.pack, packed.bundle, arch);
+      EXPECT_GT(backend->graphs_from_pack(), 0);
+      const auto npu = load_model(packed.bundle, {.devices = {backend}});
+      EXPECT_EQ(greedy_reply(*npu, prompt, 6), want);
+      EXPECT_EQ(backend->chunks_run(), 2);
+      EXPECT_EQ(backend->graphs_compiled(), 0) << "a prompt graph was not in the pack";
+    }
+  }
+}
+
+// A pack is refused by name, never used quietly: one made from another bundle, one without the
+// chip's folder, one whose binary changed; through open_devices too (not a fall back to the CPU).
+TEST(HexagonPack, RefusesAnotherBaseAnAbsentChipAndATamperedBinary) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const PackedFixture packed(kFixtures[0]);
+  const test::TempDir other;
+  ConvertOptions convert;
+  convert.weights = DType::kW8;
+  convert.gate = false;
+  forge_convert(fixture(kFixtures[1]), other.path() / "bundle", convert);
+  const auto refused = [&](const fs::path& pack, const fs::path& base, int arch) {
+    try {
+      load_npu_pack_chip(pack, base, arch);
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  EXPECT_NE(refused(packed.pack, other.path() / "bundle", 81).find("made from another base"),
+            std::string::npos);
+  EXPECT_NE(refused(packed.pack, packed.bundle, 79).find("has no graphs for hexagon:v79"),
+            std::string::npos);
+  {
+    std::fstream f(packed.pack / "v81/context_0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4000);
+    f.put('\x5a');
+  }
+  EXPECT_NE(refused(packed.pack, packed.bundle, 81).find("context_0.bin: sha256 differs"),
+            std::string::npos);
+  EXPECT_EQ(refused(packed.pack, packed.bundle, 75), "loaded");  // the other chip's is intact
+  DeviceChoice choice;
+  choice.prefill = parse_device_name("hexagon:v81", "device");
+  choice.settings = {{"npu_pack", packed.pack.string()}, {"model", packed.bundle.string()}};
+  EXPECT_THROW(open_devices(choice), DeviceSettingError);
+}
+
+// A pack over the per-context budget is split into contexts that each stay within it (their
+// sizes from the binaries' own fields), and runs as one.
+TEST(HexagonPack, ContextsStayWithinTheBudget) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const PackedFixture whole(kFixtures[1], 0, {"v81"});
+  int64_t largest = 0, total = 0;
+  const NpuPackManifest one = read_npu_pack(whole.pack);
+  for (const NpuPackFile& f : one.chips[0].files) {
+    for (const NpuPackGraph& g : f.graphs) {
+      largest = std::max(largest, g.const_bytes);
+      total += g.const_bytes;
+    }
+  }
+  const int64_t budget = std::max(largest * 3 / 2, total / 3);
+  const PackedFixture split(kFixtures[1], budget, {"v81"});
+  const NpuPackManifest m = read_npu_pack(split.pack);
+  for (const NpuPackChip& chip : m.chips) {
+    EXPECT_GE(chip.files.size(), 2u);
+    for (const NpuPackFile& f : chip.files) {
+      int64_t bytes = 0;
+      for (const NpuPackGraph& g : f.graphs) bytes += g.const_bytes;
+      EXPECT_LE(bytes, budget) << f.path;
+    }
+  }
+  EXPECT_EQ(m.context_budget_bytes, budget);
+  const auto backend = from_pack(library, split.pack, split.bundle, 81);
+  EXPECT_GE(backend->contexts(), 2);
+  const auto cpu = load_model(split.bundle);
+  const std::vector<int32_t> prompt = long_prompt(260, cpu->config().vocab_size);
+  EXPECT_EQ(greedy_reply(*load_model(split.bundle, {.devices = {backend}}), prompt, 4),
+            greedy_reply(*cpu, prompt, 4));
+  EXPECT_EQ(backend->graphs_compiled(), 0);
 }
 
 }  // namespace

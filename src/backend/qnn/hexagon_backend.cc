@@ -289,6 +289,10 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       break;
     }
   }
+  if (const auto known = options_.known_constant_bytes.find(key);
+      known != options_.known_constant_bytes.end()) {
+    constant_bytes = known->second;
+  }
   std::shared_ptr<Graph>& graph = graphs_[key];
   if (graph == nullptr) {
     try {

@@ -37,6 +37,9 @@ struct HexagonBackendOptions {
   int64_t fail_execution = 0;
   std::string perturb_op;
   int64_t context_budget_bytes = kDefaultContextBudget;
+  // The constants' bytes of graphs by key, as a binary reported them (forge npu's second pass):
+  // used instead of the estimate when grouping graphs into contexts.
+  std::map<std::string, int64_t> known_constant_bytes;
 };
 
 class HexagonBackend final : public Backend {
