@@ -215,6 +215,8 @@ typedef struct qhx_generate_result {
   int64_t verify_passes;   /* speculative decoding: passes that verified a draft, */
   int64_t drafted;         /* the draft tokens they verified, */
   int64_t accepted;        /* and those the model agreed with (each a token without a pass) */
+  int64_t device_tokens;   /* of the tokens processed, those whose pass ran on the device (an
+                              NPU's: whole prompt chunks; the rest ran on the CPU) */
 } qhx_generate_result;
 
 /* ---------------------------------------------------------------------------------------------

@@ -188,7 +188,7 @@ void Runner::run(std::span<const int32_t> ids, const Pass& pass, Sequence& seque
     // The device leaves the states' host memory as it was (at the start of the kept passes).
     try {
       execute(*s, backends(true), inputs);
-      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes};
+      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
       Sequence::KeptPasses& kept_passes = sequence.kept;
       kept_passes.passes.push_back({{ids.begin(), ids.end()}, pass.replay});
       kept_passes.tokens += n_tokens;
@@ -204,7 +204,7 @@ void Runner::run(std::span<const int32_t> ids, const Pass& pass, Sequence& seque
     const std::vector<std::vector<float>> start = copy_whole_states(sequence);
     try {
       execute(*s, backends(true), inputs);
-      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes};
+      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kDeviceFailed) throw;
       device_failed(e, sequence);

@@ -73,13 +73,15 @@ struct Sequence {
 // What ran on devices (since the runner was made).
 struct DeviceTraffic {
   int64_t passes = 0, copies = 0, copy_bytes = 0;
+  int64_t tokens = 0;  // the tokens of those passes (an NPU's: its prompt chunks' rows)
   DeviceTraffic operator-(const DeviceTraffic& o) const {
-    return {passes - o.passes, copies - o.copies, copy_bytes - o.copy_bytes};
+    return {passes - o.passes, copies - o.copies, copy_bytes - o.copy_bytes, tokens - o.tokens};
   }
   DeviceTraffic& operator+=(const DeviceTraffic& o) {
     passes += o.passes;
     copies += o.copies;
     copy_bytes += o.copy_bytes;
+    tokens += o.tokens;
     return *this;
   }
 };

@@ -274,7 +274,8 @@ int run_bench(const BenchArgs& args) {
         const double d = static_cast<double>(std::max<int64_t>(n, 1));
         return qhx::Json{{"device_passes", static_cast<double>(t.passes) / d},
                          {"copies", static_cast<double>(t.copies) / d},
-                         {"copied_kb", static_cast<double>(t.copy_bytes) / d / 1024.0}};
+                         {"copied_kb", static_cast<double>(t.copy_bytes) / d / 1024.0},
+                         {"device_tokens", static_cast<double>(t.tokens) / d}};
       };
       const qhx::Json handoff = {
           {"prefill_pass", per(r.prefill_traffic, r.prefill_passes)},
@@ -311,6 +312,7 @@ int run_bench(const BenchArgs& args) {
             {"prefill_device", devices.prefill.text()},
             {"decode_device", devices.decode.text()},
             {"backends", backends},
+            {"npu_pack", args.devices.npu_pack},
             {"handoff", handoff},
             {"device_weights_mb", device_weights},
             {"commit", QHX_GIT_COMMIT},

@@ -186,18 +186,25 @@ int run_generate(const GenerateArgs& args) {
                   static_cast<long long>(result.accepted), static_cast<long long>(result.drafted));
     speculation = buf;
   }
+  std::string device;
+  if (result.device_tokens > 0) {
+    qhx_model_info info;
+    check(qhx_model_get_info(m.model, &info));
+    device = " | " + std::to_string(result.device_tokens) + " prompt tokens on " +
+             info.prefill_device;
+  }
   const double prefill_tps = result.n_prompt / std::max(result.prefill_ms * 1e-3, 1e-9);
   const double decode_tps = result.n_generated > 1
                                 ? (result.n_generated - 1) / std::max(result.decode_ms * 1e-3, 1e-9)
                                 : 0;
   std::fprintf(stderr,
                "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | "
-               "TTFT %.1f ms | peak RSS %.1f MB | %s%s\n",
+               "TTFT %.1f ms | peak RSS %.1f MB | %s%s%s\n",
                static_cast<long long>(result.n_prompt), prefill_tps,
                static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms,
                peak_rss_mb(),
                s.greedy ? "greedy" : ("sampled, seed " + std::to_string(s.seed)).c_str(),
-               speculation.c_str());
+               speculation.c_str(), device.c_str());
   return 0;
 }
 
