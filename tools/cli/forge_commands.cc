@@ -214,6 +214,12 @@ int run_verify(const std::string& bundle) {
 }
 
 int run_pack(const std::string& out, const std::vector<std::string>& bundles, bool force) {
+  for (const std::string& b : bundles) {
+    if (qhx::is_npu_pack(b)) {
+      qhx::fail(b, "an NPU pack (qhx forge npu), not a bundle: it ships beside the one bundle it "
+                   "pairs with (--npu-pack), not inside a pack of bundles");
+    }
+  }
   qhx::write_pack(out, std::vector<fs::path>(bundles.begin(), bundles.end()), force);
   std::fprintf(stderr, "wrote %s (%zu bundles)\n", out.c_str(), bundles.size());
   return 0;

@@ -137,7 +137,8 @@ std::vector<NpuPackContext> HexagonBackend::export_contexts() const {
 std::string HexagonBackend::name() const {
   const QnnLibrary& lib = device_->library();
   return "hexagon:v" + std::to_string(device_->chip().arch) + " (QNN build " + lib.build_id() +
-         (lib.simulator() ? ", simulator)" : ")");
+         (lib.simulator() ? ", simulator" : "") +
+         (options_.pack_id.empty() ? "" : ", pack " + options_.pack_id) + ")";
 }
 
 void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {

@@ -40,6 +40,9 @@ struct HexagonBackendOptions {
   // The constants' bytes of graphs by key, as a binary reported them (forge npu's second pass):
   // used instead of the estimate when grouping graphs into contexts.
   std::map<std::string, int64_t> known_constant_bytes;
+  // The pack its graphs came from (the start of its MANIFEST.json's sha256), in its name: the
+  // check before use is remembered per chip, QNN build and pack.
+  std::string pack_id;
 };
 
 class HexagonBackend final : public Backend {

@@ -2,12 +2,15 @@
 // QNN libraries found at run time (backend/qnn/qnn_library.h). On x86 the library is Qualcomm's
 // simulator, and "hexagon" alone simulates the newest chip qhx knows.
 #include <cstdlib>
+#include <filesystem>
 
 #include "backend/device_factory.h"
 #include "backend/qnn/hexagon_backend.h"
 #include "util/error.h"
+#include "util/sha256.h"
 
 namespace qhx {
+namespace fs = std::filesystem;
 namespace {
 
 std::string chip_forms() {
@@ -87,14 +90,17 @@ class HexagonFactory final : public DeviceFactory {
       pack_note = " from the pack's " + std::to_string(pack.size()) + " context(s), " +
                   std::to_string(bytes / 1000000) + " MB";
     }
+    HexagonBackendOptions options = options_from_environment();
+    if (!pack.empty()) {
+      options.pack_id = sha256_file(fs::path(settings.at("npu_pack")) / "MANIFEST.json").substr(0, 12);
+    }
     const auto lib = settings.find("qnn_lib");
     const auto device = HexagonDevice::open(
         QnnLibrary::load(lib != settings.end() ? lib->second : std::string()), *chip);
     OpenedDevice out;
     out.backend = pack.empty()
-                      ? std::make_shared<HexagonBackend>(device, options_from_environment())
-                      : std::make_shared<HexagonBackend>(device, options_from_environment(),
-                                                         std::move(pack));
+                      ? std::make_shared<HexagonBackend>(device, options)
+                      : std::make_shared<HexagonBackend>(device, options, std::move(pack));
     out.decodes = false;
     out.summary = device->describe() + " reads prompts in chunks of " +
                   std::to_string(HexagonBackend::kChunkRows) + " tokens" + pack_note +

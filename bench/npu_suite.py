@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Greedy agreement of the NPU with the CPU on the KJV prompt suite, and what the pack costs.
+
+For each of the 24 verse openings of tools/train/kjv_prompts.txt, the prompt is a held-out
+chapter's opening (about 1,000 characters of models/*/held_out.txt, so that the NPU reads at least
+two 128-token chunks) followed by the verse opening; qhx generate continues it greedily for 64
+tokens on the CPU alone and with prompts on the NPU (--device hexagon:vNN --npu-pack), and the
+ids are compared. Prints, per bundle: identical continuations of 24, the first divergence of the
+others, the pack's size per chip and the peak RSS of both runs (the memory the NPU adds while
+loaded; on the simulator that is mostly the simulator's own).
+
+Usage (QHX_QNN_LIB set, or --qnn-lib):
+  python3 bench/npu_suite.py --qhx build/qhx --chip v81 BUNDLE:PACK [BUNDLE:PACK ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(cmd: list[str]) -> tuple[list[int], float, int]:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)}:\n{p.stderr}")
+    ids = [int(x) for x in p.stdout.strip().split(",") if x]
+    rss = float(re.search(r"peak RSS ([0-9.]+) MB", p.stderr).group(1))
+    m = re.search(r"(\d+) prompt tokens on", p.stderr)
+    return ids, rss, int(m.group(1)) if m else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--qhx", default=str(ROOT / "build" / "qhx"))
+    ap.add_argument("--chip", default="v81")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--context-chars", type=int, default=1000)
+    ap.add_argument("--held-out", default=str(ROOT / "models" / "qwen3-kjv" / "held_out.txt"))
+    ap.add_argument("pairs", nargs="+", help="BUNDLE:PACK")
+    args = ap.parse_args()
+    prompts = [l for l in (ROOT / "tools/train/kjv_prompts.txt").read_text().splitlines() if l]
+    chapters = [c.strip() for c in Path(args.held_out).read_text().split("<|endoftext|>") if c.strip()]
+    for pair in args.pairs:
+        bundle, pack = pair.split(":")
+        same, diverged, npu_rss, cpu_rss, npu_tokens = 0, [], 0.0, 0.0, 0
+        for i, verse in enumerate(prompts):
+            text = chapters[i % len(chapters)][: args.context_chars] + "\n" + verse
+            base = [args.qhx, "generate", "--model", bundle, "--prompt", text, "--greedy",
+                    "--print-ids", "-n", str(args.tokens), "--ignore-eos"]
+            cpu, rss_c, _ = run(base)
+            npu, rss_n, on_npu = run(base + ["--device", f"hexagon:{args.chip}", "--npu-pack", pack,
+                                             "--device-check", "never"])
+            cpu_rss, npu_rss, npu_tokens = max(cpu_rss, rss_c), max(npu_rss, rss_n), npu_tokens + on_npu
+            if cpu == npu:
+                same += 1
+            else:
+                diverged.append(next(k for k, (a, b) in enumerate(zip(cpu, npu)) if a != b))
+        manifest = json.loads((Path(pack) / "MANIFEST.json").read_text())
+        sizes = ", ".join(f"v{c['arch']} {c['bytes'] / 1e6:.1f} MB" for c in manifest["chips"])
+        print(f"{Path(bundle).name}: {same}/{len(prompts)} greedy-identical over {args.tokens} tokens"
+              f" (first divergence of the others at tokens {sorted(diverged)}); "
+              f"{npu_tokens} prompt tokens ran on hexagon:{args.chip}; pack {sizes}; "
+              f"peak RSS {cpu_rss:.0f} MB on the CPU, {npu_rss:.0f} MB with the NPU")
+
+
+if __name__ == "__main__":
+    main()
