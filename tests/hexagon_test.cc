@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "runtime/device_check.h"
 #include "runtime/session.h"
+#include "support/cli_run.h"
 #include "support/fixtures.h"
 #include "support/hexagon_device.h"
 #include "util/error.h"
@@ -271,6 +272,7 @@ struct PackedFixture {
                          std::vector<std::string> chips = {"v75", "v81"}) {
     ConvertOptions convert;
     convert.weights = DType::kW8;
+    convert.int8_activations = false;  // the CPU in float, as the NPU in fp16 (HexagonCli says why)
     convert.gate = false;
     forge_convert(fixture(name), bundle, convert);
     NpuPackOptions options;
@@ -390,6 +392,66 @@ TEST(HexagonPack, ContextsStayWithinTheBudget) {
   EXPECT_EQ(greedy_reply(*load_model(split.bundle, {.devices = {backend}}), prompt, 4),
             greedy_reply(*cpu, prompt, 4));
   EXPECT_EQ(backend->graphs_compiled(), 0);
+}
+
+// The command line, as a user meets it: qhx devices lists the NPU, forge npu and verify make and
+// check a pack, generate reads the prompt's chunks on the NPU and prints the CPU's one line of
+// ids, saying how many prompt tokens ran there; contradictions are one-line errors.
+TEST(HexagonCli, ForgeVerifyAndGenerateWithAPack) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const test::TempDir dir;
+  const test::TempDir cache;
+  ::setenv("QHX_CACHE_DIR", cache.path().c_str(), 1);
+  const test::CliRun devices = test::run_qhx("devices");
+  ASSERT_EQ(devices.exit_code, 0) << devices.err;
+  EXPECT_NE(devices.out.find("hexagon:v73|v75|v79|v81"), std::string::npos) << devices.out;
+  EXPECT_NE(devices.out.find(library->build_id()), std::string::npos) << devices.out;
+  const fs::path bundle = dir.path() / "bundle", pack = dir.path() / "pack";
+  const test::CliRun convert = test::run_qhx("forge convert " + fixture(kFixtures[1]).string() +
+                                             " -o " + bundle.string() +
+                                             " --weights w8 --activations f32 --no-gate");
+  ASSERT_EQ(convert.exit_code, 0) << convert.err;
+  const test::CliRun forged =
+      test::run_qhx("forge npu " + bundle.string() + " --chips v75,v81 -o " + pack.string());
+  ASSERT_EQ(forged.exit_code, 0) << forged.err;
+  EXPECT_NE(forged.err.find("v81: "), std::string::npos) << forged.err;
+  const test::CliRun verified = test::run_qhx("verify " + pack.string());
+  ASSERT_EQ(verified.exit_code, 0) << verified.err;
+  EXPECT_NE(verified.out.find("NPU pack"), std::string::npos) << verified.out;
+
+  std::string ids;
+  // (The CPU multiplies the W8 matrices by float activations here, as the NPU does in fp16; with
+  // int8 activations a random tiny model's flat logits may tie-break differently.)
+  const int64_t vocab = load_model(fixture(kFixtures[1]))->config().vocab_size;
+  for (const int32_t id : long_prompt(300, vocab)) {
+    ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  }
+  const std::string run = "generate --model " + bundle.string() + " --prompt-ids " + ids +
+                          " -n 6 --greedy --print-ids";
+  const test::CliRun cpu = test::run_qhx(run);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(std::count(cpu.out.begin(), cpu.out.end(), '\n'), 1) << cpu.out;
+  const test::CliRun npu =
+      test::run_qhx(run + " --device hexagon:v81 --npu-pack " + pack.string());
+  ASSERT_EQ(npu.exit_code, 0) << npu.err;
+  EXPECT_EQ(npu.out, cpu.out);
+  EXPECT_NE(npu.err.find("256 prompt tokens on hexagon:v81"), std::string::npos) << npu.err;
+  EXPECT_NE(npu.err.find("from the pack's 1 context(s)"), std::string::npos) << npu.err;
+  EXPECT_NE(npu.err.find("agrees with the CPU"), std::string::npos) << npu.err;
+
+  for (const std::string& wrong :
+       {std::string(" --device hexagon:v81 --decode-device hexagon:v81"),
+        " --npu-pack " + pack.string(), " --device hexagon:v79 --npu-pack " + pack.string()}) {
+    const test::CliRun r = test::run_qhx(run + wrong);
+    EXPECT_EQ(r.exit_code, 1) << wrong;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  const test::CliRun packed = test::run_qhx("pack -o " + (dir.path() / "p2").string() + " " +
+                                            pack.string());
+  EXPECT_NE(packed.exit_code, 0);
+  EXPECT_NE(packed.err.find("an NPU pack"), std::string::npos) << packed.err;
+  ::unsetenv("QHX_CACHE_DIR");
 }
 
 }  // namespace
