@@ -39,8 +39,9 @@ class HexagonFactory final : public DeviceFactory {
   std::string_view forms() const override { return forms_; }
   bool decodes() const override { return false; }  // the next issue's decode graphs
 
+  // "hexagon" alone is the chip the device reports (the simulator: the newest qhx knows).
   std::string canonical(std::string_view param, std::string_view option) const override {
-    if (param.empty()) return "hexagon:v" + std::to_string(hexagon_chips().back().arch);
+    if (param.empty()) return "hexagon";
     const HexagonChip* chip = hexagon_chip(param);
     if (chip == nullptr) {
       std::string message = "hexagon:";
@@ -71,7 +72,15 @@ class HexagonFactory final : public DeviceFactory {
 
   OpenedDevice open(std::string_view param, std::optional<bool> /*decode: never on it*/,
                     const DeviceSettings& settings) const override {
+    const auto lib = settings.find("qnn_lib");
+    const auto library =
+        QnnLibrary::load(lib != settings.end() ? lib->second : std::string());
     const HexagonChip* chip = hexagon_chip(param);
+    if (param.empty()) {
+      std::string why;
+      chip = library->simulator() ? &hexagon_chips().back() : library->detect_chip(&why);
+      if (chip == nullptr) fail("hexagon", why + ": name the chip (" + forms_ + ")");
+    }
     if (chip == nullptr) fail("hexagon", "no chip " + std::string(param));
     // A pack's graphs for this chip, checked against its manifest and its base: a pack that
     // does not fit is the caller's error.
@@ -94,9 +103,7 @@ class HexagonFactory final : public DeviceFactory {
     if (!pack.empty()) {
       options.pack_id = sha256_file(fs::path(settings.at("npu_pack")) / "MANIFEST.json").substr(0, 12);
     }
-    const auto lib = settings.find("qnn_lib");
-    const auto device = HexagonDevice::open(
-        QnnLibrary::load(lib != settings.end() ? lib->second : std::string()), *chip);
+    const auto device = HexagonDevice::open(library, *chip);
     OpenedDevice out;
     out.backend = pack.empty()
                       ? std::make_shared<HexagonBackend>(device, options)

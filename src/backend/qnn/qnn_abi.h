@@ -204,6 +204,34 @@ enum LogLevel : uint32_t { kLogError = 1, kLogWarn = 2, kLogInfo = 3, kLogVerbos
 using LogCallback = void (*)(const char* format, uint32_t level, uint64_t timestamp,
                              va_list args);
 
+// What the device reports of itself (a phone's HTP; the simulator reports no hardware device).
+struct HtpDeviceExtension {  // the HTP's extension of a hardware device's description
+  uint32_t device_type;      // 0: on chip
+  size_t vtcm_mb;
+  uint32_t soc_model;
+  uint8_t signed_pd, dlbc;
+  uint32_t arch;
+};
+static_assert(offsetof(HtpDeviceExtension, soc_model) == 16 &&
+              offsetof(HtpDeviceExtension, arch) == 24);
+struct HardwareDeviceInfo {
+  uint32_t version;  // 1
+  uint32_t reserved;  // (its version's fields are a union, 8-aligned)
+  uint32_t device_id, device_type, n_cores;
+  const void* cores;
+  const HtpDeviceExtension* extension;
+};
+static_assert(offsetof(HardwareDeviceInfo, device_id) == 8 &&
+              offsetof(HardwareDeviceInfo, n_cores) == 16 &&
+              offsetof(HardwareDeviceInfo, extension) == 32 && sizeof(HardwareDeviceInfo) == 40);
+struct PlatformInfo {
+  uint32_t version;  // 1
+  uint32_t reserved;  // (as above)
+  uint32_t n_devices;
+  const HardwareDeviceInfo* devices;
+};
+static_assert(offsetof(PlatformInfo, n_devices) == 8 && offsetof(PlatformInfo, devices) == 16);
+
 using Unused = void*;  // a slot of the table qhx does not call
 
 // The core function table, in the order of core API 2.32 (71 slots; later APIs append).
@@ -243,7 +271,9 @@ struct FunctionTable {
   ErrorHandle (*log_free)(Handle log);
   Unused profile[7];
   Unused mem_register, mem_deregister;
-  Unused device_get_platform_info, device_free_platform_info, device_get_infrastructure;
+  ErrorHandle (*device_get_platform_info)(Handle log, const PlatformInfo** info);
+  ErrorHandle (*device_free_platform_info)(Handle log, const PlatformInfo* info);
+  Unused device_get_infrastructure;
   ErrorHandle (*device_create)(Handle log, const Config** config, Handle* device);
   Unused device_set_config, device_get_info;
   ErrorHandle (*device_free)(Handle device);

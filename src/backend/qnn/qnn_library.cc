@@ -180,6 +180,31 @@ bool QnnLibrary::simulator() const {
 #endif
 }
 
+const HexagonChip* QnnLibrary::detect_chip(std::string* why) const {
+  const qnn::PlatformInfo* info = nullptr;
+  if (htp_->api.device_get_platform_info(nullptr, &info) != 0 || info == nullptr) {
+    *why = "QNN reports no platform information";
+    return nullptr;
+  }
+  const HexagonChip* found = nullptr;
+  *why = "QNN reports no Hexagon device";
+  if (info->version == 1 && info->devices != nullptr && info->n_devices <= 64) {
+    for (uint32_t d = 0; d < info->n_devices && found == nullptr; ++d) {
+      const qnn::HtpDeviceExtension* ext = info->devices[d].extension;
+      if (info->devices[d].version != 1 || ext == nullptr) continue;
+      for (const HexagonChip& chip : hexagon_chips()) {
+        if (chip.soc == ext->soc_model) found = &chip;
+      }
+      if (found == nullptr) {
+        *why = "the device's SoC model " + std::to_string(ext->soc_model) + " (Hexagon v" +
+               std::to_string(ext->arch) + ") is not one qhx compiles for";
+      }
+    }
+  }
+  htp_->api.device_free_platform_info(nullptr, info);
+  return found;
+}
+
 std::string QnnLibrary::describe() const {
   const qnn::ApiVersion v = api_version();
   return "QNN " + version_text(v.core) + ", HTP " + version_text(v.backend) + ", build " +

@@ -45,6 +45,10 @@ class QnnLibrary {
   std::string describe() const;
   // Whether this library simulates the NPU on the host (x86) rather than driving one.
   bool simulator() const;
+  // The chip of the NPU this process runs beside, from the device's platform information; null
+  // where there is none (the simulator reports no hardware device) or it is no chip qhx knows
+  // (`why` says which SoC and arch it reported).
+  const HexagonChip* detect_chip(std::string* why) const;
   // "graph create: QNN_GRAPH_ERROR_...: ... (6003)", for an error `what` returned.
   std::string message(std::string_view what, qnn::ErrorHandle error) const;
   // Error kDeviceFailed with message() unless `error` is success.
