@@ -501,7 +501,8 @@ TEST(BackendOps, EveryOpOnEveryDeviceMatchesTheReferenceOnEveryFixturesShapes) {
         }
       }
       if (v.every_op && !v.matmuls_only) {
-        EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds)) << v.name << ": an op kind has no case";
+        EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds))
+            << v.name << ": an op kind has no case";
       }
       std::string ops;
       for (const Op op : covered) ops += std::string(" ") + op_name(op);
@@ -728,13 +729,13 @@ TEST(Scheduler, KeepsWhatADeviceCompiledAndRunsWhatItCannotCompileOnTheCpu) {
     s.in[0] = s.in[1] = s.out = {h};
   });
   Schedule s = schedule(c.plan, backends);
-  EXPECT_EQ(placement(s), (std::vector<std::string>{"embed@0", "copy@1", "matmul@1",
-                                                    "silu_mul@1", "matmul@1", "copy@0"}));
+  EXPECT_EQ(placement(s), (std::vector<std::string>{"embed@0", "copy@1", "matmul@1", "silu_mul@1",
+                                                    "matmul@1", "copy@0"}));
   const int64_t compiled = device.runs_compiled;
   EXPECT_GE(compiled, 1);
   expect_cpu_logits(s, backends, c, cpu);
   expect_cpu_logits(s, backends, c, cpu);
-  EXPECT_EQ(device.runs_compiled, compiled);  // compiled once, run twice
+  EXPECT_EQ(device.runs_compiled, compiled);              // compiled once, run twice
   EXPECT_EQ(device.compiled_runs_run, device.nodes_run);  // every run had its compiled form
   EXPECT_GT(device.compiled_runs_run, 0);
 

@@ -50,7 +50,8 @@ TEST(Hexagon, TheLibraryIsCalledThroughQhxsOwnDeclarations) {
 // y = rms_norm(x · Wᵀ) over 128 rows, as a graph of two ops.
 struct SmallGraph {
   static constexpr uint32_t kRows = 128, kIn = 64, kOut = 32;
-  std::vector<float> x = test::random_vector(kRows * kIn, 1), w = test::random_vector(kOut * kIn, 2, 0.2f),
+  std::vector<float> x = test::random_vector(kRows * kIn, 1),
+                     w = test::random_vector(kOut * kIn, 2, 0.2f),
                      gamma = test::random_vector(kOut, 3, 0.5f);
 
   void build(QnnGraph& g) const {
@@ -161,7 +162,8 @@ std::vector<int32_t> long_prompt(int64_t n, int64_t vocab) {
   return ids;
 }
 
-std::vector<int32_t> greedy_reply(const Model& model, const std::vector<int32_t>& prompt, int64_t n) {
+std::vector<int32_t> greedy_reply(const Model& model, const std::vector<int32_t>& prompt,
+                                  int64_t n) {
   Session session(model);
   TurnOptions options;
   options.max_new_tokens = n;
@@ -347,7 +349,8 @@ TEST(HexagonPack, RefusesAnotherBaseAnAbsentChipAndATamperedBinary) {
   EXPECT_NE(refused(packed.pack, packed.bundle, 79).find("has no graphs for hexagon:v79"),
             std::string::npos);
   {
-    std::fstream f(packed.pack / "v81/context_0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(packed.pack / "v81/context_0.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(4000);
     f.put('\x5a');
   }
@@ -407,9 +410,9 @@ TEST(HexagonCli, ForgeVerifyAndGenerateWithAPack) {
   EXPECT_NE(devices.out.find("hexagon:v73|v75|v79|v81"), std::string::npos) << devices.out;
   EXPECT_NE(devices.out.find(library->build_id()), std::string::npos) << devices.out;
   const fs::path bundle = dir.path() / "bundle", pack = dir.path() / "pack";
-  const test::CliRun convert = test::run_qhx("forge convert " + fixture(kFixtures[1]).string() +
-                                             " -o " + bundle.string() +
-                                             " --weights w8 --activations f32 --no-gate");
+  const test::CliRun convert =
+      test::run_qhx("forge convert " + fixture(kFixtures[1]).string() + " -o " + bundle.string() +
+                    " --weights w8 --activations f32 --no-gate");
   ASSERT_EQ(convert.exit_code, 0) << convert.err;
   const test::CliRun forged =
       test::run_qhx("forge npu " + bundle.string() + " --chips v75,v81 -o " + pack.string());
@@ -426,13 +429,12 @@ TEST(HexagonCli, ForgeVerifyAndGenerateWithAPack) {
   for (const int32_t id : long_prompt(300, vocab)) {
     ids += (ids.empty() ? "" : ",") + std::to_string(id);
   }
-  const std::string run = "generate --model " + bundle.string() + " --prompt-ids " + ids +
-                          " -n 6 --greedy --print-ids";
+  const std::string run =
+      "generate --model " + bundle.string() + " --prompt-ids " + ids + " -n 6 --greedy --print-ids";
   const test::CliRun cpu = test::run_qhx(run);
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
   ASSERT_EQ(std::count(cpu.out.begin(), cpu.out.end(), '\n'), 1) << cpu.out;
-  const test::CliRun npu =
-      test::run_qhx(run + " --device hexagon:v81 --npu-pack " + pack.string());
+  const test::CliRun npu = test::run_qhx(run + " --device hexagon:v81 --npu-pack " + pack.string());
   ASSERT_EQ(npu.exit_code, 0) << npu.err;
   EXPECT_EQ(npu.out, cpu.out);
   EXPECT_NE(npu.err.find("256 prompt tokens on hexagon:v81"), std::string::npos) << npu.err;
@@ -447,8 +449,8 @@ TEST(HexagonCli, ForgeVerifyAndGenerateWithAPack) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
-  const test::CliRun packed = test::run_qhx("pack -o " + (dir.path() / "p2").string() + " " +
-                                            pack.string());
+  const test::CliRun packed =
+      test::run_qhx("pack -o " + (dir.path() / "p2").string() + " " + pack.string());
   EXPECT_NE(packed.exit_code, 0);
   EXPECT_NE(packed.err.find("an NPU pack"), std::string::npos) << packed.err;
   ::unsetenv("QHX_CACHE_DIR");

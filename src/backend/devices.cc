@@ -122,8 +122,9 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   const DeviceFactory* factory = factory_of(choice.prefill.kind);
   if (factory == nullptr) fail("--device", choice.prefill.text() + " names no device");
   if (choice.decode && !choice.decode->is_cpu() && !factory->decodes()) {
-    fail("--decode-device", choice.prefill.text() + " reads prompts only: replies are decoded "
-                            "on the CPU (--decode-device cpu)");
+    fail("--decode-device", choice.prefill.text() +
+                                " reads prompts only: replies are decoded "
+                                "on the CPU (--decode-device cpu)");
   }
   std::optional<bool> decode;
   if (choice.decode) decode = !choice.decode->is_cpu();

@@ -283,8 +283,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       result->ttft_ms = stats.ttft_seconds * 1e3;
       result->decode_ms = stats.decode_seconds * 1e3;
       result->device_failures = session->model->model->device_failures() - failures_before;
-      result->device_tokens =
-          session->model->model->device_traffic().tokens - device_tokens_before;
+      result->device_tokens = session->model->model->device_traffic().tokens - device_tokens_before;
       result->verify_passes = stats.verify_passes;
       result->drafted = stats.drafted;
       result->accepted = stats.accepted;

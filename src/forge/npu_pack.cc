@@ -56,7 +56,8 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
 
   NpuPackManifest manifest;
   manifest.base_name = fs::absolute(bundle).lexically_normal().filename().string();
-  if (manifest.base_name.empty()) manifest.base_name = fs::absolute(bundle).parent_path().filename();
+  if (manifest.base_name.empty())
+    manifest.base_name = fs::absolute(bundle).parent_path().filename();
   manifest.base_manifest_sha256 = base_id;
   manifest.qnn_build = library->build_id();
   manifest.chunk_rows = HexagonBackend::kChunkRows;

@@ -17,8 +17,8 @@ namespace qhx {
 
 struct NpuPackOptions {
   std::vector<std::string> chips = {"v75", "v81"};  // "v73", ... (hexagon_chips())
-  int64_t context_budget_bytes = 0;                  // 0: the backend's default
-  std::filesystem::path qnn_lib;                     // empty: where qhx looks by default
+  int64_t context_budget_bytes = 0;                 // 0: the backend's default
+  std::filesystem::path qnn_lib;                    // empty: where qhx looks by default
   bool overwrite = false;
 };
 

@@ -5,8 +5,7 @@
 namespace qhx {
 
 std::vector<NpuPackChipReport> forge_npu_pack(const std::filesystem::path&,
-                                              const std::filesystem::path&,
-                                              const NpuPackOptions&) {
+                                              const std::filesystem::path&, const NpuPackOptions&) {
   fail("forge npu", "qhx was built without the Hexagon backend (QHX_HEXAGON=OFF)");
 }
 

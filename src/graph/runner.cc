@@ -188,7 +188,8 @@ void Runner::run(std::span<const int32_t> ids, const Pass& pass, Sequence& seque
     // The device leaves the states' host memory as it was (at the start of the kept passes).
     try {
       execute(*s, backends(true), inputs);
-      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
+      traffic_ +=
+          {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
       Sequence::KeptPasses& kept_passes = sequence.kept;
       kept_passes.passes.push_back({{ids.begin(), ids.end()}, pass.replay});
       kept_passes.tokens += n_tokens;
@@ -204,7 +205,8 @@ void Runner::run(std::span<const int32_t> ids, const Pass& pass, Sequence& seque
     const std::vector<std::vector<float>> start = copy_whole_states(sequence);
     try {
       execute(*s, backends(true), inputs);
-      traffic_ += {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
+      traffic_ +=
+          {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kDeviceFailed) throw;
       device_failed(e, sequence);
@@ -279,9 +281,9 @@ void Runner::device_failed(const Error& e, Sequence& sequence) const {
       if (binding >= scratch.size()) scratch.resize(binding + 1);
       if (binding >= memory.size()) memory.resize(binding + 1);
       scratch[binding].resize(static_cast<size_t>(v.floats()));
-      memory[binding] = std::make_unique<BorrowedBuffer>(
-          BufferKind::kHost, scratch[binding].data(), scratch[binding].size() * sizeof(float),
-          BorrowedBuffer::kWritable);
+      memory[binding] = std::make_unique<BorrowedBuffer>(BufferKind::kHost, scratch[binding].data(),
+                                                         scratch[binding].size() * sizeof(float),
+                                                         BorrowedBuffer::kWritable);
     }
     for (auto& m : memory) outputs.push_back(m.get());
     run_on_cpu(pass.ids, pass.replay, sequence, outputs);

@@ -283,8 +283,8 @@ Schedule schedule(Plan plan, std::span<Backend* const> backends) {
       next = i + s.plan.nodes[i].fused + 1;
       const int b = s.plan.nodes[i].backend;
       try {
-        s.compiled[i] = backends[b]->compile(
-            s.plan, std::span<const Node>(s.plan.nodes).subspan(i, next - i));
+        s.compiled[i] =
+            backends[b]->compile(s.plan, std::span<const Node>(s.plan.nodes).subspan(i, next - i));
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kDeviceFailed || b == 0) throw;
         for (size_t j = i; j < next; ++j) {

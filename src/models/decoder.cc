@@ -59,8 +59,9 @@ class Decoder final : public Model {
         attention_(std::move(attention)),
         deltanet_(deltanet),
         fingerprint_(checkpoint_.fingerprint()),
-        runner_(*context_, std::move(backends), [this](const PlanKey& key) { return build(key); },
-                PlanKey{1, variant(LogitsFor::kLastToken, PlanKind::kForward)}) {
+        runner_(
+            *context_, std::move(backends), [this](const PlanKey& key) { return build(key); },
+            PlanKey{1, variant(LogitsFor::kLastToken, PlanKind::kForward)}) {
     try {
       prepare_weights();
     } catch (...) {  // no destructor runs: the devices must not keep addresses into the files

@@ -28,14 +28,14 @@ inline std::shared_ptr<const QnnLibrary> qnn_library(std::string* why) {
   return loaded.first;
 }
 
-#define QHX_QNN_LIBRARY_OR_SKIP(library)                                              \
-  std::string qhx_qnn_why;                                                            \
+#define QHX_QNN_LIBRARY_OR_SKIP(library)                                             \
+  std::string qhx_qnn_why;                                                           \
   const std::shared_ptr<const QnnLibrary> library = test::qnn_library(&qhx_qnn_why); \
-  if (library == nullptr) {                                                           \
-    if (std::getenv("QHX_REQUIRE_HEXAGON") != nullptr) {                              \
-      FAIL() << "no QNN library: " << qhx_qnn_why;                                    \
-    }                                                                                 \
-    GTEST_SKIP() << "no QNN library: " << qhx_qnn_why;                                \
+  if (library == nullptr) {                                                          \
+    if (std::getenv("QHX_REQUIRE_HEXAGON") != nullptr) {                             \
+      FAIL() << "no QNN library: " << qhx_qnn_why;                                   \
+    }                                                                                \
+    GTEST_SKIP() << "no QNN library: " << qhx_qnn_why;                               \
   }
 
 }  // namespace qhx::test

@@ -11,9 +11,9 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/qnn/npu_pack.h"
 #include "commands.h"
 #include "forge/convert.h"
-#include "backend/qnn/npu_pack.h"
 #include "forge/draft_vocab.h"
 #include "forge/npu_pack.h"
 #include "forge/synth.h"
@@ -182,7 +182,8 @@ int run_forge_npu(const NpuPackArgs& a) {
   options.qnn_lib = a.qnn_lib;
   options.overwrite = a.force;
   for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
-    std::fprintf(stderr, "v%d: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
+    std::fprintf(stderr,
+                 "v%d: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
                  r.arch, static_cast<long long>(r.graphs), static_cast<long long>(r.contexts),
                  static_cast<double>(r.bytes) / 1e6, static_cast<double>(r.const_bytes) / 1e6,
                  r.gate.c_str());
@@ -216,8 +217,9 @@ int run_verify(const std::string& bundle) {
 int run_pack(const std::string& out, const std::vector<std::string>& bundles, bool force) {
   for (const std::string& b : bundles) {
     if (qhx::is_npu_pack(b)) {
-      qhx::fail(b, "an NPU pack (qhx forge npu), not a bundle: it ships beside the one bundle it "
-                   "pairs with (--npu-pack), not inside a pack of bundles");
+      qhx::fail(b,
+                "an NPU pack (qhx forge npu), not a bundle: it ships beside the one bundle it "
+                "pairs with (--npu-pack), not inside a pack of bundles");
     }
   }
   qhx::write_pack(out, std::vector<fs::path>(bundles.begin(), bundles.end()), force);

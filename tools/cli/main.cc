@@ -257,7 +257,8 @@ int main(int argc, char** argv) {
   npu->add_option("bundle", npu_args.bundle, "Bundle directory (the base the pack pairs with)")
       ->required();
   npu->add_option("-o,--output", npu_args.out, "Pack directory to create")->required();
-  npu->add_option("--chips", npu_args.chips, "Hexagon generations, comma-separated (v73,v75,v79,v81)");
+  npu->add_option("--chips", npu_args.chips,
+                  "Hexagon generations, comma-separated (v73,v75,v79,v81)");
   npu->add_option("--context-budget", npu_args.context_budget,
                   "Bytes of weights per context (default 1.5 GiB; an NPU maps about 3.5 GB)")
       ->transform(kNonNegative);

@@ -64,12 +64,11 @@ struct CompiledGraph final : CompiledRun {
 
 }  // namespace
 
-HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device,
-                               HexagonBackendOptions options)
+HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBackendOptions options)
     : device_(std::move(device)), options_(std::move(options)) {}
 
-HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device,
-                               HexagonBackendOptions options, std::vector<NpuPackContext> pack)
+HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBackendOptions options,
+                               std::vector<NpuPackContext> pack)
     : HexagonBackend(std::move(device), std::move(options)) {
   const QnnLibrary& lib = device_->library();
   for (const NpuPackContext& c : pack) {
@@ -241,12 +240,12 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         key += std::to_string(id->second);
       } else {  // weights it was not given at load (the op suite's): named by their bytes
         Sha256 hash;
-        hash.update(std::as_bytes(std::span(
-            static_cast<const char*>(m.data), matrix_bytes(m.dtype, m.rows, m.cols, m.group_size))));
+        hash.update(std::as_bytes(std::span(static_cast<const char*>(m.data),
+                                            matrix_bytes(m.dtype, m.rows, m.cols, m.group_size))));
         if (m.scales != nullptr) {
-          hash.update(std::as_bytes(
-              std::span(static_cast<const char*>(m.scales),
-                        matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size))));
+          hash.update(
+              std::as_bytes(std::span(static_cast<const char*>(m.scales),
+                                      matrix_scale_bytes(m.dtype, m.rows, m.cols, m.group_size))));
         }
         key += hash.hex().substr(0, 16);
       }
@@ -299,7 +298,8 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
     try {
       graph = std::make_shared<Graph>(Graph{
           QnnGraph(context_for(constant_bytes), "qhx_graph_" + std::to_string(graph_names_++)),
-          {}, {}});
+          {},
+          {}});
       contexts_.back()->keys.push_back(key);
       QnnGraph& g = graph->graph;
       // Each value's latest tensor in the graph; the last write of a value that leaves is an

@@ -73,8 +73,8 @@ class HexagonBackend final : public Backend {
   const HexagonDevice& device() const { return *device_; }
   struct Graph;  // a compiled graph (hexagon_backend.cc)
   int64_t graphs_compiled() const { return graphs_compiled_; }
-  int64_t graphs_executed() const { return executions_; }   // one per chunk of a run
-  int64_t chunks_run() const { return chunks_; }            // distinct prompt chunks of 128 rows
+  int64_t graphs_executed() const { return executions_; }  // one per chunk of a run
+  int64_t chunks_run() const { return chunks_; }           // distinct prompt chunks of 128 rows
   int64_t graphs_from_pack() const { return graphs_from_pack_; }
   int64_t contexts() const { return static_cast<int64_t>(contexts_.size()); }
   // The contexts it compiled graphs into, serialized, each with its graphs as the binary

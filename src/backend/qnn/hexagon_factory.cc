@@ -73,8 +73,7 @@ class HexagonFactory final : public DeviceFactory {
   OpenedDevice open(std::string_view param, std::optional<bool> /*decode: never on it*/,
                     const DeviceSettings& settings) const override {
     const auto lib = settings.find("qnn_lib");
-    const auto library =
-        QnnLibrary::load(lib != settings.end() ? lib->second : std::string());
+    const auto library = QnnLibrary::load(lib != settings.end() ? lib->second : std::string());
     const HexagonChip* chip = hexagon_chip(param);
     if (param.empty()) {
       std::string why;
@@ -101,13 +100,13 @@ class HexagonFactory final : public DeviceFactory {
     }
     HexagonBackendOptions options = options_from_environment();
     if (!pack.empty()) {
-      options.pack_id = sha256_file(fs::path(settings.at("npu_pack")) / "MANIFEST.json").substr(0, 12);
+      options.pack_id =
+          sha256_file(fs::path(settings.at("npu_pack")) / "MANIFEST.json").substr(0, 12);
     }
     const auto device = HexagonDevice::open(library, *chip);
     OpenedDevice out;
-    out.backend = pack.empty()
-                      ? std::make_shared<HexagonBackend>(device, options)
-                      : std::make_shared<HexagonBackend>(device, options, std::move(pack));
+    out.backend = pack.empty() ? std::make_shared<HexagonBackend>(device, options)
+                               : std::make_shared<HexagonBackend>(device, options, std::move(pack));
     out.decodes = false;
     out.summary = device->describe() + " reads prompts in chunks of " +
                   std::to_string(HexagonBackend::kChunkRows) + " tokens" + pack_note +

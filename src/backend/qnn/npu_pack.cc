@@ -144,14 +144,15 @@ void write_npu_pack_manifest(const fs::path& dir, const NpuPackManifest& m) {
                      {"gate", chip.gate},
                      {"files", files}});
   }
-  const Json manifest = {{"format", kFormat},
-                         {"format_version", kNpuPackFormatVersion},
-                         {"base", {{"name", m.base_name}, {"manifest_sha256", m.base_manifest_sha256}}},
-                         {"qnn_build", m.qnn_build},
-                         {"precision", m.precision},
-                         {"chunk_rows", m.chunk_rows},
-                         {"context_budget_bytes", m.context_budget_bytes},
-                         {"chips", chips}};
+  const Json manifest = {
+      {"format", kFormat},
+      {"format_version", kNpuPackFormatVersion},
+      {"base", {{"name", m.base_name}, {"manifest_sha256", m.base_manifest_sha256}}},
+      {"qnn_build", m.qnn_build},
+      {"precision", m.precision},
+      {"chunk_rows", m.chunk_rows},
+      {"context_budget_bytes", m.context_budget_bytes},
+      {"chips", chips}};
   std::ofstream out(dir / "MANIFEST.json");
   out << manifest.dump(2) << "\n";
   if (!out) fail((dir / "MANIFEST.json").string(), "could not be written");
@@ -161,8 +162,9 @@ std::string npu_pack_base_id(const fs::path& bundle) {
   const fs::path manifest = bundle / "manifest.json";
   std::error_code ec;
   if (!fs::is_regular_file(manifest, ec)) {
-    fail(bundle.string(), "not a bundle (no manifest.json): an NPU pack pairs with a bundle "
-                          "(qhx forge convert makes one)");
+    fail(bundle.string(),
+         "not a bundle (no manifest.json): an NPU pack pairs with a bundle "
+         "(qhx forge convert makes one)");
   }
   return sha256_file(manifest);
 }
@@ -192,7 +194,8 @@ std::vector<NpuPackContext> load_npu_pack_chip(const fs::path& pack, const fs::p
       Sha256 hash;
       hash.update(std::as_bytes(std::span(c.binary)));
       if (hash.hex() != f.sha256) {
-        fail(file.string(), "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
+        fail(file.string(),
+             "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
       }
       c.graphs = f.graphs;
     }

@@ -201,8 +201,7 @@ struct HtpContextConfig {
 };
 
 enum LogLevel : uint32_t { kLogError = 1, kLogWarn = 2, kLogInfo = 3, kLogVerbose = 4 };
-using LogCallback = void (*)(const char* format, uint32_t level, uint64_t timestamp,
-                             va_list args);
+using LogCallback = void (*)(const char* format, uint32_t level, uint64_t timestamp, va_list args);
 
 // What the device reports of itself (a phone's HTP; the simulator reports no hardware device).
 struct HtpDeviceExtension {  // the HTP's extension of a hardware device's description
@@ -215,7 +214,7 @@ struct HtpDeviceExtension {  // the HTP's extension of a hardware device's descr
 static_assert(offsetof(HtpDeviceExtension, soc_model) == 16 &&
               offsetof(HtpDeviceExtension, arch) == 24);
 struct HardwareDeviceInfo {
-  uint32_t version;  // 1
+  uint32_t version;   // 1
   uint32_t reserved;  // (its version's fields are a union, 8-aligned)
   uint32_t device_id, device_type, n_cores;
   const void* cores;
@@ -225,7 +224,7 @@ static_assert(offsetof(HardwareDeviceInfo, device_id) == 8 &&
               offsetof(HardwareDeviceInfo, n_cores) == 16 &&
               offsetof(HardwareDeviceInfo, extension) == 32 && sizeof(HardwareDeviceInfo) == 40);
 struct PlatformInfo {
-  uint32_t version;  // 1
+  uint32_t version;   // 1
   uint32_t reserved;  // (as above)
   uint32_t n_devices;
   const HardwareDeviceInfo* devices;
@@ -241,8 +240,7 @@ struct FunctionTable {
   Unused backend_set_config;
   ErrorHandle (*backend_get_api_version)(ApiVersion* version);
   ErrorHandle (*backend_get_build_id)(const char** id);
-  Unused backend_register_op_package, backend_get_supported_operations,
-      backend_validate_op_config;
+  Unused backend_register_op_package, backend_get_supported_operations, backend_validate_op_config;
   ErrorHandle (*backend_free)(Handle backend);
   ErrorHandle (*context_create)(Handle backend, Handle device, const Config** config,
                                 Handle* context);
@@ -261,8 +259,7 @@ struct FunctionTable {
   ErrorHandle (*graph_finalize)(Handle graph, Handle profile, Handle signal);
   ErrorHandle (*graph_retrieve)(Handle context, const char* name, Handle* graph);
   ErrorHandle (*graph_execute)(Handle graph, const Tensor* inputs, uint32_t n_inputs,
-                               Tensor* outputs, uint32_t n_outputs, Handle profile,
-                               Handle signal);
+                               Tensor* outputs, uint32_t n_outputs, Handle profile, Handle signal);
   Unused graph_execute_async;
   Unused tensor_create_context_tensor;
   ErrorHandle (*tensor_create_graph_tensor)(Handle graph, Tensor* tensor);

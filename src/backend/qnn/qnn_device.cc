@@ -71,8 +71,7 @@ HexagonContext::HexagonContext(std::shared_ptr<HexagonDevice> device,
   const QnnLibrary& lib = device_->library();
   lib.check("QNN context from a binary",
             lib.api().context_create_from_binary(device_->backend(), device_->device(), nullptr,
-                                                 binary.data(), binary.size(), &context_,
-                                                 nullptr));
+                                                 binary.data(), binary.size(), &context_, nullptr));
 }
 
 HexagonContext::~HexagonContext() {

@@ -122,7 +122,8 @@ std::shared_ptr<const QnnLibrary> QnnLibrary::load(const fs::path& dir) {
       tried += "; " + (where / "libQnnSystem.so").string() + ": " + why;
       continue;
     }
-    const auto get = reinterpret_cast<qnn::GetProviders>(dlsym(lib->htp_library_, qnn::kGetProviders));
+    const auto get =
+        reinterpret_cast<qnn::GetProviders>(dlsym(lib->htp_library_, qnn::kGetProviders));
     const auto get_system = reinterpret_cast<qnn::GetSystemProviders>(
         dlsym(lib->system_library_, qnn::kGetSystemProviders));
     if (get == nullptr || get_system == nullptr) {
@@ -156,9 +157,10 @@ std::shared_ptr<const QnnLibrary> QnnLibrary::load(const fs::path& dir) {
     lib->system_ = system[0];
     return lib;
   }
-  fail("hexagon", "no QNN HTP library (libQnnHtp.so, libQnnSystem.so) found: give --qnn-lib DIR "
-                  "or QHX_QNN_LIB, or pip install onnxruntime-qnn" +
-                      tried);
+  fail("hexagon",
+       "no QNN HTP library (libQnnHtp.so, libQnnSystem.so) found: give --qnn-lib DIR "
+       "or QHX_QNN_LIB, or pip install onnxruntime-qnn" +
+           tried);
 }
 
 QnnLibrary::~QnnLibrary() {

@@ -82,6 +82,7 @@ struct HexagonBinaryInfo {
   };
   std::vector<Graph> graphs;
 };
-HexagonBinaryInfo read_binary_info(const QnnLibrary& library, std::span<const unsigned char> binary);
+HexagonBinaryInfo read_binary_info(const QnnLibrary& library,
+                                   std::span<const unsigned char> binary);
 
 }  // namespace qhx

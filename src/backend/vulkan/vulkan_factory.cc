@@ -73,11 +73,10 @@ class VulkanFactory final : public DeviceFactory {
     OpenedDevice out;
     out.backend = std::make_shared<VulkanBackend>(device, options);
     out.decodes = options.decode;
-    out.summary = "vulkan:" + std::to_string(index) + " (" + device->info().name +
-                  ") reads prompts; " +
-                  (options.decode
-                       ? "it decodes too (a discrete GPU)"
-                       : "the CPU decodes (the device shares its memory: no faster at one token)");
+    out.summary =
+        "vulkan:" + std::to_string(index) + " (" + device->info().name + ") reads prompts; " +
+        (options.decode ? "it decodes too (a discrete GPU)"
+                        : "the CPU decodes (the device shares its memory: no faster at one token)");
     return out;
   }
 
