@@ -24,6 +24,7 @@
 #include "support/fixtures.h"
 #include "support/hexagon_device.h"
 #include "util/error.h"
+#include "util/json_file.h"
 
 namespace qhx {
 namespace {
@@ -357,6 +358,24 @@ TEST(HexagonPack, RefusesAnotherBaseAnAbsentChipAndATamperedBinary) {
   EXPECT_NE(refused(packed.pack, packed.bundle, 81).find("context_0.bin: sha256 differs"),
             std::string::npos);
   EXPECT_EQ(refused(packed.pack, packed.bundle, 75), "loaded");  // the other chip's is intact
+  // MANIFEST.json itself is hashed by nothing: a graph naming a value its run does not have is
+  // not run (its run goes to the CPU; runs placed anew around it compile as without a pack),
+  // never bound to memory outside the run.
+  {
+    const fs::path manifest = packed.pack / "MANIFEST.json";
+    Json m = read_json_file(manifest);
+    for (Json& chip : m["chips"]) {
+      for (Json& f : chip["files"]) {
+        for (Json& g : f["graphs"]) g["inputs"][0] = 999;
+      }
+    }
+    std::ofstream(manifest) << m.dump();
+    const auto cpu = load_model(packed.bundle);
+    const std::vector<int32_t> prompt = long_prompt(260, cpu->config().vocab_size);
+    const auto backend = from_pack(library, packed.pack, packed.bundle, 75);
+    EXPECT_EQ(greedy_reply(*load_model(packed.bundle, {.devices = {backend}}), prompt, 4),
+              greedy_reply(*cpu, prompt, 4));
+  }
   DeviceChoice choice;
   choice.prefill = parse_device_name("hexagon:v81", "device");
   choice.settings = {{"npu_pack", packed.pack.string()}, {"model", packed.bundle.string()}};

@@ -25,7 +25,9 @@
 extern "C" {
 #endif
 
-#define QHX_API_VERSION 1
+#define QHX_API_VERSION                           \
+  2 /* 2: qhx_model_options.qnn_lib and npu_pack, \
+        qhx_generate_result.device_tokens appended */
 
 typedef enum qhx_status {
   QHX_OK = 0,
@@ -215,8 +217,9 @@ typedef struct qhx_generate_result {
   int64_t verify_passes;   /* speculative decoding: passes that verified a draft, */
   int64_t drafted;         /* the draft tokens they verified, */
   int64_t accepted;        /* and those the model agreed with (each a token without a pass) */
-  int64_t device_tokens;   /* of the tokens processed, those whose pass ran on the device (an
-                              NPU's: whole prompt chunks; the rest ran on the CPU) */
+  int64_t device_tokens;   /* tokens whose pass ran on the device during this call (an NPU's:
+                              whole prompt chunks; the rest ran on the CPU); counted per model,
+                              so other sessions' passes during the call count too */
 } qhx_generate_result;
 
 /* ---------------------------------------------------------------------------------------------

@@ -52,7 +52,6 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
   }
   std::optional<Tokenizer> tokenizer;
   if (fs::exists(bundle / "tokenizer.json")) tokenizer = Tokenizer::load(bundle);
-  const auto cpu = load_model(bundle);
 
   NpuPackManifest manifest;
   manifest.base_name = fs::absolute(bundle).lexically_normal().filename().string();
@@ -122,9 +121,11 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
         }
         NpuPackFile& f = packed.files.emplace_back();
         f.path = folder + "/context_" + std::to_string(i) + ".bin";
-        std::ofstream(temp / f.path, std::ios::binary)
-            .write(reinterpret_cast<const char*>(c.binary.data()),
+        std::ofstream file(temp / f.path, std::ios::binary);
+        file.write(reinterpret_cast<const char*>(c.binary.data()),
                    static_cast<std::streamsize>(c.binary.size()));
+        file.close();
+        if (!file) fail((temp / f.path).string(), "could not be written");
         f.bytes = static_cast<int64_t>(c.binary.size());
         f.sha256 = sha256_file(temp / f.path);
         f.graphs = c.graphs;

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <functional>
+#include <set>
 
 #include "core/dtype.h"
 #include "kernels/kernels.h"
@@ -86,6 +87,20 @@ HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBac
       if (described == info.graphs.end()) {
         fail("NPU pack", "graph " + g.name + " is not in its context binary");
       }
+      // Its inputs and outputs as the binary has them: one per value the manifest names, each
+      // a chunk of rows, no value named twice.
+      std::set<size_t> inputs(g.inputs.begin(), g.inputs.end()),
+          outputs(g.outputs.begin(), g.outputs.end());
+      bool fits = g.inputs.size() == described->inputs.size() &&
+                  g.outputs.size() == described->outputs.size() &&
+                  inputs.size() == g.inputs.size() && outputs.size() == g.outputs.size() &&
+                  graphs_.count(g.key) == 0;
+      for (const auto* tensors : {&described->inputs, &described->outputs}) {
+        for (const HexagonBinaryInfo::Tensor& t : *tensors) {
+          fits = fits && t.dims.size() == 2 && t.dims[0] == kRows;
+        }
+      }
+      if (!fits) fail("NPU pack", "graph " + g.name + " does not match its context binary");
       graphs_[g.key] = std::make_shared<Graph>(
           Graph{QnnGraph::retrieve(*context->handle, *described), g.inputs, g.outputs});
       context->keys.push_back(g.key);
@@ -100,11 +115,12 @@ HexagonBackend::~HexagonBackend() {
 }
 
 HexagonContext& HexagonBackend::context_for(int64_t bytes) {
-  if (contexts_.empty() || contexts_.back()->from_pack ||
+  if (contexts_.empty() || contexts_.back()->from_pack || contexts_.back()->retired ||
       (!contexts_.back()->keys.empty() &&
        contexts_.back()->const_estimate + bytes > options_.context_budget_bytes)) {
-    auto& context = contexts_.emplace_back(std::make_unique<Context>());
-    context->handle = std::make_unique<HexagonContext>(device_);
+    auto context = std::make_unique<Context>();
+    context->handle = std::make_unique<HexagonContext>(device_);  // may throw: nothing added
+    contexts_.push_back(std::move(context));
   }
   contexts_.back()->const_estimate += bytes;
   return *contexts_.back()->handle;
@@ -293,6 +309,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       known != options_.known_constant_bytes.end()) {
     constant_bytes = known->second;
   }
+  if (failed_keys_.contains(key)) cannot("this run did not compile before");
   std::shared_ptr<Graph>& graph = graphs_[key];
   if (graph == nullptr) {
     try {
@@ -327,7 +344,6 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         }
         return t;
       };
-      std::vector<std::vector<float>> scratch;  // constants, until finalize
       for (size_t i = 0; i < nodes.size(); ++i) {
         const Node& n = nodes[i];
         const int64_t cols = plan.values[n.out.value].cols;
@@ -340,7 +356,8 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         switch (n.op) {
           case Op::kMatmul: {
             const MatrixRef& w = *n.matrix;
-            std::vector<float>& values = scratch.emplace_back(w.rows * w.cols);
+            // (The graph keeps its own copy of a constant until it is finalized.)
+            std::vector<float> values(static_cast<size_t>(w.rows * w.cols));
             for (int64_t r = 0; r < w.rows; ++r) ref::read_row(w, r, values.data() + r * w.cols);
             const auto weights = g.constant({dim(w.rows), dim(w.cols)}, values);
             const auto x = read(n.in[0].value);
@@ -350,8 +367,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           }
           case Op::kRmsNorm: {
             const auto x = read(n.in[0].value);
-            std::vector<float>& gamma = scratch.emplace_back(n.vector, n.vector + n.width);
-            const auto weight = g.constant({dim(n.width)}, gamma);
+            const auto weight = g.constant({dim(n.width)}, std::span(n.vector, n.width));
             const uint32_t axis_values[] = {1};
             if (n.width == cols) {
               const auto axes = g.constant_u32({1}, axis_values);
@@ -402,7 +418,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
             cannot(std::string("op ") + op_name(n.op));
         }
         if (perturbed) {
-          std::vector<float>& bump = scratch.emplace_back(1, 0.25f);
+          const float bump[] = {0.25f};
           const auto offset = g.constant({1}, bump);
           const auto out = write(i, n.out.value);
           g.add("ElementWiseAdd", {result, offset}, {out});
@@ -413,17 +429,37 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       g.finalize();
       ++graphs_compiled_;
     } catch (...) {
+      // The graph is left unfinished in its context: no more graphs go there, and the run is
+      // not tried again (the scheduler runs it on the CPU).
       graphs_.erase(key);
+      failed_keys_.insert(key);
       if (!contexts_.empty() && !contexts_.back()->keys.empty() &&
           contexts_.back()->keys.back() == key) {
         contexts_.back()->keys.pop_back();
+        contexts_.back()->retired = true;
       }
       throw;
     }
   }
   compiled->graph = graph;
-  for (const size_t c : graph->inputs) compiled->inputs.push_back(order[c]);
-  for (const size_t c : graph->outputs) compiled->outputs.push_back(order[c]);
+  // A graph from a pack names the run's values by number: they must be this run's.
+  for (const auto& [numbers, values] : {std::pair{&graph->inputs, &compiled->inputs},
+                                        std::pair{&graph->outputs, &compiled->outputs}}) {
+    for (const size_t c : *numbers) {
+      if (c >= order.size()) cannot("a packed graph names a value its run does not have");
+      values->push_back(order[c]);
+    }
+  }
+  for (size_t i = 0; i < compiled->inputs.size(); ++i) {
+    if (graph->graph.input_dims(i)[1] != plan.values[compiled->inputs[i]].cols) {
+      cannot("a packed graph's input of another width than its value");
+    }
+  }
+  for (size_t o = 0; o < compiled->outputs.size(); ++o) {
+    if (graph->graph.output_dims(o)[1] != plan.values[compiled->outputs[o]].cols) {
+      cannot("a packed graph's output of another width than its value");
+    }
+  }
   return compiled;
 }
 

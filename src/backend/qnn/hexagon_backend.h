@@ -14,7 +14,7 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -89,6 +89,7 @@ class HexagonBackend final : public Backend {
   struct Context {
     std::unique_ptr<HexagonContext> handle;
     bool from_pack = false;  // finalized in its binary: no graph is added to it
+    bool retired = false;    // a graph failed in it: no graph is added to it
     int64_t const_estimate = 0;
     std::vector<std::string> keys;  // its graphs
   };
@@ -97,6 +98,7 @@ class HexagonBackend final : public Backend {
   std::vector<std::unique_ptr<Context>> contexts_;
   std::map<const void*, int64_t> weight_ids_;  // a matrix's place in prepare_weights' list
   std::map<std::string, std::shared_ptr<Graph>> graphs_;  // by what they compute
+  std::set<std::string> failed_keys_;                     // runs that did not compile
   int64_t graphs_compiled_ = 0, executions_ = 0, chunks_ = 0;
   int64_t graph_names_ = 0;  // a context's graphs need names of their own, failed ones too
   int64_t graphs_from_pack_ = 0;

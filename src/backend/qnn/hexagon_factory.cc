@@ -89,6 +89,16 @@ class HexagonFactory final : public DeviceFactory {
       const auto model = settings.find("model");
       try {
         if (model == settings.end()) fail("npu_pack", "no base model to pair the pack with");
+        const NpuPackManifest m = read_npu_pack(p->second);
+        const std::string where = p->second + "/MANIFEST.json";
+        if (m.chunk_rows != HexagonBackend::kChunkRows || m.precision != "fp16") {
+          fail(where, "graphs of " + std::to_string(m.chunk_rows) + " rows in " + m.precision +
+                          ": this qhx runs 128-row fp16 graphs (make the pack again)");
+        }
+        if (m.qnn_build != library->build_id()) {
+          fail(where, "compiled by QNN " + m.qnn_build + ", this library is " +
+                          library->build_id() + " (make the pack with it, or give --qnn-lib)");
+        }
         pack = load_npu_pack_chip(p->second, model->second, chip->arch);
       } catch (const Error& e) {
         throw DeviceSettingError(e.what());
@@ -105,8 +115,15 @@ class HexagonFactory final : public DeviceFactory {
     }
     const auto device = HexagonDevice::open(library, *chip);
     OpenedDevice out;
-    out.backend = pack.empty() ? std::make_shared<HexagonBackend>(device, options)
-                               : std::make_shared<HexagonBackend>(device, options, std::move(pack));
+    if (pack.empty()) {
+      out.backend = std::make_shared<HexagonBackend>(device, options);
+    } else {
+      try {  // a binary that does not load, or does not match its manifest: the pack's fault
+        out.backend = std::make_shared<HexagonBackend>(device, options, std::move(pack));
+      } catch (const Error& e) {
+        throw DeviceSettingError(settings.at("npu_pack") + ": " + e.what());
+      }
+    }
     out.decodes = false;
     out.summary = device->describe() + " reads prompts in chunks of " +
                   std::to_string(HexagonBackend::kChunkRows) + " tokens" + pack_note +

@@ -1,5 +1,6 @@
 #include "backend/qnn/npu_pack.h"
 
+#include <cstdint>
 #include <fstream>
 #include <iterator>
 #include <span>
@@ -71,7 +72,9 @@ NpuPackManifest read_npu_pack(const fs::path& dir) {
   if (!m.is_object() || m.value("format", std::string()) != kFormat) {
     fail(where + ": format", "not an NPU pack (qhx forge npu makes them)");
   }
-  if (require_int(m, "format_version", where) > kNpuPackFormatVersion) {
+  const int64_t version = require_int(m, "format_version", where);
+  if (version < 1) fail(where + ": format_version", "must be at least 1");
+  if (version > kNpuPackFormatVersion) {
     fail(where + ": format_version",
          "newer than this qhx reads (" + std::to_string(kNpuPackFormatVersion) + ")");
   }
@@ -88,8 +91,15 @@ NpuPackManifest read_npu_pack(const fs::path& dir) {
   for (size_t c = 0; c < chips.size(); ++c) {
     const std::string cw = where + ": chips[" + std::to_string(c) + "]";
     NpuPackChip chip;
-    chip.arch = static_cast<int>(require_int(chips[c], "arch", cw));
-    chip.soc = static_cast<uint32_t>(require_int(chips[c], "soc", cw));
+    const int64_t arch = require_int(chips[c], "arch", cw);
+    if (arch < 0 || arch > 1000) fail(field(cw, "arch"), "not a Hexagon generation");
+    chip.arch = static_cast<int>(arch);
+    for (const NpuPackChip& before : out.chips) {
+      if (before.arch == chip.arch) fail(field(cw, "arch"), "v" + std::to_string(arch) + " twice");
+    }
+    const int64_t soc = require_int(chips[c], "soc", cw);
+    if (soc < 0 || soc > UINT32_MAX) fail(field(cw, "soc"), "not a SoC model");
+    chip.soc = static_cast<uint32_t>(soc);
     chip.gate = require_string(chips[c], "gate", cw);
     const Json& files = require_field(chips[c], "files", cw);
     if (!files.is_array()) fail(field(cw, "files"), "expected an array");
@@ -99,6 +109,7 @@ NpuPackManifest read_npu_pack(const fs::path& dir) {
       f.path = inside(require_string(files[i], "path", fw), field(fw, "path"));
       f.sha256 = require_string(files[i], "sha256", fw);
       f.bytes = require_int(files[i], "bytes", fw);
+      if (f.bytes < 0) fail(field(fw, "bytes"), "negative");
       const Json& graphs = require_field(files[i], "graphs", fw);
       if (!graphs.is_array()) fail(field(fw, "graphs"), "expected an array");
       for (size_t g = 0; g < graphs.size(); ++g) {
@@ -184,6 +195,11 @@ std::vector<NpuPackContext> load_npu_pack_chip(const fs::path& pack, const fs::p
     for (const NpuPackFile& f : chip.files) {
       // Read once, and checked as read: what loads is what was checked.
       const fs::path file = pack / f.path;
+      std::error_code ec;
+      const auto size = fs::file_size(file, ec);
+      if (ec) fail(file.string(), "missing (listed in MANIFEST.json)");
+      if (static_cast<int64_t>(size) != f.bytes)
+        fail(file.string(), "size differs from MANIFEST.json");
       std::ifstream in(file, std::ios::binary);
       if (!in) fail(file.string(), "missing (listed in MANIFEST.json)");
       NpuPackContext& c = out.emplace_back();

@@ -129,6 +129,11 @@ QnnGraph QnnGraph::retrieve(HexagonContext& context, const HexagonBinaryInfo::Gr
 QnnGraph::TensorId QnnGraph::make(qnn::TensorType type, std::vector<uint32_t> dims,
                                   qnn::DataType data_type, std::span<const unsigned char> data) {
   if (finalized_) fail("QNN graph " + name_, "finalized: no tensor can be added");
+  if (data.size() > UINT32_MAX) {  // QNN's client buffers count bytes in 32 bits
+    throw Error("QNN graph " + name_ + ": a constant of " + std::to_string(data.size()) +
+                    " bytes, over the 4 GiB a tensor holds",
+                ErrorKind::kDeviceFailed);
+  }
   Slot& s = slots_.emplace_back();
   s.dims = std::move(dims);
   s.name = 't';
@@ -246,9 +251,10 @@ void QnnGraph::execute(std::span<const std::span<const float>> inputs,
   std::vector<qnn::Tensor> in, out;
   const auto bind = [&](TensorId id, const void* data, size_t count) {
     const Slot& s = slots_[id];
-    if (static_cast<int64_t>(count) != s.elements()) {
-      fail("QNN graph " + name_, "a tensor of " + std::to_string(s.elements()) +
-                                     " elements bound to " + std::to_string(count));
+    if (static_cast<int64_t>(count) != s.elements()) {  // the device's fault: the CPU redoes it
+      throw Error("QNN graph " + name_ + ": a tensor of " + std::to_string(s.elements()) +
+                      " elements bound to " + std::to_string(count),
+                  ErrorKind::kDeviceFailed);
     }
     qnn::Tensor t = s.tensor;
     t.v1.dimensions = const_cast<uint32_t*>(s.dims.data());

@@ -98,6 +98,11 @@ class QnnGraph {
                std::span<const std::span<float>> outputs);
 
   const std::string& name() const { return name_; }
+  // The dimensions of its i-th input and output, in the order execute binds them.
+  const std::vector<uint32_t>& input_dims(size_t i) const { return slots_.at(inputs_.at(i)).dims; }
+  const std::vector<uint32_t>& output_dims(size_t i) const {
+    return slots_.at(outputs_.at(i)).dims;
+  }
   size_t ops() const { return ops_; }
 
  private:

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "util/error.h"
 
@@ -65,6 +66,9 @@ fs::path executable_dir() {
 // there as it loads, which would mix with output a caller parses (--print-ids). It happens
 // while a device opens, before anything of qhx's is written.
 void* open_quietly(const fs::path& file, std::string* why) {
+  // Two loads at once would restore each other's redirection: one at a time.
+  static std::mutex stdout_redirection;
+  const std::lock_guard lock(stdout_redirection);
   std::fflush(stdout);
   const int saved = dup(STDOUT_FILENO);
   const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
