@@ -2,6 +2,23 @@
 
 namespace qhx {
 
+bool updates_in_place(Op op) {
+  switch (op) {
+    case Op::kAdd:
+    case Op::kRope:
+    case Op::kSigmoidGate:
+    case Op::kL2Norm:
+    case Op::kDeltaGates:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool updates_out2_in_place(Op op) {
+  return op == Op::kDeltaGates;
+}
+
 const char* op_name(Op op) {
   switch (op) {
     case Op::kEmbed:

@@ -52,6 +52,9 @@ enum class Op : uint8_t {
 };
 inline constexpr int kOpKinds = static_cast<int>(Op::kCopy) + 1;
 const char* op_name(Op op);
+// Ops whose output (out) is also an input, updated in place; and whose out2 is (delta gates).
+bool updates_in_place(Op op);
+bool updates_out2_in_place(Op op);
 
 using ValueId = int32_t;
 inline constexpr ValueId kNoValue = -1;

@@ -9,29 +9,14 @@
 namespace qhx {
 namespace {
 
-// Ops whose output is also an input: they update it in place.
-bool updates_in_place(Op op) {
-  switch (op) {
-    case Op::kAdd:
-    case Op::kRope:
-    case Op::kSigmoidGate:
-    case Op::kL2Norm:
-    case Op::kDeltaGates:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // f(operand, reads, writes) for each operand of the node that names a value.
 template <typename Node, typename F>
 void for_each_operand(Node& node, F f) {
   for (auto& in : node.in) {
     if (in.value != kNoValue) f(in, true, false);
   }
-  const bool in_place = updates_in_place(node.op);
-  if (node.out.value != kNoValue) f(node.out, in_place, true);
-  if (node.out2.value != kNoValue) f(node.out2, node.op == Op::kDeltaGates, true);
+  if (node.out.value != kNoValue) f(node.out, updates_in_place(node.op), true);
+  if (node.out2.value != kNoValue) f(node.out2, updates_out2_in_place(node.op), true);
 }
 
 // The backend whose memory holds the node's weights (the one whose buffer type allocated

@@ -29,11 +29,6 @@ bool row_wise_op(Op op) {
   }
 }
 
-// Ops whose output is also read (updated in place).
-bool reads_output(Op op) {
-  return op == Op::kAdd || op == Op::kSigmoidGate;
-}
-
 // Refuses a run this backend cannot compile: the scheduler then places it on the CPU.
 [[noreturn]] void cannot(const std::string& why) {
   throw Error("hexagon: " + why, ErrorKind::kDeviceFailed);
@@ -292,8 +287,8 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       leaves[number[v]] = reads || plan.values[v].external();
     };
     for (const Operand& in : n.in) touch(in.value, true);
-    touch(n.out.value, reads_output(n.op));
-    touch(n.out2.value, n.op == Op::kDeltaGates);
+    touch(n.out.value, updates_in_place(n.op));
+    touch(n.out2.value, updates_out2_in_place(n.op));
   }
   for (size_t i = 0; i < leaves.size(); ++i) key += leaves[i] ? " L" : " -";
 
