@@ -447,6 +447,12 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
   expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"logit_bias", {{"x", 1}}}}), 400,
                "logit_bias");
   expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"seed", 1.5}}), 400, "seed");
+  // Integers written as doubles beyond int64's range (the fuzzer's find: converting them was
+  // undefined) are out of range like any other.
+  for (const double huge : {1e300, -1e300, 9223372036854775808.0}) {
+    expect_error(post("/v1/completions", Json{{"prompt", "And"}, {"max_tokens", huge}}), 400,
+                 "max_tokens");
+  }
   expect_error(post("/v1/completions", Json{{"prompt", Json::array({-1, 5})}}), 400, "prompt");
   expect_error(post("/v1/completions", Json{{"prompt", {{"a", 1}}}}), 400, "prompt");
   expect_error(post("/v1/completions", Json{{"prompt", ""}}), 400, "prompt");

@@ -1,5 +1,6 @@
 #include "server/requests.h"
 
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -125,8 +126,10 @@ std::optional<int64_t> integer_field(const Json& body, const char* name, int64_t
   }
   if (v->is_number_float()) {
     const double x = v->get<double>();
-    if (x != static_cast<double>(static_cast<int64_t>(x)) || x < static_cast<double>(lo) ||
-        x > static_cast<double>(hi)) {
+    // In range (and not NaN) before converting: a double beyond int64's range converts to
+    // nothing defined (hi as a double may round up to 2^63, hence the second bound).
+    if (!(x >= static_cast<double>(lo) && x <= static_cast<double>(hi)) || x >= 0x1p63 ||
+        x != std::trunc(x)) {
       throw out_of_range();
     }
     return static_cast<int64_t>(x);
