@@ -5,7 +5,7 @@
 # when it was written (no phone was at hand): it is ready for one.
 #
 # Figures to compare against (other runtimes, their own phones; not measured by qhx):
-#   - the QHexRT / TokForge cards (../shared/seeds): Qwen3-0.6B W8A16 on v81 (SM8850):
+#   - the QHexRT / TokForge model cards: Qwen3-0.6B W8A16 on v81 (SM8850):
 #     38.7 tok/s decode, 43.1 tok/s prefill;
 #   - ExecuTorch, Qwen3-0.6B 16a4w on SM8850: prefill 862 tok/s on a 94-token prompt
 #     (pytorch/executorch #18933);
