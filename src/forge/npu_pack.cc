@@ -67,92 +67,88 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
   const fs::path temp = partial_sibling(out);
   fs::remove_all(temp);
   fs::create_directories(temp);
-  try {
-    for (const std::string& name : options.chips) {
-      const HexagonChip* chip = hexagon_chip(name);
-      if (chip == nullptr) fail("--chips", "'" + name + "' is not a chip qhx compiles for");
-      for (const NpuPackChip& done : manifest.chips) {
-        if (done.arch == chip->arch) fail("--chips", "v" + std::to_string(chip->arch) + " twice");
-      }
-      // Graphs go into contexts by an estimate of their constants; when a context passes the
-      // budget, they are compiled again grouped by the sizes the binaries reported.
-      const auto device = HexagonDevice::open(library, *chip);
-      std::shared_ptr<HexagonBackend> backend;
-      std::unique_ptr<Model> model;
-      std::vector<NpuPackContext> contexts;
-      HexagonBackendOptions chip_options = backend_options;
-      for (int attempt = 0; attempt < 2; ++attempt) {
-        model.reset();
-        backend = std::make_shared<HexagonBackend>(device, chip_options);
-        model = load_model(bundle, {.devices = {backend}});
-        run_prompt_plans(*model, HexagonBackend::kChunkRows);
-        if (backend->graphs_compiled() == 0) {
-          fail(bundle.string(), "no prompt work of this model runs on the NPU");
-        }
-        contexts = backend->export_contexts();
-        bool over = false;
-        for (const NpuPackContext& c : contexts) {
-          int64_t bytes = 0;
-          for (const NpuPackGraph& g : c.graphs) {
-            bytes += g.const_bytes;
-            chip_options.known_constant_bytes[g.key] = g.const_bytes;
-          }
-          over = over || bytes > backend_options.context_budget_bytes;
-        }
-        if (!over) break;
-      }
-      NpuPackChipReport report;
-      report.arch = chip->arch;
-      report.graphs = backend->graphs_compiled();
-      NpuPackChip& packed = manifest.chips.emplace_back();
-      packed.arch = chip->arch;
-      packed.soc = chip->soc;
-      const std::string folder = "v" + std::to_string(chip->arch);
-      fs::create_directories(temp / folder);
-      for (size_t i = 0; i < contexts.size(); ++i) {
-        const NpuPackContext& c = contexts[i];
-        int64_t const_bytes = 0;
-        for (const NpuPackGraph& g : c.graphs) const_bytes += g.const_bytes;
-        if (const_bytes > backend_options.context_budget_bytes) {
-          fail(folder + " context " + std::to_string(i),
-               std::to_string(const_bytes) + " bytes of constants, over the budget of " +
-                   std::to_string(backend_options.context_budget_bytes) +
-                   (c.graphs.size() == 1 ? " (one graph: raise --context-budget)" : ""));
-        }
-        NpuPackFile& f = packed.files.emplace_back();
-        f.path = folder + "/context_" + std::to_string(i) + ".bin";
-        std::ofstream file(temp / f.path, std::ios::binary);
-        file.write(reinterpret_cast<const char*>(c.binary.data()),
-                   static_cast<std::streamsize>(c.binary.size()));
-        file.close();
-        if (!file) fail((temp / f.path).string(), "could not be written");
-        f.bytes = static_cast<int64_t>(c.binary.size());
-        f.sha256 = sha256_file(temp / f.path);
-        f.graphs = c.graphs;
-        report.const_bytes += const_bytes;
-      }
-      report.contexts = static_cast<int64_t>(contexts.size());
-      report.bytes = packed.bytes();
-      // The NPU against the CPU, as a user's first run checks it.
-      DeviceCheckOptions check;
-      check.mode = DeviceCheckMode::kAlways;
-      check.weights = check_weights_of(bundle);
-      const DeviceCheckResult r =
-          check_devices(*model, backend->name(), tokenizer ? &*tokenizer : nullptr, check);
-      report.gate = r.summary;
-      report.gate_passed = r.passed;
-      if (!r.passed) fail(folder, r.summary);
-      packed.gate = r.summary;
-      reports.push_back(report);
+  PartialGuard partial(temp);  // removed unless the pack is published whole
+  for (const std::string& name : options.chips) {
+    const HexagonChip* chip = hexagon_chip(name);
+    if (chip == nullptr) fail("--chips", "'" + name + "' is not a chip qhx compiles for");
+    for (const NpuPackChip& done : manifest.chips) {
+      if (done.arch == chip->arch) fail("--chips", "v" + std::to_string(chip->arch) + " twice");
     }
-    write_npu_pack_manifest(temp, manifest);
-    if (fs::exists(out)) fs::remove_all(out);
-    fs::rename(temp, out);
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(temp, ignored);
-    throw;
+    // Graphs go into contexts by an estimate of their constants; when a context passes the
+    // budget, they are compiled again grouped by the sizes the binaries reported.
+    const auto device = HexagonDevice::open(library, *chip);
+    std::shared_ptr<HexagonBackend> backend;
+    std::unique_ptr<Model> model;
+    std::vector<NpuPackContext> contexts;
+    HexagonBackendOptions chip_options = backend_options;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      model.reset();
+      backend = std::make_shared<HexagonBackend>(device, chip_options);
+      model = load_model(bundle, {.devices = {backend}});
+      run_prompt_plans(*model, HexagonBackend::kChunkRows);
+      if (backend->graphs_compiled() == 0) {
+        fail(bundle.string(), "no prompt work of this model runs on the NPU");
+      }
+      contexts = backend->export_contexts();
+      bool over = false;
+      for (const NpuPackContext& c : contexts) {
+        int64_t bytes = 0;
+        for (const NpuPackGraph& g : c.graphs) {
+          bytes += g.const_bytes;
+          chip_options.known_constant_bytes[g.key] = g.const_bytes;
+        }
+        over = over || bytes > backend_options.context_budget_bytes;
+      }
+      if (!over) break;
+    }
+    NpuPackChipReport report;
+    report.arch = chip->arch;
+    report.graphs = backend->graphs_compiled();
+    NpuPackChip& packed = manifest.chips.emplace_back();
+    packed.arch = chip->arch;
+    packed.soc = chip->soc;
+    const std::string folder = "v" + std::to_string(chip->arch);
+    fs::create_directories(temp / folder);
+    for (size_t i = 0; i < contexts.size(); ++i) {
+      const NpuPackContext& c = contexts[i];
+      int64_t const_bytes = 0;
+      for (const NpuPackGraph& g : c.graphs) const_bytes += g.const_bytes;
+      if (const_bytes > backend_options.context_budget_bytes) {
+        fail(folder + " context " + std::to_string(i),
+             std::to_string(const_bytes) + " bytes of constants, over the budget of " +
+                 std::to_string(backend_options.context_budget_bytes) +
+                 (c.graphs.size() == 1 ? " (one graph: raise --context-budget)" : ""));
+      }
+      NpuPackFile& f = packed.files.emplace_back();
+      f.path = folder + "/context_" + std::to_string(i) + ".bin";
+      std::ofstream file(temp / f.path, std::ios::binary);
+      file.write(reinterpret_cast<const char*>(c.binary.data()),
+                 static_cast<std::streamsize>(c.binary.size()));
+      file.close();
+      if (!file) fail((temp / f.path).string(), "could not be written");
+      f.bytes = static_cast<int64_t>(c.binary.size());
+      f.sha256 = sha256_file(temp / f.path);
+      f.graphs = c.graphs;
+      report.const_bytes += const_bytes;
+    }
+    report.contexts = static_cast<int64_t>(contexts.size());
+    report.bytes = packed.bytes();
+    // The NPU against the CPU, as a user's first run checks it.
+    DeviceCheckOptions check;
+    check.mode = DeviceCheckMode::kAlways;
+    check.weights = check_weights_of(bundle);
+    const DeviceCheckResult r =
+        check_devices(*model, backend->name(), tokenizer ? &*tokenizer : nullptr, check);
+    report.gate = r.summary;
+    report.gate_passed = r.passed;
+    if (!r.passed) fail(folder, r.summary);
+    packed.gate = r.summary;
+    reports.push_back(report);
   }
+  write_npu_pack_manifest(temp, manifest);
+  if (fs::exists(out)) fs::remove_all(out);
+  fs::rename(temp, out);
+  partial.release();
   return reports;
 }
 
