@@ -15,6 +15,8 @@
 #include "backend/devices.h"
 #include "backend/qnn/hexagon_backend.h"
 #include "backend/qnn/npu_pack.h"
+#include "backend/qnn/npu_weights.h"
+#include "core/dtype.h"
 #include "forge/convert.h"
 #include "forge/npu_pack.h"
 #include "models/model.h"
@@ -133,6 +135,149 @@ TEST(Hexagon, AGraphCompilesForEachChipRunsAndLoadsAgainFromItsBinary) {
     binaries.push_back(binary);
   }
   EXPECT_NE(binaries[0], binaries[1]);  // compiled for different chips
+}
+
+// x · Wᵀ over 128 rows in a 16-bit form: x quantized over its range, the weights as `weights`
+// encodes them, the product over its range, dequantized.
+struct QuantizedMatmul {
+  static constexpr uint32_t kRows = 128, kIn = 128, kOut = 32;
+  std::vector<float> x = test::random_vector(kRows * kIn, 1),
+                     w = test::random_vector(kOut * kIn, 2, 0.2f);
+  MatrixRef matrix() const { return {DType::kF32, w.data(), kOut, kIn}; }
+
+  // The product over `as_encoded` (the weights as their integers and scales say them), and
+  // the largest magnitude it holds.
+  static std::vector<float> product(const std::vector<float>& x, const std::vector<float>& w) {
+    std::vector<float> y(kRows * kOut);
+    for (uint32_t r = 0; r < kRows; ++r) {
+      for (uint32_t o = 0; o < kOut; ++o) {
+        double sum = 0;
+        for (uint32_t i = 0; i < kIn; ++i) sum += double(x[r * kIn + i]) * w[o * kIn + i];
+        y[r * kOut + o] = float(sum);
+      }
+    }
+    return y;
+  }
+  std::vector<float> run(const std::shared_ptr<const QnnLibrary>& library, const char* arch,
+                         std::span<const int8_t> values, const QnnGraph::Encoding& weights,
+                         const std::vector<float>& want) const {
+    const auto device = HexagonDevice::open(library, *hexagon_chip(arch));
+    HexagonContext context(device);
+    QnnGraph g(context, "quantized");
+    ActivationRange in_range, out_range;
+    for (const float v : x) in_range.include(v);
+    for (const float v : want) out_range.include(v);
+    const auto encoded = [](const ActivationRange& range) {
+      const FixedPoint f = uf16_encoding(range);
+      return QnnGraph::Encoding::per_tensor(qnn::kUfixed16, {f.scale, f.offset});
+    };
+    const auto in = g.input({kRows, kIn});
+    const auto in16 = g.intermediate({kRows, kIn}, encoded(in_range));
+    g.add("Quantize", {in}, {in16});
+    const auto w = g.constant({kOut, kIn}, std::as_bytes(values), weights);
+    const auto product = g.intermediate({kRows, kOut}, encoded(out_range));
+    g.add("FullyConnected", {in16, w}, {product});
+    const auto out = g.output({kRows, kOut});
+    g.add("Dequantize", {product}, {out});
+    g.finalize();
+    std::vector<float> y(kRows * kOut);
+    const std::span<const float> ins[] = {x};
+    const std::span<float> outs[] = {y};
+    g.execute(ins, outs);
+    return y;
+  }
+};
+
+float largest(const std::vector<float>& v) {
+  float m = 0;
+  for (const float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+TEST(Hexagon, AW8A16MatmulComputesWithInt8RowsAnd16BitActivations) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const QuantizedMatmul m;
+  const Int8Rows q = int8_rows(m.matrix());
+  std::vector<float> as_int8(m.w.size());
+  const auto e = QnnGraph::Encoding::per_row(qnn::kSfixed8, q.scales);
+  for (uint32_t o = 0; o < m.kOut; ++o) {
+    for (uint32_t i = 0; i < m.kIn; ++i) {
+      as_int8[o * m.kIn + i] = q.values[o * m.kIn + i] * q.scales[o];
+    }
+  }
+  const std::vector<float> want = m.product(m.x, as_int8);
+  for (const char* arch : {"v75", "v81"}) {
+    SCOPED_TRACE(arch);
+    const float error = max_error(m.run(library, arch, q.values, e, want), want);
+    std::printf("%s: w8a16 max error %.3g of %.3g\n", arch, error, largest(want));
+    EXPECT_LT(error, 2e-4f * largest(want));  // 16-bit activations over ranges 1.25x wide
+  }
+}
+
+TEST(Hexagon, AW4A16MatmulComputesWithTwoLevelBlockScales) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const QuantizedMatmul m;
+  const Int4Blocks q = int4_blocks(m.matrix(), 32);
+  const int64_t blocks = m.kIn / q.block;
+  std::vector<float> as_int4(m.w.size());
+  const auto e = QnnGraph::Encoding::per_row_in_blocks(q.row_scales, q.block_scales);
+  for (uint32_t o = 0; o < m.kOut; ++o) {
+    for (uint32_t i = 0; i < m.kIn; ++i) {
+      as_int4[o * m.kIn + i] =
+          q.values[o * m.kIn + i] * q.row_scales[o] * q.block_scales[o * blocks + i / q.block];
+    }
+  }
+  const std::vector<float> want = m.product(m.x, as_int4);
+  for (const char* arch : {"v75", "v81"}) {
+    SCOPED_TRACE(arch);
+    const float error = max_error(m.run(library, arch, q.values, e, want), want);
+    std::printf("%s: w4a16 max error %.3g of %.3g\n", arch, error, largest(want));
+    EXPECT_LT(error, 2e-4f * largest(want));
+  }
+}
+
+TEST(NpuWeights, Int8RowsKeepAW8MatrixAsItLiesAndRoundOthersWithinHalfAStep) {
+  const std::vector<float> w = test::random_vector(16 * 64, 5, 0.3f);
+  const Int8Rows f = int8_rows({DType::kF32, w.data(), 16, 64});
+  for (int64_t r = 0; r < 16; ++r) {
+    for (int64_t c = 0; c < 64; ++c) {
+      EXPECT_LE(std::fabs(f.values[r * 64 + c] * f.scales[r] - w[r * 64 + c]),
+                0.5f * f.scales[r] * 1.0001f);
+    }
+  }
+  const std::vector<float> scales = {0.01f, 0.02f};
+  const std::vector<int8_t> ints = {1, -2, 3, 127, -127, 0, 5, 6};
+  const Int8Rows same = int8_rows({DType::kW8, ints.data(), 2, 4, scales.data()});
+  EXPECT_EQ(same.values, ints);
+  EXPECT_EQ(same.scales, scales);
+}
+
+TEST(NpuWeights, Int4BlocksFollowAW4MatrixsGroupsWithinTheTwoLevelScalesRounding) {
+  // A W4 matrix of 2 rows, groups of 32: every element of group g is ±(g+1) steps of 0.01·(g+1).
+  constexpr int64_t kCols = 128, kGroup = 32;
+  std::vector<uint8_t> packed(2 * kCols / 2);
+  std::vector<uint16_t> scales;
+  std::vector<float> want(2 * kCols);
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t g = 0; g < kCols / kGroup; ++g) scales.push_back(f32_to_f16(0.01f * (g + 1)));
+    for (int64_t c = 0; c < kCols; ++c) {
+      const int q = (c % 2 ? -1 : 1) * static_cast<int>(c / kGroup + 1);
+      packed[(r * kCols + c) / 2] |= static_cast<uint8_t>((q & 0xF) << ((r * kCols + c) % 2 * 4));
+      want[r * kCols + c] = q * f16_to_f32(scales[r * (kCols / kGroup) + c / kGroup]);
+    }
+  }
+  const MatrixRef w{DType::kW4, packed.data(), 2, kCols, scales.data(), kGroup};
+  const Int4Blocks q = int4_blocks(w);
+  EXPECT_EQ(q.block, kGroup);  // a W4 matrix's own groups, whatever block is asked for
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      const float got = q.values[r * kCols + c] * q.row_scales[r] *
+                        q.block_scales[r * (kCols / kGroup) + c / kGroup];
+      // The group scales 0.01..0.04 are 3.75, 7.5, 11.25, 15 steps of 0.04/15: rounded to
+      // whole steps, each within half a step (1.33e-3) times the integer (≤ 4).
+      EXPECT_NEAR(got, want[r * kCols + c], 4 * 0.5f * 0.04f / 15 + 1e-6f) << r << "," << c;
+    }
+  }
 }
 
 TEST(Hexagon, ADamagedBinaryIsRefusedInOneLine) {

@@ -165,6 +165,14 @@ void HexagonBackend::release_weights(std::span<MatrixRef* const> matrices) {
   contexts_.clear();
 }
 
+const MatmulRanges* HexagonBackend::quantized(const MatrixRef& w) const {
+  if (options_.form == NpuForm::kF16) return nullptr;
+  const auto id = weight_ids_.find(w.data);
+  if (id == weight_ids_.end()) return nullptr;
+  const auto r = options_.ranges.find(id->second);
+  return r != options_.ranges.end() ? &r->second : nullptr;
+}
+
 bool HexagonBackend::supports(const Node& node) const {
   if (node.op == Op::kCopy) return true;
   return row_wise_op(node.op) && node.rows >= kRows && node.rows % kRows == 0;
@@ -262,7 +270,14 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       }
       key += ":" + std::to_string(m.rows) + "x" + std::to_string(m.cols) + ":" +
              std::string(dtype_name(m.dtype));
-      constant_bytes += m.rows * m.cols * 2;
+      if (const MatmulRanges* r = quantized(m); r != nullptr) {
+        Sha256 hash;  // the ranges its activations are encoded over
+        hash.update(std::as_bytes(std::span(r, 1)));
+        key += " " + std::string(npu_form_name(options_.form)) + " a" + hash.hex().substr(0, 12);
+        constant_bytes += m.rows * m.cols;
+      } else {
+        constant_bytes += m.rows * m.cols * 2;
+      }
     }
     if (n.vector != nullptr) {
       // A norm's weights: small, named by their bytes.
@@ -351,13 +366,41 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         switch (n.op) {
           case Op::kMatmul: {
             const MatrixRef& w = *n.matrix;
-            // (The graph keeps its own copy of a constant until it is finalized.)
-            std::vector<float> values(static_cast<size_t>(w.rows * w.cols));
-            for (int64_t r = 0; r < w.rows; ++r) ref::read_row(w, r, values.data() + r * w.cols);
-            const auto weights = g.constant({dim(w.rows), dim(w.cols)}, values);
             const auto x = read(n.in[0].value);
+            const MatmulRanges* ranges = quantized(w);
+            if (ranges == nullptr) {
+              // (The graph keeps its own copy of a constant until it is finalized.)
+              std::vector<float> values(static_cast<size_t>(w.rows * w.cols));
+              for (int64_t r = 0; r < w.rows; ++r) {
+                ref::read_row(w, r, values.data() + r * w.cols);
+              }
+              const auto weights = g.constant({dim(w.rows), dim(w.cols)}, values);
+              result = target();
+              g.add("FullyConnected", {x, weights}, {result});
+              break;
+            }
+            // 16-bit activations in and out over their calibrated ranges, integer weights.
+            const auto encoded = [](const ActivationRange& range) {
+              const FixedPoint f = uf16_encoding(range);
+              return QnnGraph::Encoding::per_tensor(qnn::kUfixed16, {f.scale, f.offset});
+            };
+            const auto x16 = g.intermediate({dim(kRows), dim(w.cols)}, encoded(ranges->in));
+            g.add("Quantize", {x}, {x16});
+            QnnGraph::TensorId weights;
+            if (options_.form == NpuForm::kW8A16) {
+              const Int8Rows q = int8_rows(w);
+              weights = g.constant({dim(w.rows), dim(w.cols)}, std::as_bytes(std::span(q.values)),
+                                   QnnGraph::Encoding::per_row(qnn::kSfixed8, q.scales));
+            } else {
+              Int4Blocks q = int4_blocks(w);
+              weights = g.constant(
+                  {dim(w.rows), dim(w.cols)}, std::as_bytes(std::span(q.values)),
+                  QnnGraph::Encoding::per_row_in_blocks(q.row_scales, std::move(q.block_scales)));
+            }
+            const auto y16 = g.intermediate({dim(kRows), dim(w.rows)}, encoded(ranges->out));
+            g.add("FullyConnected", {x16, weights}, {y16});
             result = target();
-            g.add("FullyConnected", {x, weights}, {result});
+            g.add("Dequantize", {y16}, {result});
             break;
           }
           case Op::kRmsNorm: {

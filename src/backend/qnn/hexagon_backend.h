@@ -9,7 +9,7 @@
 // Graphs are compiled for the device's chip when a schedule is made (the simulator prepares them
 // on the host; on a phone the HTP library prepares them on the device), and kept by what they
 // compute (the ops, the shapes, which weights): the same run in another schedule reuses its
-// graph. Weights become the graphs' constants, computed in fp16 (the HTP's float form).
+// graph. Weights become the graphs' constants, in the options' form (npu_weights.h).
 #pragma once
 
 #include <map>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/qnn/npu_pack.h"
+#include "backend/qnn/npu_weights.h"
 #include "backend/qnn/qnn_device.h"
 #include "core/buffer.h"
 #include "graph/backend.h"
@@ -40,6 +41,10 @@ struct HexagonBackendOptions {
   // The constants' bytes of graphs by key, as a binary reported them (forge npu's second pass):
   // used instead of the estimate when grouping graphs into contexts.
   std::map<std::string, int64_t> known_constant_bytes;
+  // How the matmuls compute (npu_weights.h), and the calibrated ranges of their inputs and
+  // outputs that the 16-bit forms need: a matmul without ranges computes in fp16.
+  NpuForm form = NpuForm::kF16;
+  ActivationRanges ranges;
   // The pack its graphs came from (the start of its MANIFEST.json's sha256), in its name: the
   // check before use is remembered per chip, QNN build and pack.
   std::string pack_id;
@@ -97,6 +102,8 @@ class HexagonBackend final : public Backend {
   HexagonContext& context_for(int64_t bytes);
   std::vector<std::unique_ptr<Context>> contexts_;
   std::map<const void*, int64_t> weight_ids_;  // a matrix's place in prepare_weights' list
+  // The calibrated ranges of a matmul computing in a 16-bit form, or null (fp16).
+  const MatmulRanges* quantized(const MatrixRef& w) const;
   std::map<std::string, std::shared_ptr<Graph>> graphs_;  // by what they compute
   std::set<std::string> failed_keys_;                     // runs that did not compile
   int64_t graphs_compiled_ = 0, executions_ = 0, chunks_ = 0;

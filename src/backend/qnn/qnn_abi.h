@@ -39,6 +39,7 @@ enum DataType : uint32_t {
   kUint32 = 0x0132,
   kFloat16 = 0x0216,
   kFloat32 = 0x0232,
+  kSfixed4 = 0x0304,  // two to a byte, the first in the low nibble (HTP 5.51 refuses it)
   kSfixed8 = 0x0308,
   kSfixed16 = 0x0316,
   kSfixed32 = 0x0332,
@@ -57,6 +58,10 @@ enum QuantizeDefinition : uint32_t { kDefined = 1, kUndefinedDefinition = 0x7FFF
 enum QuantizeEncoding : uint32_t {
   kScaleOffset = 0,      // one (scale, offset): real = (q + offset) · scale
   kAxisScaleOffset = 1,  // one per index of `axis`
+  kBwScaleOffset = 2,    // one, with a bit width below the data type's
+  kBwAxisScaleOffset = 3,
+  kBlock = 4,  // one per block of a given shape (HTP 5.51 has no FullyConnected for it)
+  kBlockwiseExpansion = 5,  // one per index of `axis`, times a small integer per block
   kUndefinedEncoding = 0x7FFFFFFF,
 };
 enum MemoryType : uint32_t { kRaw = 0 };
@@ -71,12 +76,24 @@ struct AxisScaleOffset {
   uint32_t count;
   ScaleOffset* values;
 };
+enum BlockScaleStorage : uint32_t { kBlockScale8 = 0, kBlockScale16 = 1 };
+struct BlockwiseExpansion {
+  int32_t axis;                // the channel dimension
+  ScaleOffset* channels;       // one per channel
+  uint32_t blocks_per_channel;
+  uint32_t block_scale_bits;   // the integer block scales' width (4: 0..15)
+  uint32_t block_scale_storage;
+  uint8_t* block_scales;       // [channel][block]; kBlockScale8. scale = channel's · this
+};
+static_assert(offsetof(BlockwiseExpansion, channels) == 8 &&
+              offsetof(BlockwiseExpansion, block_scales) == 32);
 struct QuantizeParams {
   uint32_t definition = kUndefinedDefinition;  // a float tensor
   uint32_t encoding = kUndefinedEncoding;
   union {
     ScaleOffset scale_offset;
     AxisScaleOffset axis_scale_offset;
+    BlockwiseExpansion* blockwise_expansion;
     unsigned char bytes[32] = {};  // the largest member (a bit-width per-axis form)
   };
 };

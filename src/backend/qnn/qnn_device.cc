@@ -127,7 +127,8 @@ QnnGraph QnnGraph::retrieve(HexagonContext& context, const HexagonBinaryInfo::Gr
 }
 
 QnnGraph::TensorId QnnGraph::make(qnn::TensorType type, std::vector<uint32_t> dims,
-                                  qnn::DataType data_type, std::span<const unsigned char> data) {
+                                  qnn::DataType data_type, std::span<const unsigned char> data,
+                                  const Encoding* encoding) {
   if (finalized_) fail("QNN graph " + name_, "finalized: no tensor can be added");
   if (data.size() > UINT32_MAX) {  // QNN's client buffers count bytes in 32 bits
     throw Error("QNN graph " + name_ + ": a constant of " + std::to_string(data.size()) +
@@ -146,6 +147,34 @@ QnnGraph::TensorId QnnGraph::make(qnn::TensorType type, std::vector<uint32_t> di
   t.rank = static_cast<uint32_t>(s.dims.size());
   t.dimensions = s.dims.data();
   if (!s.data.empty()) t.client = {s.data.data(), static_cast<uint32_t>(s.data.size())};
+  if (encoding != nullptr) {
+    s.encoding = *encoding;
+    t.data_type = s.encoding.type;
+    qnn::QuantizeParams& q = t.quantize;
+    q.definition = qnn::kDefined;
+    if (!s.encoding.block_scales.empty()) {
+      qnn::BlockwiseExpansion& e = s.encoding.expansion;
+      e.axis = s.encoding.axis;
+      e.channels = s.encoding.values.data();
+      e.blocks_per_channel =
+          static_cast<uint32_t>(s.encoding.block_scales.size() / s.encoding.values.size());
+      e.block_scale_bits = 4;
+      e.block_scale_storage = qnn::kBlockScale8;
+      e.block_scales = s.encoding.block_scales.data();
+      q.encoding = qnn::kBlockwiseExpansion;
+      q.blockwise_expansion = &e;
+    } else if (s.encoding.axis >= 0) {
+      q.encoding = qnn::kAxisScaleOffset;
+      q.axis_scale_offset = {s.encoding.axis, static_cast<uint32_t>(s.encoding.values.size()),
+                             s.encoding.values.data()};
+    } else {
+      if (s.encoding.values.size() != 1) {
+        fail("QNN graph " + name_, "a per-tensor encoding of several values");
+      }
+      q.encoding = qnn::kScaleOffset;
+      q.scale_offset = s.encoding.values[0];
+    }
+  }
   const QnnLibrary& lib = context_->device().library();
   lib.check("QNN tensor of graph " + name_,
             lib.api().tensor_create_graph_tensor(graph_, &s.tensor));
@@ -177,6 +206,38 @@ QnnGraph::TensorId QnnGraph::constant_u32(std::vector<uint32_t> dims,
                                           std::span<const uint32_t> values) {
   return make(qnn::kStatic, std::move(dims), qnn::kUint32,
               {reinterpret_cast<const unsigned char*>(values.data()), values.size_bytes()});
+}
+
+QnnGraph::Encoding QnnGraph::Encoding::per_tensor(qnn::DataType type, qnn::ScaleOffset value) {
+  Encoding e;
+  e.type = type;
+  e.values = {value};
+  return e;
+}
+
+QnnGraph::Encoding QnnGraph::Encoding::per_row(qnn::DataType type, std::span<const float> scales) {
+  Encoding e;
+  e.type = type;
+  e.axis = 0;
+  for (const float scale : scales) e.values.push_back({scale, 0});
+  return e;
+}
+
+QnnGraph::Encoding QnnGraph::Encoding::per_row_in_blocks(std::span<const float> row_scales,
+                                                         std::vector<uint8_t> block_scales) {
+  Encoding e = per_row(qnn::kSfixed8, row_scales);
+  e.block_scales = std::move(block_scales);
+  return e;
+}
+
+QnnGraph::TensorId QnnGraph::intermediate(std::vector<uint32_t> dims, const Encoding& encoding) {
+  return make(qnn::kNative, std::move(dims), encoding.type, {}, &encoding);
+}
+
+QnnGraph::TensorId QnnGraph::constant(std::vector<uint32_t> dims, std::span<const std::byte> data,
+                                      const Encoding& encoding) {
+  return make(qnn::kStatic, std::move(dims), encoding.type,
+              {reinterpret_cast<const unsigned char*>(data.data()), data.size()}, &encoding);
 }
 
 qnn::Scalar QnnGraph::f32(float v) {

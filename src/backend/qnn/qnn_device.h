@@ -3,6 +3,7 @@
 // per chip), and graphs built op by op, finalized (compiled for the chip) and executed.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -77,6 +78,25 @@ class QnnGraph {
   // A constant (weights): its values are copied into the graph.
   TensorId constant(std::vector<uint32_t> dims, std::span<const float> values);
   TensorId constant_u32(std::vector<uint32_t> dims, std::span<const uint32_t> values);
+  // Fixed-point tensors: real = (q + offset) · scale, with one (scale, offset) for the whole
+  // tensor (activations) or one per index of `axis` (a weight's rows); 4-bit blocks in QNN's
+  // blockwise expansion: index i of `axis` has values[i] times a 4-bit integer per block,
+  // block_scales[i · blocks + b] (the integers one per byte, in an sfixed8 tensor).
+  struct Encoding {
+    qnn::DataType type = qnn::kUfixed16;
+    std::vector<qnn::ScaleOffset> values;
+    int32_t axis = -1;  // -1: per tensor
+    std::vector<uint8_t> block_scales;
+    qnn::BlockwiseExpansion expansion{};  // what QNN is given (set by the graph)
+
+    static Encoding per_tensor(qnn::DataType type, qnn::ScaleOffset value);
+    static Encoding per_row(qnn::DataType type, std::span<const float> scales);  // offsets 0
+    static Encoding per_row_in_blocks(std::span<const float> row_scales,
+                                      std::vector<uint8_t> block_scales);  // sfixed8, offsets 0
+  };
+  TensorId intermediate(std::vector<uint32_t> dims, const Encoding& encoding);
+  TensorId constant(std::vector<uint32_t> dims, std::span<const std::byte> data,
+                    const Encoding& encoding);
   struct ScalarParam {
     const char* name;
     qnn::Scalar value;
@@ -111,11 +131,12 @@ class QnnGraph {
     std::vector<uint32_t> dims;
     std::string name;
     std::vector<unsigned char> data;  // a constant's, until finalize
+    Encoding encoding;                // a fixed-point tensor's (QNN points into it)
     int64_t elements() const;
   };
   explicit QnnGraph(HexagonContext& context) : context_(&context) {}
   TensorId make(qnn::TensorType type, std::vector<uint32_t> dims, qnn::DataType data_type,
-                std::span<const unsigned char> data);
+                std::span<const unsigned char> data, const Encoding* encoding = nullptr);
 
   HexagonContext* context_;
   std::string name_;
