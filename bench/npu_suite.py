@@ -42,10 +42,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--context-chars", type=int, default=1000)
     ap.add_argument("--held-out", default=str(ROOT / "models" / "qwen3-kjv" / "held_out.txt"))
-    ap.add_argument("pairs", nargs="+", help="BUNDLE:PACK")
+    ap.add_argument("--write-calibration", metavar="FILE",
+                    help="write the held-out chapters past the suite's openings (text the suite "
+                         "never reads: forge npu --calibrate FILE) and exit")
+    ap.add_argument("pairs", nargs="*", help="BUNDLE:PACK")
     args = ap.parse_args()
     prompts = [l for l in (ROOT / "tools/train/kjv_prompts.txt").read_text().splitlines() if l]
     chapters = [c.strip() for c in Path(args.held_out).read_text().split("<|endoftext|>") if c.strip()]
+    if args.write_calibration:
+        Path(args.write_calibration).write_text(
+            "\n".join(c[args.context_chars:] for c in chapters if len(c) > args.context_chars))
+        return
     for pair in args.pairs:
         bundle, pack = pair.split(":")
         same, diverged, npu_rss, cpu_rss, npu_tokens = 0, [], 0.0, 0.0, 0

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/devices.h"
@@ -138,16 +139,20 @@ TEST(Hexagon, AGraphCompilesForEachChipRunsAndLoadsAgainFromItsBinary) {
 }
 
 // x · Wᵀ over 128 rows in a 16-bit form: x quantized over its range, the weights as `weights`
-// encodes them, the product over its range, dequantized.
+// encodes them, the product over its range, dequantized. 4-bit blocks go through a 1×1 Conv2d
+// (weights HWIO, the blocks' axis the output channels'), as the Hexagon backend builds them:
+// FullyConnected with them computes wrong values for some shapes (128→32, 128→256,
+// 3072→1024) and fails to compile others.
 struct QuantizedMatmul {
-  static constexpr uint32_t kRows = 128, kIn = 128, kOut = 32;
+  static constexpr uint32_t kRows = 128;
+  uint32_t kIn = 128, kOut = 32;
   std::vector<float> x = test::random_vector(kRows * kIn, 1),
                      w = test::random_vector(kOut * kIn, 2, 0.2f);
   MatrixRef matrix() const { return {DType::kF32, w.data(), kOut, kIn}; }
 
   // The product over `as_encoded` (the weights as their integers and scales say them), and
   // the largest magnitude it holds.
-  static std::vector<float> product(const std::vector<float>& x, const std::vector<float>& w) {
+  std::vector<float> product(const std::vector<float>& x, const std::vector<float>& w) const {
     std::vector<float> y(kRows * kOut);
     for (uint32_t r = 0; r < kRows; ++r) {
       for (uint32_t o = 0; o < kOut; ++o) {
@@ -174,9 +179,24 @@ struct QuantizedMatmul {
     const auto in = g.input({kRows, kIn});
     const auto in16 = g.intermediate({kRows, kIn}, encoded(in_range));
     g.add("Quantize", {in}, {in16});
-    const auto w = g.constant({kOut, kIn}, std::as_bytes(values), weights);
     const auto product = g.intermediate({kRows, kOut}, encoded(out_range));
-    g.add("FullyConnected", {in16, w}, {product});
+    if (weights.block_scales.empty()) {
+      const auto w = g.constant({kOut, kIn}, std::as_bytes(values), weights);
+      g.add("FullyConnected", {in16, w}, {product});
+    } else {
+      std::vector<int8_t> hwio(values.size());
+      for (uint32_t o = 0; o < kOut; ++o) {
+        for (uint32_t i = 0; i < kIn; ++i) hwio[i * kOut + o] = values[o * kIn + i];
+      }
+      const auto w = g.constant({1, 1, kIn, kOut}, std::as_bytes(std::span(hwio)), weights);
+      const auto x4 = g.intermediate({1, 1, kRows, kIn}, encoded(in_range));
+      g.add("Reshape", {in16}, {x4});
+      const auto y4 = g.intermediate({1, 1, kRows, kOut}, encoded(out_range));
+      const uint32_t stride[] = {1, 1}, pad[] = {0, 0, 0, 0};
+      g.add("Conv2d", {x4, w}, {y4}, {},
+            {{"stride", g.constant_u32({2}, stride)}, {"pad_amount", g.constant_u32({2, 2}, pad)}});
+      g.add("Reshape", {y4}, {product});
+    }
     const auto out = g.output({kRows, kOut});
     g.add("Dequantize", {product}, {out});
     g.finalize();
@@ -216,11 +236,16 @@ TEST(Hexagon, AW8A16MatmulComputesWithInt8RowsAnd16BitActivations) {
 
 TEST(Hexagon, AW4A16MatmulComputesWithTwoLevelBlockScales) {
   QHX_QNN_LIBRARY_OR_SKIP(library);
-  const QuantizedMatmul m;
-  const Int4Blocks q = int4_blocks(m.matrix(), 32);
+  for (const auto& [in, out, block] : {std::tuple{128u, 32u, 64}, std::tuple{128u, 256u, 32}}) {
+  QuantizedMatmul m;
+  m.kIn = in;
+  m.kOut = out;
+  m.x = test::random_vector(m.kRows * in, 1);
+  m.w = test::random_vector(out * in, 2, 0.2f);
+  const Int4Blocks q = int4_blocks(m.matrix(), block);
   const int64_t blocks = m.kIn / q.block;
   std::vector<float> as_int4(m.w.size());
-  const auto e = QnnGraph::Encoding::per_row_in_blocks(q.row_scales, q.block_scales);
+  const auto e = QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales, q.block_scales);
   for (uint32_t o = 0; o < m.kOut; ++o) {
     for (uint32_t i = 0; i < m.kIn; ++i) {
       as_int4[o * m.kIn + i] =
@@ -231,8 +256,10 @@ TEST(Hexagon, AW4A16MatmulComputesWithTwoLevelBlockScales) {
   for (const char* arch : {"v75", "v81"}) {
     SCOPED_TRACE(arch);
     const float error = max_error(m.run(library, arch, q.values, e, want), want);
-    std::printf("%s: w4a16 max error %.3g of %.3g\n", arch, error, largest(want));
+    std::printf("%s: w4a16 %ux%u blocks of %d: max error %.3g of %.3g\n", arch, out, in, block,
+                error, largest(want));
     EXPECT_LT(error, 2e-4f * largest(want));
+  }
   }
 }
 

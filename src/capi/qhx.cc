@@ -413,7 +413,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
                             " tokens): generation never stops on it";
     }
     if (opened->model->has_devices()) {
-      check.weights = qhx::check_weights_of(dir);
+      check.weights = qhx::check_weights_for(dir, *devices.backends[0]);
       check.cache_dir = qhx::default_cache_dir();
       const qhx::DeviceCheckResult checked = qhx::check_devices(
           *opened->model, device_name, opened->tokenizer ? &*opened->tokenizer : nullptr, check);

@@ -47,11 +47,40 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
   }
   const auto library = QnnLibrary::load(options.qnn_lib);
   HexagonBackendOptions backend_options;
+  int64_t manifest_calibration_tokens = 0;
   if (options.context_budget_bytes > 0) {
     backend_options.context_budget_bytes = options.context_budget_bytes;
   }
   std::optional<Tokenizer> tokenizer;
   if (fs::exists(bundle / "tokenizer.json")) tokenizer = Tokenizer::load(bundle);
+
+  // The form, and the ranges its 16-bit activations are encoded over.
+  const bool calibrated = !options.calibration_texts.empty() || !options.calibration_ids.empty();
+  NpuForm form = NpuForm::kF16;
+  if (options.form) {
+    form = *options.form;
+  } else if (calibrated) {
+    const DType weights = check_weights_of(bundle);
+    form = weights == DType::kW8   ? NpuForm::kW8A16
+           : weights == DType::kW4 ? NpuForm::kW4A16
+                                   : NpuForm::kF16;
+  }
+  if (form != NpuForm::kF16) {
+    if (!calibrated) {
+      fail("--form " + std::string(npu_form_name(form)),
+           "16-bit activations need ranges measured on text like the model's (--calibrate FILE)");
+    }
+    std::vector<std::vector<int32_t>> sequences = options.calibration_ids;
+    for (auto& s : calibration_sequences(bundle, options.calibration_texts,
+                                         options.calibration.pass_tokens)) {
+      sequences.push_back(std::move(s));
+    }
+    backend_options.ranges = calibrate_npu_ranges(bundle, sequences, options.calibration);
+    int64_t tokens = 0;
+    for (const auto& s : sequences) tokens += static_cast<int64_t>(s.size());
+    manifest_calibration_tokens = std::min(tokens, options.calibration.max_tokens);
+  }
+  backend_options.form = form;
 
   NpuPackManifest manifest;
   manifest.base_name = fs::absolute(bundle).lexically_normal().filename().string();
@@ -61,6 +90,9 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
   manifest.qnn_build = library->build_id();
   manifest.chunk_rows = HexagonBackend::kChunkRows;
   manifest.context_budget_bytes = backend_options.context_budget_bytes;
+  manifest.form = form;
+  manifest.ranges = backend_options.ranges;
+  manifest.calibration_tokens = manifest_calibration_tokens;
   std::vector<NpuPackChipReport> reports;
 
   remove_stale_partials(out);
@@ -86,6 +118,10 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
       backend = std::make_shared<HexagonBackend>(device, chip_options);
       model = load_model(bundle, {.devices = {backend}});
       run_prompt_plans(*model, HexagonBackend::kChunkRows);
+      if (!backend->compile_failures().empty()) {  // a pack whose runs fall back is no pack
+        fail("v" + std::to_string(chip->arch), "a graph did not compile: " +
+                                                    backend->compile_failures().front());
+      }
       if (backend->graphs_compiled() == 0) {
         fail(bundle.string(), "no prompt work of this model runs on the NPU");
       }
@@ -103,6 +139,7 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     }
     NpuPackChipReport report;
     report.arch = chip->arch;
+    report.form = form;
     report.graphs = backend->graphs_compiled();
     NpuPackChip& packed = manifest.chips.emplace_back();
     packed.arch = chip->arch;
@@ -136,7 +173,7 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     // The NPU against the CPU, as a user's first run checks it.
     DeviceCheckOptions check;
     check.mode = DeviceCheckMode::kAlways;
-    check.weights = check_weights_of(bundle);
+    check.weights = check_weights_for(bundle, *backend);
     const DeviceCheckResult r =
         check_devices(*model, backend->name(), tokenizer ? &*tokenizer : nullptr, check);
     report.gate = r.summary;

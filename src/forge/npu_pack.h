@@ -1,17 +1,21 @@
 // qhx forge npu: a base bundle's prompt graphs compiled for the Hexagon NPU of several chips into
 // an NPU pack (backend/qnn/npu_pack.h). Per chip: the model runs the prompt plans a session uses
 // (a chunk's last-token logits, every token's, with the MTP head's hidden rows when it has one)
-// with the chip's backend compiling each run of NPU work into a graph; the graphs are grouped
+// with the chip's backend compiling each run of NPU work into a graph (its matmuls in the pack's
+// form, the 16-bit forms over activation ranges measured first on calibration text, on the
+// CPU, and recorded in the manifest); the graphs are grouped
 // into contexts under the per-context budget, serialized, and their sizes read back from the
 // binaries' own fields; then the NPU is compared with the CPU by the gate's measures on probe
 // prompts that reach it, and the result recorded per chip.
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/qnn/npu_pack.h"
+#include "forge/npu_calibration.h"
 
 namespace qhx {
 
@@ -20,11 +24,19 @@ struct NpuPackOptions {
   int64_t context_budget_bytes = 0;                 // 0: the backend's default
   std::filesystem::path qnn_lib;                    // empty: where qhx looks by default
   bool overwrite = false;
+  // How the matmuls compute (backend/qnn/npu_weights.h). Unset: with calibration, the bundle's
+  // weights decide (W8: w8a16, W4: w4a16, else fp16); without, fp16. The 16-bit forms need
+  // calibration: text files read by the bundle's tokenizer, and/or token sequences.
+  std::optional<NpuForm> form;
+  std::vector<std::filesystem::path> calibration_texts;
+  std::vector<std::vector<int32_t>> calibration_ids;
+  CalibrationOptions calibration;
 };
 
 struct NpuPackChipReport {
   int arch = 0;
   int64_t graphs = 0, contexts = 0, bytes = 0, const_bytes = 0;
+  NpuForm form = NpuForm::kF16;
   std::string gate;  // the gate's one-line summary
   bool gate_passed = false;
 };

@@ -64,6 +64,10 @@ class Backend {
   virtual void release_weights(std::span<MatrixRef* const> /*matrices*/) {}
   // What prepare_weights left it holding (a device; the CPU's packed copies are not counted).
   virtual WeightMemory weight_memory() const { return {}; }
+  // The coarsest form its matmuls compute weights in (an NPU's int8 rows or 4-bit blocks,
+  // whatever the weights were), or kF32: as they lie. A check comparing it with the CPU allows
+  // what that form loses (runtime/device_check.h).
+  virtual DType computes_weights_as() const { return DType::kF32; }
   virtual bool supports(const Node& node) const = 0;
   // True when it asks for a node it supports although the node's weights live elsewhere (a device
   // takes prompt-sized matmuls).

@@ -74,7 +74,9 @@ struct ForgeArgs {
 
 // qhx forge npu: a bundle's prompt graphs compiled for Hexagon chips into an NPU pack.
 struct NpuPackArgs {
-  std::string bundle, out, chips = "v75,v81", qnn_lib;
+  std::string bundle, out, chips = "v75,v81", qnn_lib, form;
+  std::vector<std::string> calibrate;
+  int64_t calibrate_tokens = 4096;
   uint64_t context_budget = 0;
   bool force = false;
 };

@@ -181,10 +181,14 @@ int run_forge_npu(const NpuPackArgs& a) {
   options.context_budget_bytes = static_cast<int64_t>(a.context_budget);
   options.qnn_lib = a.qnn_lib;
   options.overwrite = a.force;
+  if (!a.form.empty()) options.form = qhx::parse_npu_form(a.form);  // checked by the parser
+  for (const std::string& f : a.calibrate) options.calibration_texts.emplace_back(f);
+  options.calibration.max_tokens = a.calibrate_tokens;
   for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
     std::fprintf(stderr,
-                 "v%d: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
-                 r.arch, static_cast<long long>(r.graphs), static_cast<long long>(r.contexts),
+                 "v%d %s: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
+                 r.arch, std::string(qhx::npu_form_name(r.form)).c_str(),
+                 static_cast<long long>(r.graphs), static_cast<long long>(r.contexts),
                  static_cast<double>(r.bytes) / 1e6, static_cast<double>(r.const_bytes) / 1e6,
                  r.gate.c_str());
   }

@@ -265,6 +265,18 @@ int main(int argc, char** argv) {
   npu->add_option("--qnn-lib", npu_args.qnn_lib,
                   "Folder of libQnnHtp.so and libQnnSystem.so (default: $QHX_QNN_LIB, beside "
                   "qhx, an installed onnxruntime_qnn)");
+  npu->add_option("--form", npu_args.form,
+                  "How the matmuls compute: fp16, w8a16 (int8 rows, 16-bit activations) or "
+                  "w4a16 (4-bit blocks); default: the bundle's W8/W4 weights with --calibrate, "
+                  "else fp16")
+      ->check(CLI::IsMember({"fp16", "w8a16", "w4a16"}));
+  npu->add_option("--calibrate", npu_args.calibrate,
+                  "Text like what the model will read (repeatable): the 16-bit forms' activation "
+                  "ranges are measured on it")
+      ->check(CLI::ExistingFile);
+  npu->add_option("--calibrate-tokens", npu_args.calibrate_tokens,
+                  "The most calibration tokens read")
+      ->check(CLI::PositiveNumber);
   npu->add_flag("--force", npu_args.force, "Replace an existing pack");
 
   qhx::cli::DraftVocabArgs draft_vocab_args;

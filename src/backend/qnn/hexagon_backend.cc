@@ -148,7 +148,9 @@ std::string HexagonBackend::name() const {
   const QnnLibrary& lib = device_->library();
   return "hexagon:v" + std::to_string(device_->chip().arch) + " (QNN build " + lib.build_id() +
          (lib.simulator() ? ", simulator" : "") +
-         (options_.pack_id.empty() ? "" : ", pack " + options_.pack_id) + ")";
+         (options_.pack_id.empty() ? "" : ", pack " + options_.pack_id) +
+         (options_.form == NpuForm::kF16 ? "" : ", " + std::string(npu_form_name(options_.form))) +
+         ")";
 }
 
 void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
@@ -163,6 +165,18 @@ void HexagonBackend::release_weights(std::span<MatrixRef* const> matrices) {
   for (const MatrixRef* m : matrices) weight_ids_.erase(m->data);
   graphs_.clear();  // they hold those weights as constants
   contexts_.clear();
+}
+
+DType HexagonBackend::computes_weights_as() const {
+  switch (options_.form) {
+    case NpuForm::kW8A16:
+      return DType::kW8;
+    case NpuForm::kW4A16:
+      return DType::kW4;
+    case NpuForm::kF16:
+      break;
+  }
+  return DType::kF32;
 }
 
 const MatmulRanges* HexagonBackend::quantized(const MatrixRef& w) const {
@@ -386,19 +400,35 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
             };
             const auto x16 = g.intermediate({dim(kRows), dim(w.cols)}, encoded(ranges->in));
             g.add("Quantize", {x}, {x16});
-            QnnGraph::TensorId weights;
+            const auto y16 = g.intermediate({dim(kRows), dim(w.rows)}, encoded(ranges->out));
             if (options_.form == NpuForm::kW8A16) {
               const Int8Rows q = int8_rows(w);
-              weights = g.constant({dim(w.rows), dim(w.cols)}, std::as_bytes(std::span(q.values)),
-                                   QnnGraph::Encoding::per_row(qnn::kSfixed8, q.scales));
+              const auto weights =
+                  g.constant({dim(w.rows), dim(w.cols)}, std::as_bytes(std::span(q.values)),
+                             QnnGraph::Encoding::per_row(qnn::kSfixed8, q.scales));
+              g.add("FullyConnected", {x16, weights}, {y16});
             } else {
+              // 4-bit blocks through a 1×1 Conv2d over [1, 1, rows, cols], its weights HWIO with
+              // the output channels last: FullyConnected computes wrong values with them for
+              // some shapes (HTP 5.51; tests/hexagon_test.cc).
               Int4Blocks q = int4_blocks(w);
-              weights = g.constant(
-                  {dim(w.rows), dim(w.cols)}, std::as_bytes(std::span(q.values)),
-                  QnnGraph::Encoding::per_row_in_blocks(q.row_scales, std::move(q.block_scales)));
+              std::vector<int8_t> hwio(q.values.size());
+              for (int64_t o = 0; o < w.rows; ++o) {
+                for (int64_t i = 0; i < w.cols; ++i) hwio[i * w.rows + o] = q.values[o * w.cols + i];
+              }
+              const auto weights = g.constant(
+                  {1, 1, dim(w.cols), dim(w.rows)}, std::as_bytes(std::span(hwio)),
+                  QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales,
+                                                            std::move(q.block_scales)));
+              const auto x4 = g.intermediate({1, 1, dim(kRows), dim(w.cols)}, encoded(ranges->in));
+              g.add("Reshape", {x16}, {x4});
+              const auto y4 = g.intermediate({1, 1, dim(kRows), dim(w.rows)}, encoded(ranges->out));
+              const uint32_t stride[] = {1, 1}, pad[] = {0, 0, 0, 0};
+              g.add("Conv2d", {x4, weights}, {y4}, {},
+                    {{"stride", g.constant_u32({2}, stride)},
+                     {"pad_amount", g.constant_u32({2, 2}, pad)}});
+              g.add("Reshape", {y4}, {y16});
             }
-            const auto y16 = g.intermediate({dim(kRows), dim(w.rows)}, encoded(ranges->out));
-            g.add("FullyConnected", {x16, weights}, {y16});
             result = target();
             g.add("Dequantize", {y16}, {result});
             break;
@@ -466,11 +496,12 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       }
       g.finalize();
       ++graphs_compiled_;
-    } catch (...) {
+    } catch (const std::exception& e) {
       // The graph is left unfinished in its context: no more graphs go there, and the run is
       // not tried again (the scheduler runs it on the CPU).
       graphs_.erase(key);
       failed_keys_.insert(key);
+      compile_failures_.push_back(e.what());
       if (!contexts_.empty() && !contexts_.back()->keys.empty() &&
           contexts_.back()->keys.back() == key) {
         contexts_.back()->keys.pop_back();

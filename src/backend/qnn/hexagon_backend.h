@@ -66,6 +66,7 @@ class HexagonBackend final : public Backend {
   const BufferType& buffer_type() const override { return memory_; }
   void prepare_weights(std::span<MatrixRef* const> matrices) override;
   void release_weights(std::span<MatrixRef* const> matrices) override;
+  DType computes_weights_as() const override;
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
   int64_t rows_multiple() const override { return kChunkRows; }
@@ -82,6 +83,8 @@ class HexagonBackend final : public Backend {
   int64_t chunks_run() const { return chunks_; }           // distinct prompt chunks of 128 rows
   int64_t graphs_from_pack() const { return graphs_from_pack_; }
   int64_t contexts() const { return static_cast<int64_t>(contexts_.size()); }
+  // Why each run that did not compile did not (its runs went to the CPU).
+  const std::vector<std::string>& compile_failures() const { return compile_failures_; }
   // The contexts it compiled graphs into, serialized, each with its graphs as the binary
   // describes them (what qhx forge npu writes into a pack).
   std::vector<NpuPackContext> export_contexts() const;
@@ -106,6 +109,7 @@ class HexagonBackend final : public Backend {
   const MatmulRanges* quantized(const MatrixRef& w) const;
   std::map<std::string, std::shared_ptr<Graph>> graphs_;  // by what they compute
   std::set<std::string> failed_keys_;                     // runs that did not compile
+  std::vector<std::string> compile_failures_;
   int64_t graphs_compiled_ = 0, executions_ = 0, chunks_ = 0;
   int64_t graph_names_ = 0;  // a context's graphs need names of their own, failed ones too
   int64_t graphs_from_pack_ = 0;

@@ -85,16 +85,19 @@ class HexagonFactory final : public DeviceFactory {
     // does not fit is the caller's error.
     std::vector<NpuPackContext> pack;
     std::string pack_note;
+    HexagonBackendOptions options = options_from_environment();
     if (const auto p = settings.find("npu_pack"); p != settings.end() && !p->second.empty()) {
       const auto model = settings.find("model");
       try {
         if (model == settings.end()) fail("npu_pack", "no base model to pair the pack with");
         const NpuPackManifest m = read_npu_pack(p->second);
         const std::string where = p->second + "/MANIFEST.json";
-        if (m.chunk_rows != HexagonBackend::kChunkRows || m.precision != "fp16") {
-          fail(where, "graphs of " + std::to_string(m.chunk_rows) + " rows in " + m.precision +
-                          ": this qhx runs 128-row fp16 graphs (make the pack again)");
+        if (m.chunk_rows != HexagonBackend::kChunkRows) {
+          fail(where, "graphs of " + std::to_string(m.chunk_rows) +
+                          " rows: this qhx runs 128-row graphs (make the pack again)");
         }
+        options.form = m.form;
+        options.ranges = m.ranges;
         if (m.qnn_build != library->build_id()) {
           fail(where, "compiled by QNN " + m.qnn_build + ", this library is " +
                           library->build_id() + " (make the pack with it, or give --qnn-lib)");
@@ -106,9 +109,9 @@ class HexagonFactory final : public DeviceFactory {
       int64_t bytes = 0;
       for (const NpuPackContext& c : pack) bytes += static_cast<int64_t>(c.binary.size());
       pack_note = " from the pack's " + std::to_string(pack.size()) + " context(s), " +
-                  std::to_string(bytes / 1000000) + " MB";
+                  std::to_string(bytes / 1000000) + " MB, " +
+                  std::string(npu_form_name(options.form));
     }
-    HexagonBackendOptions options = options_from_environment();
     if (!pack.empty()) {
       options.pack_id =
           sha256_file(fs::path(settings.at("npu_pack")) / "MANIFEST.json").substr(0, 12);

@@ -1,6 +1,8 @@
 #include "backend/qnn/npu_pack.h"
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <fstream>
 #include <iterator>
 #include <span>
@@ -83,7 +85,34 @@ NpuPackManifest read_npu_pack(const fs::path& dir) {
   out.base_name = require_string(base, "name", field(where, "base"));
   out.base_manifest_sha256 = require_string(base, "manifest_sha256", field(where, "base"));
   out.qnn_build = require_string(m, "qnn_build", where);
-  out.precision = require_string(m, "precision", where);
+  const std::string precision = require_string(m, "precision", where);
+  const std::optional<NpuForm> form = parse_npu_form(precision);
+  if (!form) fail(field(where, "precision"), "'" + precision + "' is not fp16, w8a16 or w4a16");
+  out.form = *form;
+  if (out.form != NpuForm::kF16) {
+    out.calibration_tokens = require_int(m, "calibration_tokens", where);
+    const Json& ranges = require_field(m, "activation_ranges", where);
+    const std::string rw = field(where, "activation_ranges");
+    if (!ranges.is_array() || ranges.empty()) fail(rw, "expected a non-empty array");
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const std::string iw = rw + "[" + std::to_string(i) + "]";
+      const int64_t weight = require_int(ranges[i], "weight", iw);
+      if (weight < 0 || out.ranges.contains(weight)) fail(field(iw, "weight"), "negative or twice");
+      MatmulRanges& r = out.ranges[weight];
+      for (const auto& [name, range] : {std::pair{"in", &r.in}, std::pair{"out", &r.out}}) {
+        const Json& v = require_field(ranges[i], name, iw);
+        if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
+          fail(field(iw, name), "expected [lo, hi]");
+        }
+        range->lo = v[0].get<float>();
+        range->hi = v[1].get<float>();
+        if (!(range->lo <= 0 && range->hi >= 0 && std::isfinite(range->lo) &&
+              std::isfinite(range->hi))) {
+          fail(field(iw, name), "a range must hold 0 and be finite");
+        }
+      }
+    }
+  }
   out.chunk_rows = require_int(m, "chunk_rows", where);
   out.context_budget_bytes = require_int(m, "context_budget_bytes", where);
   const Json& chips = require_field(m, "chips", where);
@@ -155,15 +184,23 @@ void write_npu_pack_manifest(const fs::path& dir, const NpuPackManifest& m) {
                      {"gate", chip.gate},
                      {"files", files}});
   }
-  const Json manifest = {
+  Json manifest = {
       {"format", kFormat},
       {"format_version", kNpuPackFormatVersion},
       {"base", {{"name", m.base_name}, {"manifest_sha256", m.base_manifest_sha256}}},
       {"qnn_build", m.qnn_build},
-      {"precision", m.precision},
+      {"precision", npu_form_name(m.form)},
       {"chunk_rows", m.chunk_rows},
       {"context_budget_bytes", m.context_budget_bytes},
       {"chips", chips}};
+  if (m.form != NpuForm::kF16) {
+    Json ranges = Json::array();
+    for (const auto& [weight, r] : m.ranges) {
+      ranges.push_back({{"weight", weight}, {"in", {r.in.lo, r.in.hi}}, {"out", {r.out.lo, r.out.hi}}});
+    }
+    manifest["calibration_tokens"] = m.calibration_tokens;
+    manifest["activation_ranges"] = ranges;
+  }
   std::ofstream out(dir / "MANIFEST.json");
   out << manifest.dump(2) << "\n";
   if (!out) fail((dir / "MANIFEST.json").string(), "could not be written");

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/qnn/npu_weights.h"
+
 namespace qhx {
 
 inline constexpr int64_t kNpuPackFormatVersion = 1;
@@ -48,7 +50,11 @@ struct NpuPackManifest {
   std::string base_name;             // the base bundle's folder name, for messages
   std::string base_manifest_sha256;  // what pairs the pack with its base
   std::string qnn_build;             // the QNN build that compiled it
-  std::string precision = "fp16";
+  NpuForm form = NpuForm::kF16;      // "precision": how its matmuls compute
+  // The 16-bit forms' activation ranges (by weight id) and how many tokens of calibration text
+  // measured them (forge npu --calibrate); empty in fp16.
+  ActivationRanges ranges;
+  int64_t calibration_tokens = 0;
   int64_t chunk_rows = 0;
   int64_t context_budget_bytes = 0;
   std::vector<NpuPackChip> chips;

@@ -223,9 +223,11 @@ QnnGraph::Encoding QnnGraph::Encoding::per_row(qnn::DataType type, std::span<con
   return e;
 }
 
-QnnGraph::Encoding QnnGraph::Encoding::per_row_in_blocks(std::span<const float> row_scales,
-                                                         std::vector<uint8_t> block_scales) {
-  Encoding e = per_row(qnn::kSfixed8, row_scales);
+QnnGraph::Encoding QnnGraph::Encoding::per_channel_in_blocks(int32_t axis,
+                                                             std::span<const float> channel_scales,
+                                                             std::vector<uint8_t> block_scales) {
+  Encoding e = per_row(qnn::kSfixed8, channel_scales);
+  e.axis = axis;
   e.block_scales = std::move(block_scales);
   return e;
 }

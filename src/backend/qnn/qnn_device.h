@@ -91,8 +91,10 @@ class QnnGraph {
 
     static Encoding per_tensor(qnn::DataType type, qnn::ScaleOffset value);
     static Encoding per_row(qnn::DataType type, std::span<const float> scales);  // offsets 0
-    static Encoding per_row_in_blocks(std::span<const float> row_scales,
-                                      std::vector<uint8_t> block_scales);  // sfixed8, offsets 0
+    // sfixed8, offsets 0: the channels of dimension `axis` (a Conv2d's output channels, 3),
+    // each in blocks along the input channels.
+    static Encoding per_channel_in_blocks(int32_t axis, std::span<const float> channel_scales,
+                                          std::vector<uint8_t> block_scales);
   };
   TensorId intermediate(std::vector<uint32_t> dims, const Encoding& encoding);
   TensorId constant(std::vector<uint32_t> dims, std::span<const std::byte> data,
