@@ -94,6 +94,7 @@ ActivationRanges calibrate_npu_ranges(const fs::path& bundle,
 std::vector<std::vector<int32_t>> calibration_sequences(const fs::path& bundle,
                                                         std::span<const fs::path> texts,
                                                         int64_t sequence_tokens) {
+  if (texts.empty()) return {};
   if (!fs::exists(bundle / "tokenizer.json")) {
     fail(bundle.string(), "has no tokenizer.json to read calibration text with");
   }

@@ -83,8 +83,14 @@ Int8Rows int8_rows(const MatrixRef& w) {
 
 Int4Blocks int4_blocks(const MatrixRef& w, int64_t block) {
   Int4Blocks out;
+  // Blocks the HTP computes right: a multiple of 32 or a power of two (blocks of 24 and 48 give
+  // wrong values on HTP 5.51). A W4 matrix's groups are cut into such blocks, each keeping its
+  // group's scale.
+  const auto takes = [](int64_t b) { return b > 0 && (b % 32 == 0 || (b & (b - 1)) == 0); };
   out.block = w.dtype == DType::kW4 ? w.group_size : block;
-  if (out.block <= 0 || w.cols % out.block != 0) {
+  if (!takes(out.block)) out.block &= -out.block;  // its largest power-of-two divisor
+  while (out.block > 8 && w.cols % out.block != 0) out.block /= 2;  // the largest that divides
+  if (out.block < 8 || w.cols % out.block != 0 || !takes(out.block)) {
     fail("NPU w4a16", "a matrix of " + std::to_string(w.cols) + " columns in blocks of " +
                           std::to_string(out.block));
   }
@@ -97,7 +103,8 @@ Int4Blocks int4_blocks(const MatrixRef& w, int64_t block) {
     const std::vector<float> row = row_values(w, r);
     for (int64_t b = 0; b < blocks; ++b) {
       if (w.dtype == DType::kW4) {
-        wanted[b] = f16_to_f32(static_cast<const uint16_t*>(w.scales)[r * blocks + b]);
+        const int64_t group = b * out.block / w.group_size, groups = w.cols / w.group_size;
+        wanted[b] = f16_to_f32(static_cast<const uint16_t*>(w.scales)[r * groups + group]);
       } else {
         wanted[b] = largest_magnitude(std::span(row).subspan(b * out.block, out.block)) / 7.0f;
       }
