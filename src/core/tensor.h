@@ -66,6 +66,10 @@ struct MatrixRef {
   // Where `data` lies (a mapped weight file, a backend's memory): the scheduler runs a node on
   // its weights' home. Null: host memory its owner keeps alive.
   const Buffer* buffer = nullptr;
+  // Its place in its model's list of matrices, numbered as the model loads (Runner::
+  // prepare_weights): what a device names it by in what it compiles or keeps (an NPU graph's
+  // key, calibrated ranges). -1: a matrix no model numbered (a test's).
+  int64_t id = -1;
 };
 
 // One matrix of several that multiply the same activations, and where its product goes.

@@ -25,11 +25,6 @@ class RangeRecorder final : public Backend {
 
   std::string name() const override { return "calibration"; }
   const BufferType& buffer_type() const override { return cpu_.buffer_type(); }
-  void prepare_weights(std::span<MatrixRef* const> matrices) override {
-    for (size_t i = 0; i < matrices.size(); ++i) {
-      ids_.emplace(matrices[i]->data, static_cast<int64_t>(i));
-    }
-  }
   bool supports(const Node& node) const override {
     return node.op == Op::kMatmul || node.op == Op::kCopy;
   }
@@ -39,9 +34,8 @@ class RangeRecorder final : public Backend {
     cpu_.run(plan, nodes, args);
     const Node& n = nodes.front();
     if (n.op != Op::kMatmul) return;
-    const auto id = ids_.find(n.matrix->data);
-    if (id == ids_.end()) return;
-    MatmulRanges& r = ranges_[id->second];
+    if (n.matrix->id < 0) return;
+    MatmulRanges& r = ranges_[n.matrix->id];
     const auto note = [&](const Operand& o, ActivationRange& range) {
       const TensorRef& t = args.values[o.value];
       const float* row = args.at(o);
@@ -58,7 +52,6 @@ class RangeRecorder final : public Backend {
  private:
   std::shared_ptr<CpuContext> context_;
   CpuBackend cpu_;
-  std::map<const void*, int64_t> ids_;
   ActivationRanges ranges_;
 };
 

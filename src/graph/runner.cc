@@ -66,6 +66,7 @@ Runner::Runner(CpuContext& context, std::vector<std::shared_ptr<Backend>> backen
 Runner::~Runner() = default;
 
 void Runner::prepare_weights(std::span<MatrixRef* const> matrices) {
+  for (size_t i = 0; i < matrices.size(); ++i) matrices[i]->id = static_cast<int64_t>(i);
   for (size_t b = backends_.size(); b-- > 1;) {
     try {
       backends_[b]->prepare_weights(matrices);

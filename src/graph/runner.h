@@ -108,7 +108,8 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  // Each backend lays out the matrices it will multiply: the devices first (they copy from the
+  // Numbers the model's matrices in list order (MatrixRef::id), then each backend lays out the
+  // matrices it will multiply: the devices first (they copy from the
   // mapped pages), then the CPU (which releases the pages of what it packs). A device without
   // room for them, or failing as they go up, is left unused with the reason
   // (device_load_failure), rather than failing the load.

@@ -153,16 +153,9 @@ std::string HexagonBackend::name() const {
          ")";
 }
 
-void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
-  // The weights stay where they lie until a graph takes them as constants; their place in the
-  // model's list names them in a graph's key.
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    weight_ids_.emplace(matrices[i]->data, static_cast<int64_t>(i));
-  }
-}
-
-void HexagonBackend::release_weights(std::span<MatrixRef* const> matrices) {
-  for (const MatrixRef* m : matrices) weight_ids_.erase(m->data);
+// The weights stay where they lie until a graph takes them as constants; their ids name them in
+// a graph's key.
+void HexagonBackend::release_weights(std::span<MatrixRef* const>) {
   graphs_.clear();  // they hold those weights as constants
   contexts_.clear();
 }
@@ -180,10 +173,8 @@ DType HexagonBackend::computes_weights_as() const {
 }
 
 const MatmulRanges* HexagonBackend::quantized(const MatrixRef& w) const {
-  if (options_.form == NpuForm::kF16) return nullptr;
-  const auto id = weight_ids_.find(w.data);
-  if (id == weight_ids_.end()) return nullptr;
-  const auto r = options_.ranges.find(id->second);
+  if (options_.form == NpuForm::kF16 || w.id < 0) return nullptr;
+  const auto r = options_.ranges.find(w.id);
   return r != options_.ranges.end() ? &r->second : nullptr;
 }
 
@@ -269,9 +260,9 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
     if (n.matrix != nullptr) {
       const MatrixRef& m = *n.matrix;
       key += " w";
-      if (const auto id = weight_ids_.find(m.data); id != weight_ids_.end()) {
-        key += std::to_string(id->second);
-      } else {  // weights it was not given at load (the op suite's): named by their bytes
+      if (m.id >= 0) {
+        key += std::to_string(m.id);
+      } else {  // weights no model numbered (the op suite's): named by their bytes
         Sha256 hash;
         hash.update(std::as_bytes(std::span(static_cast<const char*>(m.data),
                                             matrix_bytes(m.dtype, m.rows, m.cols, m.group_size))));

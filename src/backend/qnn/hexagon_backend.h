@@ -64,7 +64,6 @@ class HexagonBackend final : public Backend {
 
   std::string name() const override;
   const BufferType& buffer_type() const override { return memory_; }
-  void prepare_weights(std::span<MatrixRef* const> matrices) override;
   void release_weights(std::span<MatrixRef* const> matrices) override;
   DType computes_weights_as() const override;
   bool supports(const Node& node) const override;
@@ -104,7 +103,6 @@ class HexagonBackend final : public Backend {
   // The context a new graph of about `bytes` of constants goes into, within the budget.
   HexagonContext& context_for(int64_t bytes);
   std::vector<std::unique_ptr<Context>> contexts_;
-  std::map<const void*, int64_t> weight_ids_;  // a matrix's place in prepare_weights' list
   // The calibrated ranges of a matmul computing in a 16-bit form, or null (fp16).
   const MatmulRanges* quantized(const MatrixRef& w) const;
   std::map<std::string, std::shared_ptr<Graph>> graphs_;  // by what they compute

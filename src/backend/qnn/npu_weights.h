@@ -37,7 +37,7 @@ struct MatmulRanges {
   ActivationRange in, out;
   bool operator==(const MatmulRanges&) const = default;
 };
-// By weight id (the matrix's place in the model's prepare_weights list).
+// By weight id (MatrixRef::id).
 using ActivationRanges = std::map<int64_t, MatmulRanges>;
 
 // QNN's 16-bit unsigned form of a range: real = (q + offset) · scale over q in 0..65535, the
