@@ -115,19 +115,21 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
     }
     return out;
   }
-  if (choice.decode && !choice.decode->is_cpu() && *choice.decode != choice.prefill) {
-    fail("--decode-device", "decoding on " + choice.decode->text() + " while prompts run on " +
-                                choice.prefill.text() + ": one device per model");
-  }
   const DeviceFactory* factory = factory_of(choice.prefill.kind);
   if (factory == nullptr) fail("--device", choice.prefill.text() + " names no device");
-  if (choice.decode && !choice.decode->is_cpu() && !factory->decodes()) {
-    fail("--decode-device", choice.prefill.text() +
+  // Replies decoded on another device than the prompt's (an NPU's prompt chunks, a GPU's replies):
+  // two backends in one model, the prompt's first (its work is placed first).
+  const bool other_decoder =
+      choice.decode && !choice.decode->is_cpu() && *choice.decode != choice.prefill;
+  const DeviceFactory* decoder = other_decoder ? factory_of(choice.decode->kind) : factory;
+  if (decoder == nullptr) fail("--decode-device", choice.decode->text() + " names no device");
+  if (choice.decode && !choice.decode->is_cpu() && !decoder->decodes()) {
+    fail("--decode-device", choice.decode->text() +
                                 " reads prompts only: replies are decoded "
-                                "on the CPU (--decode-device cpu)");
+                                "on the CPU or a GPU (--decode-device cpu|vulkan)");
   }
   std::optional<bool> decode;
-  if (choice.decode) decode = !choice.decode->is_cpu();
+  if (choice.decode) decode = !choice.decode->is_cpu() && !other_decoder;
   OpenedDevice device;
   try {
     device = factory->open(choice.prefill.param, decode, choice.settings);
@@ -141,19 +143,38 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   out.prefill = choice.prefill;
   out.decode = device.decodes ? choice.prefill : DeviceName{};
   if (!choice.decode) out.note = device.summary;
+  if (other_decoder) {
+    try {
+      out.backends.push_back(decoder->open(choice.decode->param, true, choice.settings).backend);
+      out.decode = *choice.decode;
+    } catch (const DeviceSettingError&) {
+      throw;
+    } catch (const Error& e) {
+      out.note = std::string(e.what()) + "; decoding on the CPU";
+    }
+  }
   return out;
 }
 
+std::string devices_name(const OpenedDevices& devices) {
+  std::string name;
+  for (const auto& b : devices.backends) name += (name.empty() ? "" : " + ") + b->name();
+  return name;
+}
+
 std::string describe_weight_memory(const OpenedDevices& devices) {
-  if (devices.backends.empty()) return "";
-  const WeightMemory w = devices.backends[0]->weight_memory();
-  if (w.in_place_bytes + w.copied_bytes == 0) return "";
-  char line[160];
-  std::snprintf(line, sizeof line,
-                "reads %.1f MB of weights in place from the mapped files, %.1f MB from copies",
-                static_cast<double>(w.in_place_bytes) / 1e6,
-                static_cast<double>(w.copied_bytes) / 1e6);
-  return devices.prefill.text() + " " + line;
+  std::string out;
+  for (const auto& b : devices.backends) {
+    const WeightMemory w = b->weight_memory();
+    if (w.in_place_bytes + w.copied_bytes == 0) continue;
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  " reads %.1f MB of weights in place from the mapped files, %.1f MB from copies",
+                  static_cast<double>(w.in_place_bytes) / 1e6,
+                  static_cast<double>(w.copied_bytes) / 1e6);
+    out += (out.empty() ? "" : "; ") + b->name().substr(0, b->name().find(' ')) + line;
+  }
+  return out;
 }
 
 }  // namespace qhx

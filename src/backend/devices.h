@@ -50,12 +50,16 @@ struct OpenedDevices {
   std::string note;
 };
 
-// Opens what `choice` names. A device that cannot be opened is a note and the CPU, never an
-// error; contradictory names (decoding on a device that reads no prompt) are an Error.
+// Opens what `choice` names: the prompt's device, and another that decodes when the choice names
+// one (an NPU reading prompts, a GPU decoding). A device that cannot be opened is a note and the
+// CPU, never an error; contradictory names (decoding on a device that decodes nothing) are an
+// Error.
 OpenedDevices open_devices(const DeviceChoice& choice);
 
-// "vulkan:0 reads 37.9 MB of weights in place from the mapped files, 0.0 MB from copies": where a
-// device's weights are, once a model prepared them; empty without a device.
+// "vulkan:0 reads 37.9 MB of weights in place from the mapped files, 0.0 MB from copies": where
+// the devices' weights are, once a model prepared them; empty without a device holding any.
 std::string describe_weight_memory(const OpenedDevices& devices);
+// The devices' names joined by " + " (a prompt device and another decoding), "" without any.
+std::string devices_name(const OpenedDevices& devices);
 
 }  // namespace qhx

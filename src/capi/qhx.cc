@@ -371,7 +371,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       check.mode = *mode;
     }
     qhx::OpenedDevices devices = qhx::open_devices(choice);
-    const std::string device_name = devices.backends.empty() ? "" : devices.backends[0]->name();
+    const std::string device_name = qhx::devices_name(devices);
     opened->prefill_device = devices.prefill.text();
     opened->decode_device = devices.decode.text();
     opened->device_note = devices.note;
@@ -413,7 +413,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
                             " tokens): generation never stops on it";
     }
     if (opened->model->has_devices()) {
-      check.weights = qhx::check_weights_for(dir, *devices.backends[0]);
+      check.weights = qhx::check_weights_for(dir, devices.backends);
       check.cache_dir = qhx::default_cache_dir();
       const qhx::DeviceCheckResult checked = qhx::check_devices(
           *opened->model, device_name, opened->tokenizer ? &*opened->tokenizer : nullptr, check);

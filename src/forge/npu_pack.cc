@@ -173,7 +173,7 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     // The NPU against the CPU, as a user's first run checks it.
     DeviceCheckOptions check;
     check.mode = DeviceCheckMode::kAlways;
-    check.weights = check_weights_for(bundle, *backend);
+    check.weights = check_weights_for(bundle, {{backend}});
     const DeviceCheckResult r =
         check_devices(*model, backend->name(), tokenizer ? &*tokenizer : nullptr, check);
     report.gate = r.summary;

@@ -55,6 +55,10 @@ class Backend {
   // The memory of a sequence's state when this backend shares the sequence with the CPU (a
   // prompt here, the reply there): both address it. The default is buffer_type().
   virtual const BufferType& state_buffer_type() const { return buffer_type(); }
+  // Whether its nodes read or write a sequence's states (KV caches, conv and recurrent states):
+  // a model's states live in the state memory of the first of its devices that does. An NPU
+  // taking row-wise prompt work only does not.
+  virtual bool computes_states() const { return true; }
   // Lays the matrices it will multiply out for its kernels (or copies them to its memory) and
   // points them there. Called once, before any plan that reads them is scheduled. The default
   // uses them as they lie.

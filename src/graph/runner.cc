@@ -95,8 +95,12 @@ void Runner::release_weights(std::span<MatrixRef* const> matrices) noexcept {
 }
 
 const BufferType& Runner::state_memory() const {
-  return devices_.empty() || !load_failure_.empty() ? cpu_->buffer_type()
-                                                    : devices_[0]->state_buffer_type();
+  if (load_failure_.empty()) {
+    for (const auto& d : devices_) {
+      if (d->computes_states()) return d->state_buffer_type();
+    }
+  }
+  return cpu_->buffer_type();
 }
 
 int64_t Runner::rows_multiple() const {

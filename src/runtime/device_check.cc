@@ -110,10 +110,15 @@ DType check_weights_of(const fs::path& dir) {
   return matrices == "w4" ? DType::kW4 : matrices == "w8" ? DType::kW8 : DType::kBF16;
 }
 
-DType check_weights_for(const fs::path& dir, const Backend& device) {
+DType check_weights_for(const fs::path& dir, std::span<const std::shared_ptr<Backend>> devices) {
   const auto coarseness = [](DType d) { return d == DType::kW4 ? 2 : d == DType::kW8 ? 1 : 0; };
-  const DType model = check_weights_of(dir), form = device.computes_weights_as();
-  return coarseness(form) > coarseness(model) ? form : model;
+  DType weights = check_weights_of(dir);
+  for (const auto& d : devices) {
+    if (coarseness(d->computes_weights_as()) > coarseness(weights)) {
+      weights = d->computes_weights_as();
+    }
+  }
+  return weights;
 }
 
 DeviceCheckResult check_devices(Model& model, const std::string& device, const Tokenizer* tokenizer,

@@ -46,8 +46,9 @@ DeviceCheckResult check_devices(Model& model, const std::string& device, const T
 // Which of the gate's thresholds apply to the model in `dir`: its bundle's matrix type (the
 // manifest's precision policy); bf16 for a Hugging Face checkpoint.
 DType check_weights_of(const std::filesystem::path& dir);
-// The weights whose thresholds apply to a device: the coarser of the model's (check_weights_of)
-// and the form the device computes them in (Backend::computes_weights_as).
-DType check_weights_for(const std::filesystem::path& dir, const Backend& device);
+// The weights whose thresholds apply to devices: the coarsest of the model's (check_weights_of)
+// and the forms the devices compute them in (Backend::computes_weights_as).
+DType check_weights_for(const std::filesystem::path& dir,
+                        std::span<const std::shared_ptr<Backend>> devices);
 
 }  // namespace qhx

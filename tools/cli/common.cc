@@ -85,8 +85,8 @@ void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const D
   if (std::filesystem::exists(model_dir / "tokenizer.json")) {
     tokenizer = qhx::Tokenizer::load(model_dir);
   }
-  options.weights = qhx::check_weights_for(model_dir, *devices.backends[0]);
-  const qhx::DeviceCheckResult r = qhx::check_devices(model, devices.backends[0]->name(),
+  options.weights = qhx::check_weights_for(model_dir, devices.backends);
+  const qhx::DeviceCheckResult r = qhx::check_devices(model, qhx::devices_name(devices),
                                                       tokenizer ? &*tokenizer : nullptr, options);
   if (!r.summary.empty()) std::fprintf(stderr, "qhx: %s\n", r.summary.c_str());
   if (r.passed) {

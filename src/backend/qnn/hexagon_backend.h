@@ -66,6 +66,7 @@ class HexagonBackend final : public Backend {
   const BufferType& buffer_type() const override { return memory_; }
   void release_weights(std::span<MatrixRef* const> matrices) override;
   DType computes_weights_as() const override;
+  bool computes_states() const override { return false; }
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
   int64_t rows_multiple() const override { return kChunkRows; }
