@@ -217,9 +217,10 @@ typedef struct qhx_generate_result {
   int64_t verify_passes;   /* speculative decoding: passes that verified a draft, */
   int64_t drafted;         /* the draft tokens they verified, */
   int64_t accepted;        /* and those the model agreed with (each a token without a pass) */
-  int64_t device_tokens;   /* tokens whose pass ran on the device during this call (an NPU's:
-                              whole prompt chunks; the rest ran on the CPU); counted per model,
-                              so other sessions' passes during the call count too */
+  int64_t device_tokens;   /* prompt tokens whose pass ran on a device during this call (an
+                              NPU's: whole prompt chunks; the rest ran on the CPU or a GPU);
+                              counted per model, so other sessions' passes during the prompt
+                              count too */
 } qhx_generate_result;
 
 /* ---------------------------------------------------------------------------------------------

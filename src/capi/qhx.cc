@@ -246,7 +246,12 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     };
     const int64_t failures_before = session->model->model->device_failures();
     const int64_t device_tokens_before = session->model->model->device_traffic().tokens;
+    int64_t prompt_device_tokens = -1;  // set when the prompt is read: at the first token
     const qhx::TurnStats stats = session->session->generate(tokens, turn, [&](int32_t id) {
+      if (prompt_device_tokens < 0) {
+        prompt_device_tokens =
+            session->model->model->device_traffic().tokens - device_tokens_before;
+      }
       // An eos or stop id adds no text of its own but ends what was held.
       const bool is_stop = stops.count(id) > 0;
       const std::string piece = !decoder ? "" : is_stop ? decoder->flush() : decoder->push(id);
@@ -283,7 +288,10 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       result->ttft_ms = stats.ttft_seconds * 1e3;
       result->decode_ms = stats.decode_seconds * 1e3;
       result->device_failures = session->model->model->device_failures() - failures_before;
-      result->device_tokens = session->model->model->device_traffic().tokens - device_tokens_before;
+      result->device_tokens =
+          prompt_device_tokens >= 0
+              ? prompt_device_tokens
+              : session->model->model->device_traffic().tokens - device_tokens_before;
       result->verify_passes = stats.verify_passes;
       result->drafted = stats.drafted;
       result->accepted = stats.accepted;

@@ -190,8 +190,10 @@ int run_generate(const GenerateArgs& args) {
   if (result.device_tokens > 0) {
     qhx_model_info info;
     check(qhx_model_get_info(m.model, &info));
-    device =
-        " | " + std::to_string(result.device_tokens) + " prompt tokens on " + info.prefill_device;
+    const std::string decoder = info.decode_device;
+    const bool both = decoder != "cpu" && !decoder.empty() && decoder != info.prefill_device;
+    device = " | " + std::to_string(result.device_tokens) + " prompt tokens on " +
+             info.prefill_device + (both ? " + " + decoder : "");
   }
   const double prefill_tps = result.n_prompt / std::max(result.prefill_ms * 1e-3, 1e-9);
   const double decode_tps = result.n_generated > 1
