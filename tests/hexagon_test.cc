@@ -516,7 +516,8 @@ std::shared_ptr<HexagonBackend> from_pack(const std::shared_ptr<const QnnLibrary
 
 // The 16-bit forms: packs calibrated on token sequences (the fixtures have no tokenizer), gated
 // at their form's thresholds, their ranges in the manifest, loading with them and reading
-// prompts on the NPU without compiling; a 16-bit form without calibration is refused. w4a16 pairs
+// prompts on the NPU without compiling (w4a16 compiles them: QNN crashes running some of them
+// loaded from a binary); a 16-bit form without calibration is refused. w4a16 pairs
 // with a W4 bundle here: 4-bit weights of a random tiny model fail the gate against its float
 // self (the CPU's own W4: top-1 0.63), against its W4 self they must agree.
 TEST(HexagonPack, W8A16AndW4A16PacksAreCalibratedGatedAndLoad) {
@@ -550,8 +551,13 @@ TEST(HexagonPack, W8A16AndW4A16PacksAreCalibratedGatedAndLoad) {
     const std::vector<int32_t> prompt = long_prompt(300, vocab);
     EXPECT_EQ(greedy_reply(*npu, prompt, 4).size(), 4u);
     EXPECT_EQ(backend->chunks_run(), 2);
-    EXPECT_EQ(backend->graphs_compiled(), 0) << "a prompt graph was not in the pack";
-    EXPECT_GT(backend->graphs_from_pack(), 0);
+    if (form == NpuForm::kW8A16) {
+      EXPECT_EQ(backend->graphs_compiled(), 0) << "a prompt graph was not in the pack";
+      EXPECT_GT(backend->graphs_from_pack(), 0);
+    } else {  // compiled where they run (docs/hexagon.md): the pack holds no binary
+      EXPECT_TRUE(m.chips[0].files.empty());
+      EXPECT_GT(backend->graphs_compiled(), 0);
+    }
   }
   NpuPackOptions uncalibrated;
   uncalibrated.form = NpuForm::kW8A16;

@@ -146,6 +146,9 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     packed.soc = chip->soc;
     const std::string folder = "v" + std::to_string(chip->arch);
     fs::create_directories(temp / folder);
+    // w4a16 graphs are compiled where they run, from the pack's ranges: QNN 2.51's HTP crashes
+    // executing some of them loaded from a context binary (docs/hexagon.md).
+    if (form == NpuForm::kW4A16) contexts.clear();
     for (size_t i = 0; i < contexts.size(); ++i) {
       const NpuPackContext& c = contexts[i];
       int64_t const_bytes = 0;

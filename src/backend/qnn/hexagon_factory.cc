@@ -108,13 +108,12 @@ class HexagonFactory final : public DeviceFactory {
       }
       int64_t bytes = 0;
       for (const NpuPackContext& c : pack) bytes += static_cast<int64_t>(c.binary.size());
-      pack_note = " from the pack's " + std::to_string(pack.size()) + " context(s), " +
-                  std::to_string(bytes / 1000000) + " MB, " +
-                  std::string(npu_form_name(options.form));
-    }
-    if (!pack.empty()) {
-      options.pack_id =
-          sha256_file(fs::path(settings.at("npu_pack")) / "MANIFEST.json").substr(0, 12);
+      pack_note = pack.empty() ? " compiled on first use from the pack's ranges, " +
+                                     std::string(npu_form_name(options.form))
+                               : " from the pack's " + std::to_string(pack.size()) +
+                                     " context(s), " + std::to_string(bytes / 1000000) + " MB, " +
+                                     std::string(npu_form_name(options.form));
+      options.pack_id = sha256_file(fs::path(p->second) / "MANIFEST.json").substr(0, 12);
     }
     const auto device = HexagonDevice::open(library, *chip);
     OpenedDevice out;
