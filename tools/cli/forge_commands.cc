@@ -185,12 +185,17 @@ int run_forge_npu(const NpuPackArgs& a) {
   for (const std::string& f : a.calibrate) options.calibration_texts.emplace_back(f);
   options.calibration.max_tokens = a.calibrate_tokens;
   for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
+    const std::string form(qhx::npu_form_name(r.form));
+    if (r.contexts == 0) {
+      std::fprintf(stderr, "v%d %s: %lld graphs, compiled where they run (no binary); %s\n",
+                   r.arch, form.c_str(), static_cast<long long>(r.graphs), r.gate.c_str());
+      continue;
+    }
     std::fprintf(stderr,
                  "v%d %s: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
-                 r.arch, std::string(qhx::npu_form_name(r.form)).c_str(),
-                 static_cast<long long>(r.graphs), static_cast<long long>(r.contexts),
-                 static_cast<double>(r.bytes) / 1e6, static_cast<double>(r.const_bytes) / 1e6,
-                 r.gate.c_str());
+                 r.arch, form.c_str(), static_cast<long long>(r.graphs),
+                 static_cast<long long>(r.contexts), static_cast<double>(r.bytes) / 1e6,
+                 static_cast<double>(r.const_bytes) / 1e6, r.gate.c_str());
   }
   std::fprintf(stderr, "wrote %s\n", a.out.c_str());
   return 0;
