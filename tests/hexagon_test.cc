@@ -595,6 +595,10 @@ TEST(HexagonPack, LoadsInsteadOfCompilingAndGivesTheSameTokens) {
     for (const int arch : {75, 81}) {
       const auto backend = from_pack(library, packed.pack, packed.bundle, arch);
       EXPECT_GT(backend->graphs_from_pack(), 0);
+      // What memory admission counts: the binaries it loaded, in the host's RAM.
+      const NpuPackChip& chip = *std::find_if(m.chips.begin(), m.chips.end(),
+                                              [&](const NpuPackChip& c) { return c.arch == arch; });
+      EXPECT_EQ(backend->weight_memory().host_copied_bytes, chip.bytes());
       const auto npu = load_model(packed.bundle, {.devices = {backend}});
       EXPECT_EQ(greedy_reply(*npu, prompt, 6), want);
       EXPECT_EQ(backend->chunks_run(), 2);

@@ -41,6 +41,7 @@ struct qhx_model {
   std::unique_ptr<qhx::PrefixCache> prefix_cache;
   int64_t context_length = 0;
   int64_t memory_estimate = 0;
+  int64_t device_weight_bytes = 0;  // the devices' copies of weights in the host's RAM
   std::string admission_note;
   std::string prefill_device = "cpu", decode_device = "cpu", device_note, model_note;
 };
@@ -427,6 +428,11 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
           *opened->model, device_name, opened->tokenizer ? &*opened->tokenizer : nullptr, check);
       if (!checked.passed) opened->prefill_device = opened->decode_device = "cpu";
       const std::string weights = checked.passed ? qhx::describe_weight_memory(devices) : "";
+      if (checked.passed) {
+        for (const auto& b : devices.backends) {
+          opened->device_weight_bytes += b->weight_memory().host_copied_bytes;
+        }
+      }
       for (const std::string& part : {checked.summary, weights}) {
         if (!part.empty()) {
           opened->device_note += (opened->device_note.empty() ? "" : "; ") + part;
@@ -444,6 +450,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       qhx::MemoryRequest request;
       request.weights_bytes = opened->model->weights_bytes();
       if (opened->draft_model) request.weights_bytes += opened->draft_model->weights_bytes();
+      request.weights_bytes += opened->device_weight_bytes;  // an NPU's graphs, a UMA GPU's copies
       request.sessions = options->max_sessions;
       request.prefix_cache_bytes = options->prefix_cache_bytes;
       request.resident_bytes = resident_before + tokenizer_bytes;

@@ -43,6 +43,9 @@ struct NodeArgs {
 // imported) and copied into memory of its own.
 struct WeightMemory {
   int64_t in_place_bytes = 0, copied_bytes = 0;
+  // Of the copies, those the host's RAM holds (an NPU's graph constants, the copies of a GPU that
+  // shares the host's memory): what memory admission counts besides the model's own weights.
+  int64_t host_copied_bytes = 0;
 };
 
 class Backend {

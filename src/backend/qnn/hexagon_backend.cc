@@ -76,6 +76,7 @@ HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBac
     auto& context = contexts_.emplace_back(std::make_unique<Context>());
     context->handle = std::make_unique<HexagonContext>(device_, c.binary);
     context->from_pack = true;
+    context->binary_bytes = static_cast<int64_t>(c.binary.size());
     for (const NpuPackGraph& g : c.graphs) {
       const auto described = std::find_if(info.graphs.begin(), info.graphs.end(),
                                           [&](const auto& d) { return d.name == g.name; });
@@ -158,6 +159,13 @@ std::string HexagonBackend::name() const {
 void HexagonBackend::release_weights(std::span<MatrixRef* const>) {
   graphs_.clear();  // they hold those weights as constants
   contexts_.clear();
+}
+
+WeightMemory HexagonBackend::weight_memory() const {
+  WeightMemory w;
+  for (const auto& c : contexts_) w.copied_bytes += c->from_pack ? c->binary_bytes : c->const_estimate;
+  w.host_copied_bytes = w.copied_bytes;
+  return w;
 }
 
 DType HexagonBackend::computes_weights_as() const {

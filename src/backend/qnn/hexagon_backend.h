@@ -66,6 +66,9 @@ class HexagonBackend final : public Backend {
   const BufferType& buffer_type() const override { return memory_; }
   void release_weights(std::span<MatrixRef* const> matrices) override;
   DType computes_weights_as() const override;
+  // Its graphs' constants (copies of the weights, in the form's precision): the binaries loaded
+  // from a pack, about what the graphs compiled here hold. In the host's RAM on a phone.
+  WeightMemory weight_memory() const override;
   bool computes_states() const override { return false; }
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
@@ -98,7 +101,8 @@ class HexagonBackend final : public Backend {
     std::unique_ptr<HexagonContext> handle;
     bool from_pack = false;  // finalized in its binary: no graph is added to it
     bool retired = false;    // a graph failed in it: no graph is added to it
-    int64_t const_estimate = 0;
+    int64_t const_estimate = 0;  // compiled here: its graphs' constants, about
+    int64_t binary_bytes = 0;    // from a pack: its binary's size
     std::vector<std::string> keys;  // its graphs
   };
   // The context a new graph of about `bytes` of constants goes into, within the budget.

@@ -177,6 +177,12 @@ void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
   }
 }
 
+WeightMemory VulkanBackend::weight_memory() const {
+  WeightMemory w = weight_memory_;
+  w.host_copied_bytes = device_->info().discrete ? 0 : w.copied_bytes;
+  return w;
+}
+
 void VulkanBackend::release_weights(std::span<MatrixRef* const> list) {
   synchronize();  // recorded work may read them
   for (const MatrixRef* m : list) {

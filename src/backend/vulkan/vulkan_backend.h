@@ -79,7 +79,7 @@ class VulkanBackend final : public Backend {
   int64_t submissions() const { return submissions_; }  // command buffers submitted so far
   // Allocations of device memory attempted so far (the fail_allocation switch counts them).
   int64_t device_allocations() const { return device_memory_.allocations(); }
-  WeightMemory weight_memory() const override { return weight_memory_; }
+  WeightMemory weight_memory() const override;
 
  private:
   // A weight matrix on the device in parts of whole rows, each within one storage-buffer binding
