@@ -63,6 +63,8 @@ def main() -> None:
             cpu, rss_c, _ = run(base)
             npu, rss_n, on_npu = run(base + ["--device", f"hexagon:{args.chip}", "--npu-pack", pack,
                                              "--device-check", "never"])
+            if on_npu == 0:
+                sys.exit(f"{pack}: no prompt token ran on hexagon:{args.chip} (QHX_QNN_LIB set?)")
             cpu_rss, npu_rss, npu_tokens = max(cpu_rss, rss_c), max(npu_rss, rss_n), npu_tokens + on_npu
             if cpu == npu:
                 same += 1
