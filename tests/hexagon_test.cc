@@ -304,11 +304,14 @@ TEST(NpuWeights, Int4BlocksFollowAW4MatrixsGroupsWithinTheTwoLevelScalesRounding
   EXPECT_EQ(q.block, kGroup);  // a W4 matrix's own groups, whatever block is asked for
   for (int64_t r = 0; r < 2; ++r) {
     for (int64_t c = 0; c < kCols; ++c) {
-      const float got = q.values[r * kCols + c] * q.row_scales[r] *
-                        q.block_scales[r * (kCols / kGroup) + c / kGroup];
-      // The group scales 0.01..0.04 are 3.75, 7.5, 11.25, 15 steps of 0.04/15: rounded to
-      // whole steps, each within half a step (1.33e-3) times the integer (≤ 4).
-      EXPECT_NEAR(got, want[r * kCols + c], 4 * 0.5f * 0.04f / 15 + 1e-6f) << r << "," << c;
+      const float scale = q.row_scales[r] * q.block_scales[r * (kCols / kGroup) + c / kGroup];
+      // The group scales 0.01..0.04 are 3.75, 7.5, 11.25, 15 steps of 0.04/15: rounded up to
+      // whole steps (never below the group's: nothing clipped), the integers rounded again
+      // within half the new scale.
+      EXPECT_GE(scale, f16_to_f32(scales[r * (kCols / kGroup) + c / kGroup]) * 0.9999f);
+      EXPECT_LE(scale, f16_to_f32(scales[r * (kCols / kGroup) + c / kGroup]) + 0.04f / 15 + 1e-6f);
+      EXPECT_NEAR(q.values[r * kCols + c] * scale, want[r * kCols + c], 0.5f * scale + 1e-6f)
+          << r << "," << c;
     }
   }
 }
@@ -445,42 +448,71 @@ TEST(Hexagon, AFailedGraphExecutionIsRedoneByTheCpuWithTheSameTokens) {
 }
 
 // Two devices in one model: prompt chunks on the NPU, every reply token on a GPU (lavapipe in
-// CI), the states in the GPU's memory (the NPU computes none), the same greedy tokens as the CPU.
+// CI), the states in the GPU's memory (the NPU computes none), the same greedy tokens as the CPU;
+// also with the GPU keeping the states in private memory across passes, as a discrete GPU does
+// (the NPU has no say in whether states are kept). Two decoding devices are refused.
 TEST(HexagonAndVulkan, PromptChunksOnTheNpuRepliesOnTheGpuInOneModel) {
   QHX_QNN_LIBRARY_OR_SKIP(library);
   DeviceChoice choice;
   choice.prefill = parse_device_name("hexagon:v81", "--device");
   choice.decode = parse_device_name("vulkan", "--decode-device");
-  const OpenedDevices opened = open_devices(choice);
-  if (opened.backends.size() < 2) {
-    if (std::getenv("QHX_REQUIRE_VULKAN") != nullptr) FAIL() << opened.note;
-    GTEST_SKIP() << opened.note;
+  for (const bool private_states : {false, true}) {
+    SCOPED_TRACE(private_states ? "private states" : "shared states");
+    if (private_states) setenv("QHX_VULKAN_PRIVATE_STATES", "1", 1);
+    const OpenedDevices opened = open_devices(choice);
+    unsetenv("QHX_VULKAN_PRIVATE_STATES");
+    if (opened.backends.size() < 2) {
+      if (std::getenv("QHX_REQUIRE_VULKAN") != nullptr) FAIL() << opened.note;
+      GTEST_SKIP() << opened.note;
+    }
+    EXPECT_EQ(opened.prefill.text(), "hexagon:v81");
+    EXPECT_EQ(opened.decode.text(), "vulkan:0");
+    EXPECT_NE(devices_name(opened).find(" + vulkan:0"), std::string::npos) << devices_name(opened);
+    const auto* npu = dynamic_cast<const HexagonBackend*>(opened.backends[0].get());
+    ASSERT_NE(npu, nullptr);
+    for (const char* name : kFixtures) {
+      SCOPED_TRACE(name);
+      const auto cpu = load_model(fixture(name));
+      const std::vector<int32_t> prompt = long_prompt(300, cpu->config().vocab_size);
+      const std::vector<int32_t> want = greedy_reply(*cpu, prompt, 6);
+      const auto both = load_model(fixture(name), {.devices = opened.backends});
+      const int64_t chunks = npu->chunks_run();
+      // Two turns: the second reads its prompt from the states the first reply left (kept on
+      // the GPU between passes when private).
+      Session session(*both);
+      TurnOptions turn;
+      turn.max_new_tokens = 6;
+      std::vector<int32_t> history = prompt;
+      for (int t = 0; t < 2; ++t) {
+        std::vector<int32_t> reply;
+        session.generate(history, turn, [&](int32_t id) {
+          reply.push_back(id);
+          return true;
+        });
+        if (t == 0) {
+          EXPECT_EQ(reply, want);
+        }
+        history.insert(history.end(), reply.begin(), reply.end());
+        history.insert(history.end(), prompt.begin(), prompt.begin() + 130);
+      }
+      // 256 of the first prompt's 300 tokens; 128 of the second turn's 130 (after the reply's).
+      EXPECT_EQ(npu->chunks_run() - chunks, 3);
+      // Every pass touched a device: the prompt's (NPU and GPU) and the reply's steps (the GPU).
+      EXPECT_GE(both->device_traffic().passes, 2 * (1 + 5));
+      EXPECT_EQ(both->device_failures(), 0) << both->device_failure();
+    }
   }
-  EXPECT_EQ(opened.prefill.text(), "hexagon:v81");
-  EXPECT_EQ(opened.decode.text(), "vulkan:0");
-  EXPECT_NE(devices_name(opened).find(" + vulkan:0"), std::string::npos) << devices_name(opened);
-  const auto* npu = dynamic_cast<const HexagonBackend*>(opened.backends[0].get());
-  ASSERT_NE(npu, nullptr);
-  for (const char* name : kFixtures) {
-    SCOPED_TRACE(name);
-    const auto cpu = load_model(fixture(name));
-    const std::vector<int32_t> prompt = long_prompt(300, cpu->config().vocab_size);
-    const std::vector<int32_t> want = greedy_reply(*cpu, prompt, 6);
-    const auto both = load_model(fixture(name), {.devices = opened.backends});
-    const int64_t chunks = npu->chunks_run();
-    EXPECT_EQ(greedy_reply(*both, prompt, 6), want);
-    EXPECT_EQ(npu->chunks_run() - chunks, 2);  // 256 of the 300 prompt tokens
-    // Every pass touched a device: the prompt's (NPU and GPU) and the reply's steps (the GPU).
-    EXPECT_GE(both->device_traffic().passes, 1 + 5);
-    EXPECT_EQ(both->device_failures(), 0) << both->device_failure();
-  }
-  choice.prefill = parse_device_name("vulkan", "--device");
-  choice.decode = parse_device_name("hexagon:v81", "--decode-device");
-  try {
-    open_devices(choice);
-    ADD_FAILURE() << "decoding on the NPU was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("reads prompts only"), std::string::npos) << e.what();
+  for (const auto& [prefill, decode, why] :
+       {std::tuple{"vulkan", "hexagon:v81", "reads prompts only"},
+        std::tuple{"vulkan", "vulkan:1", "a device that decodes takes both"}}) {
+    choice.prefill = parse_device_name(prefill, "--device");
+    choice.decode = parse_device_name(decode, "--decode-device");
+    try {
+      open_devices(choice);
+      ADD_FAILURE() << prefill << " then " << decode << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
   }
 }
 

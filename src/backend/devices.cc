@@ -118,7 +118,8 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   const DeviceFactory* factory = factory_of(choice.prefill.kind);
   if (factory == nullptr) fail("--device", choice.prefill.text() + " names no device");
   // Replies decoded on another device than the prompt's (an NPU's prompt chunks, a GPU's replies):
-  // two backends in one model, the prompt's first (its work is placed first).
+  // two backends in one model, the prompt's first (its work is placed first). Only after a
+  // device that decodes nothing: two that decode would both compute states.
   const bool other_decoder =
       choice.decode && !choice.decode->is_cpu() && *choice.decode != choice.prefill;
   const DeviceFactory* decoder = other_decoder ? factory_of(choice.decode->kind) : factory;
@@ -127,6 +128,10 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
     fail("--decode-device", choice.decode->text() +
                                 " reads prompts only: replies are decoded "
                                 "on the CPU or a GPU (--decode-device cpu|vulkan)");
+  }
+  if (other_decoder && factory->decodes()) {
+    fail("--decode-device", "decoding on " + choice.decode->text() + " while prompts run on " +
+                                choice.prefill.text() + ": a device that decodes takes both");
   }
   std::optional<bool> decode;
   if (choice.decode) decode = !choice.decode->is_cpu() && !other_decoder;

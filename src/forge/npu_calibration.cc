@@ -1,6 +1,7 @@
 #include "forge/npu_calibration.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -60,6 +61,9 @@ class RangeRecorder final : public Backend {
 ActivationRanges calibrate_npu_ranges(const fs::path& bundle,
                                       std::span<const std::vector<int32_t>> sequences,
                                       const CalibrationOptions& options) {
+  if (options.pass_tokens <= 0 || options.max_tokens <= 0) {
+    fail("calibration", "pass_tokens and max_tokens must be positive");
+  }
   const int threads = options.n_threads > 0
                           ? options.n_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -81,6 +85,15 @@ ActivationRanges calibrate_npu_ranges(const fs::path& bundle,
   if (read == 0 || recorder->ranges().empty()) {
     fail(bundle.string(), "calibration read no tokens (give text that is not empty)");
   }
+  for (const auto& [weight, r] : recorder->ranges()) {
+    for (const float v : {r.in.lo, r.in.hi, r.out.lo, r.out.hi}) {
+      if (!std::isfinite(v)) {
+        fail(bundle.string(), "matrix " + std::to_string(weight) +
+                                  " read or wrote a value that is not finite on the calibration "
+                                  "text");
+      }
+    }
+  }
   return recorder->ranges();
 }
 
@@ -88,6 +101,7 @@ std::vector<std::vector<int32_t>> calibration_sequences(const fs::path& bundle,
                                                         std::span<const fs::path> texts,
                                                         int64_t sequence_tokens) {
   if (texts.empty()) return {};
+  if (sequence_tokens <= 0) fail("calibration", "sequence_tokens must be positive");
   if (!fs::exists(bundle / "tokenizer.json")) {
     fail(bundle.string(), "has no tokenizer.json to read calibration text with");
   }

@@ -13,13 +13,15 @@
 namespace qhx {
 
 struct CalibrationOptions {
-  int64_t pass_tokens = 512;   // tokens per prompt pass (a sequence longer is read in passes)
-  int64_t max_tokens = 4096;   // in all; sequences past it are left out
+  int64_t pass_tokens = 512;       // tokens per prompt pass (a sequence longer is read in passes)
+  int64_t sequence_tokens = 2048;  // a text is cut into sequences of this many, each from position 0
+  int64_t max_tokens = 4096;       // in all; sequences past it are left out
   int n_threads = 0;           // 0: the machine's cores
 };
 
 // Ranges of every matmul the prompt passes of `sequences` (token ids, each read from a fresh
-// state) reach, by weight id. Error when the bundle does not load or nothing was read.
+// state) reach, by weight id. Error when the bundle does not load, nothing was read, or a
+// range is not finite (the model overflowed on the text).
 ActivationRanges calibrate_npu_ranges(const std::filesystem::path& bundle,
                                       std::span<const std::vector<int32_t>> sequences,
                                       const CalibrationOptions& options = {});

@@ -72,7 +72,7 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     }
     std::vector<std::vector<int32_t>> sequences = options.calibration_ids;
     for (auto& s : calibration_sequences(bundle, options.calibration_texts,
-                                         options.calibration.pass_tokens)) {
+                                         options.calibration.sequence_tokens)) {
       sequences.push_back(std::move(s));
     }
     backend_options.ranges = calibrate_npu_ranges(bundle, sequences, options.calibration);

@@ -236,10 +236,14 @@ bool Runner::keeps_states(const Schedule& s) const {
     any = true;
     if (n.backend == 0) on_devices = false;
   }
-  on_devices = on_devices && any;
-  bool kept = on_devices;
+  // Kept only if every device that computes states keeps them (a device computing none, an NPU,
+  // has no say); else none does.
+  bool kept = on_devices && any;
   for (const std::shared_ptr<Backend>& device : devices_) {
-    kept = device->keep_states(on_devices) && kept;
+    if (device->computes_states()) kept = device->keep_states(kept) && kept;
+  }
+  if (!kept) {
+    for (const std::shared_ptr<Backend>& device : devices_) device->keep_states(false);
   }
   return kept;
 }

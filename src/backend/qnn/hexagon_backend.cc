@@ -157,13 +157,30 @@ std::string HexagonBackend::name() const {
 // The weights stay where they lie until a graph takes them as constants; their ids name them in
 // a graph's key.
 void HexagonBackend::release_weights(std::span<MatrixRef* const>) {
+  expected_constant_bytes_ = 0;
   graphs_.clear();  // they hold those weights as constants
   contexts_.clear();
 }
 
+void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
+  int64_t vocabulary = 0;
+  for (const MatrixRef* m : matrices) vocabulary = std::max(vocabulary, m->rows);
+  const double bytes_per_weight = options_.form == NpuForm::kF16     ? 2.0
+                                  : options_.form == NpuForm::kW8A16 ? 1.0
+                                                                     : 0.5;
+  double bytes = 0;
+  for (const MatrixRef* m : matrices) {
+    if (m->rows < vocabulary) bytes += static_cast<double>(m->rows * m->cols) * bytes_per_weight;
+  }
+  expected_constant_bytes_ = static_cast<int64_t>(bytes);
+}
+
 WeightMemory HexagonBackend::weight_memory() const {
   WeightMemory w;
-  for (const auto& c : contexts_) w.copied_bytes += c->from_pack ? c->binary_bytes : c->const_estimate;
+  for (const auto& c : contexts_) {
+    w.copied_bytes += c->from_pack ? c->binary_bytes : c->const_estimate;
+  }
+  w.copied_bytes = std::max(w.copied_bytes, expected_constant_bytes_);
   w.host_copied_bytes = w.copied_bytes;
   return w;
 }
@@ -495,18 +512,25 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       }
       g.finalize();
       ++graphs_compiled_;
-    } catch (const std::exception& e) {
+    } catch (...) {
       // The graph is left unfinished in its context: no more graphs go there, and the run is
-      // not tried again (the scheduler runs it on the CPU).
+      // not tried again: the scheduler runs it on the CPU, whatever the reason.
       graphs_.erase(key);
       failed_keys_.insert(key);
-      compile_failures_.push_back(e.what());
       if (!contexts_.empty() && !contexts_.back()->keys.empty() &&
           contexts_.back()->keys.back() == key) {
         contexts_.back()->keys.pop_back();
         contexts_.back()->retired = true;
       }
-      throw;
+      std::string why = "an unknown error";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+      compile_failures_.push_back(why);
+      cannot(why.starts_with("hexagon: ") ? why.substr(9) : why);
     }
   }
   compiled->graph = graph;

@@ -1,6 +1,7 @@
 // The Hexagon NPU (backend/device_factory.h): "hexagon" or "hexagon:v73|v75|v79|v81", through the
 // QNN libraries found at run time (backend/qnn/qnn_library.h). On x86 the library is Qualcomm's
 // simulator, and "hexagon" alone simulates the newest chip qhx knows.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -98,7 +99,10 @@ class HexagonFactory final : public DeviceFactory {
         }
         options.form = m.form;
         options.ranges = m.ranges;
-        if (m.qnn_build != library->build_id()) {
+        const bool has_binaries = std::any_of(m.chips.begin(), m.chips.end(), [&](const auto& c) {
+          return c.arch == chip->arch && !c.files.empty();
+        });
+        if (has_binaries && m.qnn_build != library->build_id()) {
           fail(where, "compiled by QNN " + m.qnn_build + ", this library is " +
                           library->build_id() + " (make the pack with it, or give --qnn-lib)");
         }

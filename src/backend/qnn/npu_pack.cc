@@ -91,6 +91,7 @@ NpuPackManifest read_npu_pack(const fs::path& dir) {
   out.form = *form;
   if (out.form != NpuForm::kF16) {
     out.calibration_tokens = require_int(m, "calibration_tokens", where);
+    if (out.calibration_tokens < 0) fail(field(where, "calibration_tokens"), "negative");
     const Json& ranges = require_field(m, "activation_ranges", where);
     const std::string rw = field(where, "activation_ranges");
     if (!ranges.is_array() || ranges.empty()) fail(rw, "expected a non-empty array");
@@ -104,12 +105,13 @@ NpuPackManifest read_npu_pack(const fs::path& dir) {
         if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
           fail(field(iw, name), "expected [lo, hi]");
         }
-        range->lo = v[0].get<float>();
-        range->hi = v[1].get<float>();
-        if (!(range->lo <= 0 && range->hi >= 0 && std::isfinite(range->lo) &&
-              std::isfinite(range->hi))) {
+        const double lo = v[0].get<double>(), hi = v[1].get<double>();
+        constexpr double kLargest = 3.0e38;  // within float's range
+        if (!(lo <= 0 && hi >= 0 && lo >= -kLargest && hi <= kLargest)) {
           fail(field(iw, name), "a range must hold 0 and be finite");
         }
+        range->lo = static_cast<float>(lo);
+        range->hi = static_cast<float>(hi);
       }
     }
   }

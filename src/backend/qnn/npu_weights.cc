@@ -113,7 +113,10 @@ Int4Blocks int4_blocks(const MatrixRef& w, int64_t block) {
     const float row_scale = top > 0 ? top / 15.0f : 1.0f;
     out.row_scales[r] = row_scale;
     for (int64_t b = 0; b < blocks; ++b) {
-      const auto s = static_cast<uint8_t>(std::clamp<long>(std::lround(wanted[b] / row_scale), 1, 15));
+      // Rounded up: a block's largest values then still fit its 4-bit range (rounded down, they
+      // would be clipped), at most a step of row_scale coarser.
+      const auto s = static_cast<uint8_t>(
+          std::clamp<long>(static_cast<long>(std::ceil(wanted[b] / row_scale - 1e-4f)), 1, 15));
       out.block_scales[r * blocks + b] = s;
       const float scale = row_scale * s;
       for (int64_t c = b * out.block; c < (b + 1) * out.block; ++c) {

@@ -59,7 +59,7 @@ Int8Rows int8_rows(const MatrixRef& w);
 
 // 4-bit blocks with two-level scales: element (r, c) = values · row_scales[r] ·
 // block_scales[r][c / block], block scales in 1..15. From a W4 matrix's groups (each group scale
-// rounded to the two-level form and its integers rounded again to it), or from any other
+// rounded up to the two-level form and its integers rounded again to it), or from any other
 // matrix's values in blocks of `block` (halved down to 8 until it divides the columns). Blocks
 // are a multiple of 32 columns or a power of two, what the HTP computes right: a W4 group of 48
 // becomes three blocks of 16 with its scale.
