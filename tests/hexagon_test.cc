@@ -18,9 +18,9 @@
 #include "backend/qnn/npu_pack.h"
 #include "backend/qnn/npu_weights.h"
 #include "core/dtype.h"
-#include "kernels/quant.h"
 #include "forge/convert.h"
 #include "forge/npu_pack.h"
+#include "kernels/quant.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
 #include "runtime/session.h"
@@ -240,32 +240,32 @@ TEST(Hexagon, AW4A16MatmulComputesWithTwoLevelBlockScales) {
   // (Blocks of 48 and 24 compute wrong values on the HTP: int4_blocks cuts such groups.)
   for (const auto& [in, out, block] :
        {std::tuple{128u, 32u, 64}, std::tuple{128u, 256u, 32}, std::tuple{96u, 64u, 48}}) {
-  QuantizedMatmul m;
-  m.kIn = in;
-  m.kOut = out;
-  m.x = test::random_vector(m.kRows * in, 1);
-  m.w = test::random_vector(out * in, 2, 0.2f);
-  std::vector<uint8_t> packed(out * in / 2);  // W4 groups of `block`, as a bundle has them
-  std::vector<uint16_t> scales(out * in / block);
-  quantize_w4(m.w.data(), out, in, block, packed.data(), scales.data());
-  const Int4Blocks q = int4_blocks({DType::kW4, packed.data(), out, in, scales.data(), block});
-  const int64_t blocks = m.kIn / q.block;
-  std::vector<float> as_int4(m.w.size());
-  const auto e = QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales, q.block_scales);
-  for (uint32_t o = 0; o < m.kOut; ++o) {
-    for (uint32_t i = 0; i < m.kIn; ++i) {
-      as_int4[o * m.kIn + i] =
-          q.values[o * m.kIn + i] * q.row_scales[o] * q.block_scales[o * blocks + i / q.block];
+    QuantizedMatmul m;
+    m.kIn = in;
+    m.kOut = out;
+    m.x = test::random_vector(m.kRows * in, 1);
+    m.w = test::random_vector(out * in, 2, 0.2f);
+    std::vector<uint8_t> packed(out * in / 2);  // W4 groups of `block`, as a bundle has them
+    std::vector<uint16_t> scales(out * in / block);
+    quantize_w4(m.w.data(), out, in, block, packed.data(), scales.data());
+    const Int4Blocks q = int4_blocks({DType::kW4, packed.data(), out, in, scales.data(), block});
+    const int64_t blocks = m.kIn / q.block;
+    std::vector<float> as_int4(m.w.size());
+    const auto e = QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales, q.block_scales);
+    for (uint32_t o = 0; o < m.kOut; ++o) {
+      for (uint32_t i = 0; i < m.kIn; ++i) {
+        as_int4[o * m.kIn + i] =
+            q.values[o * m.kIn + i] * q.row_scales[o] * q.block_scales[o * blocks + i / q.block];
+      }
     }
-  }
-  const std::vector<float> want = m.product(m.x, as_int4);
-  for (const char* arch : {"v75", "v81"}) {
-    SCOPED_TRACE(arch);
-    const float error = max_error(m.run(library, arch, q.values, e, want), want);
-    std::printf("%s: w4a16 %ux%u groups of %d: max error %.3g of %.3g\n", arch, out, in, block,
-                error, largest(want));
-    EXPECT_LT(error, 2e-4f * largest(want));
-  }
+    const std::vector<float> want = m.product(m.x, as_int4);
+    for (const char* arch : {"v75", "v81"}) {
+      SCOPED_TRACE(arch);
+      const float error = max_error(m.run(library, arch, q.values, e, want), want);
+      std::printf("%s: w4a16 %ux%u groups of %d: max error %.3g of %.3g\n", arch, out, in, block,
+                  error, largest(want));
+      EXPECT_LT(error, 2e-4f * largest(want));
+    }
   }
 }
 
@@ -576,8 +576,7 @@ TEST(HexagonPack, W8A16AndW4A16PacksAreCalibratedGatedAndLoad) {
     ASSERT_EQ(m.chips.size(), 1u);
     EXPECT_NE(m.chips[0].gate.find("agrees with the CPU"), std::string::npos) << m.chips[0].gate;
     const auto backend = from_pack(library, packed.pack, packed.bundle, 81);
-    EXPECT_EQ(backend->computes_weights_as(),
-              form == NpuForm::kW8A16 ? DType::kW8 : DType::kW4);
+    EXPECT_EQ(backend->computes_weights_as(), form == NpuForm::kW8A16 ? DType::kW8 : DType::kW4);
     EXPECT_NE(backend->name().find(npu_form_name(form)), std::string::npos) << backend->name();
     const auto npu = load_model(packed.bundle, {.devices = {backend}});
     const std::vector<int32_t> prompt = long_prompt(300, vocab);

@@ -75,7 +75,8 @@ ActivationRanges calibrate_npu_ranges(const fs::path& bundle,
   for (const std::vector<int32_t>& ids : sequences) {
     if (read >= options.max_tokens) break;
     auto state = model->new_state();
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), options.max_tokens - read);
+    const int64_t n =
+        std::min<int64_t>(static_cast<int64_t>(ids.size()), options.max_tokens - read);
     for (int64_t begin = 0; begin < n; begin += options.pass_tokens) {
       const int64_t count = std::min(options.pass_tokens, n - begin);
       model->forward(std::span(ids).subspan(begin, count), *state, LogitsFor::kLastToken, logits);

@@ -13,10 +13,11 @@
 namespace qhx {
 
 struct CalibrationOptions {
-  int64_t pass_tokens = 512;       // tokens per prompt pass (a sequence longer is read in passes)
-  int64_t sequence_tokens = 2048;  // a text is cut into sequences of this many, each from position 0
-  int64_t max_tokens = 4096;       // in all; sequences past it are left out
-  int n_threads = 0;           // 0: the machine's cores
+  int64_t pass_tokens = 512;  // tokens per prompt pass (a sequence longer is read in passes)
+  int64_t sequence_tokens =
+      2048;                   // a text is cut into sequences of this many, each from position 0
+  int64_t max_tokens = 4096;  // in all; sequences past it are left out
+  int n_threads = 0;          // 0: the machine's cores
 };
 
 // Ranges of every matmul the prompt passes of `sequences` (token ids, each read from a fresh

@@ -119,8 +119,8 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
       model = load_model(bundle, {.devices = {backend}});
       run_prompt_plans(*model, HexagonBackend::kChunkRows);
       if (!backend->compile_failures().empty()) {  // a pack whose runs fall back is no pack
-        fail("v" + std::to_string(chip->arch), "a graph did not compile: " +
-                                                    backend->compile_failures().front());
+        fail("v" + std::to_string(chip->arch),
+             "a graph did not compile: " + backend->compile_failures().front());
       }
       if (backend->graphs_compiled() == 0) {
         fail(bundle.string(), "no prompt work of this model runs on the NPU");

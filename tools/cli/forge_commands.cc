@@ -187,8 +187,8 @@ int run_forge_npu(const NpuPackArgs& a) {
   for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
     const std::string form(qhx::npu_form_name(r.form));
     if (r.contexts == 0) {
-      std::fprintf(stderr, "v%d %s: %lld graphs, compiled where they run (no binary); %s\n",
-                   r.arch, form.c_str(), static_cast<long long>(r.graphs), r.gate.c_str());
+      std::fprintf(stderr, "v%d %s: %lld graphs, compiled where they run (no binary); %s\n", r.arch,
+                   form.c_str(), static_cast<long long>(r.graphs), r.gate.c_str());
       continue;
     }
     std::fprintf(stderr,

@@ -430,12 +430,13 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
               Int4Blocks q = int4_blocks(w);
               std::vector<int8_t> hwio(q.values.size());
               for (int64_t o = 0; o < w.rows; ++o) {
-                for (int64_t i = 0; i < w.cols; ++i) hwio[i * w.rows + o] = q.values[o * w.cols + i];
+                for (int64_t i = 0; i < w.cols; ++i)
+                  hwio[i * w.rows + o] = q.values[o * w.cols + i];
               }
-              const auto weights = g.constant(
-                  {1, 1, dim(w.cols), dim(w.rows)}, std::as_bytes(std::span(hwio)),
-                  QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales,
-                                                            std::move(q.block_scales)));
+              const auto weights =
+                  g.constant({1, 1, dim(w.cols), dim(w.rows)}, std::as_bytes(std::span(hwio)),
+                             QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales,
+                                                                       std::move(q.block_scales)));
               const auto x4 = g.intermediate({1, 1, dim(kRows), dim(w.cols)}, encoded(ranges->in));
               g.add("Reshape", {x16}, {x4});
               const auto y4 = g.intermediate({1, 1, dim(kRows), dim(w.rows)}, encoded(ranges->out));

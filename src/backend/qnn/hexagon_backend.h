@@ -104,10 +104,10 @@ class HexagonBackend final : public Backend {
   std::unique_ptr<Buffer> arena_;
   struct Context {
     std::unique_ptr<HexagonContext> handle;
-    bool from_pack = false;  // finalized in its binary: no graph is added to it
-    bool retired = false;    // a graph failed in it: no graph is added to it
-    int64_t const_estimate = 0;  // compiled here: its graphs' constants, about
-    int64_t binary_bytes = 0;    // from a pack: its binary's size
+    bool from_pack = false;         // finalized in its binary: no graph is added to it
+    bool retired = false;           // a graph failed in it: no graph is added to it
+    int64_t const_estimate = 0;     // compiled here: its graphs' constants, about
+    int64_t binary_bytes = 0;       // from a pack: its binary's size
     std::vector<std::string> keys;  // its graphs
   };
   // The context a new graph of about `bytes` of constants goes into, within the budget.

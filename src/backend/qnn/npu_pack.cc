@@ -2,9 +2,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <optional>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <span>
 
 #include "util/error.h"
@@ -186,19 +186,19 @@ void write_npu_pack_manifest(const fs::path& dir, const NpuPackManifest& m) {
                      {"gate", chip.gate},
                      {"files", files}});
   }
-  Json manifest = {
-      {"format", kFormat},
-      {"format_version", kNpuPackFormatVersion},
-      {"base", {{"name", m.base_name}, {"manifest_sha256", m.base_manifest_sha256}}},
-      {"qnn_build", m.qnn_build},
-      {"precision", npu_form_name(m.form)},
-      {"chunk_rows", m.chunk_rows},
-      {"context_budget_bytes", m.context_budget_bytes},
-      {"chips", chips}};
+  Json manifest = {{"format", kFormat},
+                   {"format_version", kNpuPackFormatVersion},
+                   {"base", {{"name", m.base_name}, {"manifest_sha256", m.base_manifest_sha256}}},
+                   {"qnn_build", m.qnn_build},
+                   {"precision", npu_form_name(m.form)},
+                   {"chunk_rows", m.chunk_rows},
+                   {"context_budget_bytes", m.context_budget_bytes},
+                   {"chips", chips}};
   if (m.form != NpuForm::kF16) {
     Json ranges = Json::array();
     for (const auto& [weight, r] : m.ranges) {
-      ranges.push_back({{"weight", weight}, {"in", {r.in.lo, r.in.hi}}, {"out", {r.out.lo, r.out.hi}}});
+      ranges.push_back(
+          {{"weight", weight}, {"in", {r.in.lo, r.in.hi}}, {"out", {r.out.lo, r.out.hi}}});
     }
     manifest["calibration_tokens"] = m.calibration_tokens;
     manifest["activation_ranges"] = ranges;

@@ -65,8 +65,8 @@ Int8Rows int8_rows(const MatrixRef& w);
 // becomes three blocks of 16 with its scale.
 struct Int4Blocks {
   int64_t block = 0;
-  std::vector<int8_t> values;        // [rows, cols], each in -8..7, one per byte
-  std::vector<float> row_scales;     // [rows]
+  std::vector<int8_t> values;         // [rows, cols], each in -8..7, one per byte
+  std::vector<float> row_scales;      // [rows]
   std::vector<uint8_t> block_scales;  // [rows, cols / block]
 };
 inline constexpr int64_t kDefaultNpuBlock = 64;

@@ -78,12 +78,12 @@ struct AxisScaleOffset {
 };
 enum BlockScaleStorage : uint32_t { kBlockScale8 = 0, kBlockScale16 = 1 };
 struct BlockwiseExpansion {
-  int32_t axis;                // the channel dimension
-  ScaleOffset* channels;       // one per channel
+  int32_t axis;           // the channel dimension
+  ScaleOffset* channels;  // one per channel
   uint32_t blocks_per_channel;
-  uint32_t block_scale_bits;   // the integer block scales' width (4: 0..15)
+  uint32_t block_scale_bits;  // the integer block scales' width (4: 0..15)
   uint32_t block_scale_storage;
-  uint8_t* block_scales;       // [channel][block]; kBlockScale8. scale = channel's · this
+  uint8_t* block_scales;  // [channel][block]; kBlockScale8. scale = channel's · this
 };
 static_assert(offsetof(BlockwiseExpansion, channels) == 8 &&
               offsetof(BlockwiseExpansion, block_scales) == 32);
