@@ -139,73 +139,43 @@ TEST(Hexagon, AGraphCompilesForEachChipRunsAndLoadsAgainFromItsBinary) {
   EXPECT_NE(binaries[0], binaries[1]);  // compiled for different chips
 }
 
-// x · Wᵀ over 128 rows in a 16-bit form: x quantized over its range, the weights as `weights`
-// encodes them, the product over its range, dequantized. 4-bit blocks go through a 1×1 Conv2d
-// (weights HWIO, the blocks' axis the output channels'), as the Hexagon backend builds them:
-// FullyConnected with them computes wrong values for some shapes (128→32, 128→256,
-// 3072→1024) and fails to compile others.
+// x · Wᵀ over 128 rows in a 16-bit form, built as the Hexagon backend builds it
+// (add_quantized_matmul), against the product of the weights as their integers and scales say
+// them (int8_rows, int4_blocks) in double: what is left is the 16-bit activations' rounding.
 struct QuantizedMatmul {
   static constexpr uint32_t kRows = 128;
-  uint32_t kIn = 128, kOut = 32;
-  std::vector<float> x = test::random_vector(kRows * kIn, 1),
-                     w = test::random_vector(kOut * kIn, 2, 0.2f);
-  MatrixRef matrix() const { return {DType::kF32, w.data(), kOut, kIn}; }
+  uint32_t in, out;
+  std::vector<float> x = test::random_vector(kRows * in, 1);
 
-  // The product over `as_encoded` (the weights as their integers and scales say them), and
-  // the largest magnitude it holds.
-  std::vector<float> product(const std::vector<float>& x, const std::vector<float>& w) const {
-    std::vector<float> y(kRows * kOut);
+  std::vector<float> product(const std::vector<float>& w) const {
+    std::vector<float> y(kRows * out);
     for (uint32_t r = 0; r < kRows; ++r) {
-      for (uint32_t o = 0; o < kOut; ++o) {
+      for (uint32_t o = 0; o < out; ++o) {
         double sum = 0;
-        for (uint32_t i = 0; i < kIn; ++i) sum += double(x[r * kIn + i]) * w[o * kIn + i];
-        y[r * kOut + o] = float(sum);
+        for (uint32_t i = 0; i < in; ++i) sum += double(x[r * in + i]) * w[o * in + i];
+        y[r * out + o] = float(sum);
       }
     }
     return y;
   }
-  std::vector<float> run(const std::shared_ptr<const QnnLibrary>& library, const char* arch,
-                         std::span<const int8_t> values, const QnnGraph::Encoding& weights,
-                         const std::vector<float>& want) const {
+  // The graph's result and the largest error against `want` (whose range it is encoded over).
+  float error(const std::shared_ptr<const QnnLibrary>& library, const char* arch,
+              const MatrixRef& w, NpuForm form, const std::vector<float>& want) const {
     const auto device = HexagonDevice::open(library, *hexagon_chip(arch));
     HexagonContext context(device);
     QnnGraph g(context, "quantized");
-    ActivationRange in_range, out_range;
-    for (const float v : x) in_range.include(v);
-    for (const float v : want) out_range.include(v);
-    const auto encoded = [](const ActivationRange& range) {
-      const FixedPoint f = uf16_encoding(range);
-      return QnnGraph::Encoding::per_tensor(qnn::kUfixed16, {f.scale, f.offset});
-    };
-    const auto in = g.input({kRows, kIn});
-    const auto in16 = g.intermediate({kRows, kIn}, encoded(in_range));
-    g.add("Quantize", {in}, {in16});
-    const auto product = g.intermediate({kRows, kOut}, encoded(out_range));
-    if (weights.block_scales.empty()) {
-      const auto w = g.constant({kOut, kIn}, std::as_bytes(values), weights);
-      g.add("FullyConnected", {in16, w}, {product});
-    } else {
-      std::vector<int8_t> hwio(values.size());
-      for (uint32_t o = 0; o < kOut; ++o) {
-        for (uint32_t i = 0; i < kIn; ++i) hwio[i * kOut + o] = values[o * kIn + i];
-      }
-      const auto w = g.constant({1, 1, kIn, kOut}, std::as_bytes(std::span(hwio)), weights);
-      const auto x4 = g.intermediate({1, 1, kRows, kIn}, encoded(in_range));
-      g.add("Reshape", {in16}, {x4});
-      const auto y4 = g.intermediate({1, 1, kRows, kOut}, encoded(out_range));
-      const uint32_t stride[] = {1, 1}, pad[] = {0, 0, 0, 0};
-      g.add("Conv2d", {x4, w}, {y4}, {},
-            {{"stride", g.constant_u32({2}, stride)}, {"pad_amount", g.constant_u32({2, 2}, pad)}});
-      g.add("Reshape", {y4}, {product});
-    }
-    const auto out = g.output({kRows, kOut});
-    g.add("Dequantize", {product}, {out});
+    MatmulRanges ranges;
+    for (const float v : x) ranges.in.include(v);
+    for (const float v : want) ranges.out.include(v);
+    const auto input = g.input({kRows, in});
+    const auto output = g.output({kRows, out});
+    add_quantized_matmul(g, input, output, w, form, ranges, kRows);
     g.finalize();
-    std::vector<float> y(kRows * kOut);
+    std::vector<float> y(kRows * out);
     const std::span<const float> ins[] = {x};
     const std::span<float> outs[] = {y};
     g.execute(ins, outs);
-    return y;
+    return max_error(y, want);
   }
 };
 
@@ -217,19 +187,19 @@ float largest(const std::vector<float>& v) {
 
 TEST(Hexagon, AW8A16MatmulComputesWithInt8RowsAnd16BitActivations) {
   QHX_QNN_LIBRARY_OR_SKIP(library);
-  const QuantizedMatmul m;
-  const Int8Rows q = int8_rows(m.matrix());
-  std::vector<float> as_int8(m.w.size());
-  const auto e = QnnGraph::Encoding::per_row(qnn::kSfixed8, q.scales);
-  for (uint32_t o = 0; o < m.kOut; ++o) {
-    for (uint32_t i = 0; i < m.kIn; ++i) {
-      as_int8[o * m.kIn + i] = q.values[o * m.kIn + i] * q.scales[o];
-    }
+  const QuantizedMatmul m{128, 32};
+  const std::vector<float> w = test::random_vector(m.out * m.in, 2, 0.2f);
+  const MatrixRef matrix{DType::kF32, w.data(), m.out, m.in};
+  const Int8Rows q = int8_rows(matrix);
+  std::vector<float> as_int8(w.size());
+  for (uint32_t o = 0; o < m.out; ++o) {
+    for (uint32_t i = 0; i < m.in; ++i)
+      as_int8[o * m.in + i] = q.values[o * m.in + i] * q.scales[o];
   }
-  const std::vector<float> want = m.product(m.x, as_int8);
+  const std::vector<float> want = m.product(as_int8);
   for (const char* arch : {"v75", "v81"}) {
     SCOPED_TRACE(arch);
-    const float error = max_error(m.run(library, arch, q.values, e, want), want);
+    const float error = m.error(library, arch, matrix, NpuForm::kW8A16, want);
     std::printf("%s: w8a16 max error %.3g of %.3g\n", arch, error, largest(want));
     EXPECT_LT(error, 2e-4f * largest(want));  // 16-bit activations over ranges 1.25x wide
   }
@@ -238,31 +208,28 @@ TEST(Hexagon, AW8A16MatmulComputesWithInt8RowsAnd16BitActivations) {
 TEST(Hexagon, AW4A16MatmulComputesWithTwoLevelBlockScales) {
   QHX_QNN_LIBRARY_OR_SKIP(library);
   // (Blocks of 48 and 24 compute wrong values on the HTP: int4_blocks cuts such groups.)
-  for (const auto& [in, out, block] :
+  for (const auto& [in, out, group] :
        {std::tuple{128u, 32u, 64}, std::tuple{128u, 256u, 32}, std::tuple{96u, 64u, 48}}) {
-    QuantizedMatmul m;
-    m.kIn = in;
-    m.kOut = out;
-    m.x = test::random_vector(m.kRows * in, 1);
-    m.w = test::random_vector(out * in, 2, 0.2f);
-    std::vector<uint8_t> packed(out * in / 2);  // W4 groups of `block`, as a bundle has them
-    std::vector<uint16_t> scales(out * in / block);
-    quantize_w4(m.w.data(), out, in, block, packed.data(), scales.data());
-    const Int4Blocks q = int4_blocks({DType::kW4, packed.data(), out, in, scales.data(), block});
-    const int64_t blocks = m.kIn / q.block;
-    std::vector<float> as_int4(m.w.size());
-    const auto e = QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales, q.block_scales);
-    for (uint32_t o = 0; o < m.kOut; ++o) {
-      for (uint32_t i = 0; i < m.kIn; ++i) {
-        as_int4[o * m.kIn + i] =
-            q.values[o * m.kIn + i] * q.row_scales[o] * q.block_scales[o * blocks + i / q.block];
+    const QuantizedMatmul m{in, out};
+    const std::vector<float> w = test::random_vector(out * in, 2, 0.2f);
+    std::vector<uint8_t> packed(out * in / 2);  // W4 groups, as a bundle has them
+    std::vector<uint16_t> scales(out * in / group);
+    quantize_w4(w.data(), out, in, group, packed.data(), scales.data());
+    const MatrixRef matrix{DType::kW4, packed.data(), out, in, scales.data(), group};
+    const Int4Blocks q = int4_blocks(matrix);
+    const int64_t blocks = in / q.block;
+    std::vector<float> as_int4(w.size());
+    for (uint32_t o = 0; o < out; ++o) {
+      for (uint32_t i = 0; i < in; ++i) {
+        as_int4[o * in + i] =
+            q.values[o * in + i] * q.row_scales[o] * q.block_scales[o * blocks + i / q.block];
       }
     }
-    const std::vector<float> want = m.product(m.x, as_int4);
+    const std::vector<float> want = m.product(as_int4);
     for (const char* arch : {"v75", "v81"}) {
       SCOPED_TRACE(arch);
-      const float error = max_error(m.run(library, arch, q.values, e, want), want);
-      std::printf("%s: w4a16 %ux%u groups of %d: max error %.3g of %.3g\n", arch, out, in, block,
+      const float error = m.error(library, arch, matrix, NpuForm::kW4A16, want);
+      std::printf("%s: w4a16 %ux%u groups of %d: max error %.3g of %.3g\n", arch, out, in, group,
                   error, largest(want));
       EXPECT_LT(error, 2e-4f * largest(want));
     }
@@ -305,11 +272,10 @@ TEST(NpuWeights, Int4BlocksFollowAW4MatrixsGroupsWithinTheTwoLevelScalesRounding
   for (int64_t r = 0; r < 2; ++r) {
     for (int64_t c = 0; c < kCols; ++c) {
       const float scale = q.row_scales[r] * q.block_scales[r * (kCols / kGroup) + c / kGroup];
-      // The group scales 0.01..0.04 are 3.75, 7.5, 11.25, 15 steps of 0.04/15: rounded up to
-      // whole steps (never below the group's: nothing clipped), the integers rounded again
-      // within half the new scale.
-      EXPECT_GE(scale, f16_to_f32(scales[r * (kCols / kGroup) + c / kGroup]) * 0.9999f);
-      EXPECT_LE(scale, f16_to_f32(scales[r * (kCols / kGroup) + c / kGroup]) + 0.04f / 15 + 1e-6f);
+      // The group scales 0.01..0.04 are 3.75, 7.5, 11.25, 15 steps of 0.04/15: each becomes a
+      // whole step within one of it (integers of at most 4 are clipped by neither), and the
+      // integers rounded again within half the new scale.
+      EXPECT_NEAR(scale, f16_to_f32(scales[r * (kCols / kGroup) + c / kGroup]), 0.04f / 15 + 1e-6f);
       EXPECT_NEAR(q.values[r * kCols + c] * scale, want[r * kCols + c], 0.5f * scale + 1e-6f)
           << r << "," << c;
     }

@@ -161,6 +161,17 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
   return out;
 }
 
+WeightMemory weight_memory(const OpenedDevices& devices) {
+  WeightMemory total;
+  for (const auto& b : devices.backends) {
+    const WeightMemory w = b->weight_memory();
+    total.in_place_bytes += w.in_place_bytes;
+    total.copied_bytes += w.copied_bytes;
+    total.host_copied_bytes += w.host_copied_bytes;
+  }
+  return total;
+}
+
 std::string devices_name(const OpenedDevices& devices) {
   std::string name;
   for (const auto& b : devices.backends) name += (name.empty() ? "" : " + ") + b->name();

@@ -59,6 +59,8 @@ OpenedDevices open_devices(const DeviceChoice& choice);
 // "vulkan:0 reads 37.9 MB of weights in place from the mapped files, 0.0 MB from copies": where
 // the devices' weights are, once a model prepared them; empty without a device holding any.
 std::string describe_weight_memory(const OpenedDevices& devices);
+// What the devices' weights take, summed over them.
+WeightMemory weight_memory(const OpenedDevices& devices);
 // The devices' names joined by " + " (a prompt device and another decoding), "" without any.
 std::string devices_name(const OpenedDevices& devices);
 

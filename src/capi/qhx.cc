@@ -429,9 +429,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       if (!checked.passed) opened->prefill_device = opened->decode_device = "cpu";
       const std::string weights = checked.passed ? qhx::describe_weight_memory(devices) : "";
       if (checked.passed) {
-        for (const auto& b : devices.backends) {
-          opened->device_weight_bytes += b->weight_memory().host_copied_bytes;
-        }
+        opened->device_weight_bytes = qhx::weight_memory(devices).host_copied_bytes;
       }
       for (const std::string& part : {checked.summary, weights}) {
         if (!part.empty()) {

@@ -58,9 +58,9 @@ class RangeRecorder final : public Backend {
 
 }  // namespace
 
-ActivationRanges calibrate_npu_ranges(const fs::path& bundle,
-                                      std::span<const std::vector<int32_t>> sequences,
-                                      const CalibrationOptions& options) {
+Calibration calibrate_npu_ranges(const fs::path& bundle,
+                                 std::span<const std::vector<int32_t>> sequences,
+                                 const CalibrationOptions& options) {
   if (options.pass_tokens <= 0 || options.max_tokens <= 0) {
     fail("calibration", "pass_tokens and max_tokens must be positive");
   }
@@ -95,7 +95,7 @@ ActivationRanges calibrate_npu_ranges(const fs::path& bundle,
       }
     }
   }
-  return recorder->ranges();
+  return {recorder->ranges(), read};
 }
 
 std::vector<std::vector<int32_t>> calibration_sequences(const fs::path& bundle,

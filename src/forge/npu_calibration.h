@@ -20,12 +20,16 @@ struct CalibrationOptions {
   int n_threads = 0;          // 0: the machine's cores
 };
 
+struct Calibration {
+  ActivationRanges ranges;
+  int64_t tokens = 0;  // read to measure them
+};
 // Ranges of every matmul the prompt passes of `sequences` (token ids, each read from a fresh
 // state) reach, by weight id. Error when the bundle does not load, nothing was read, or a
 // range is not finite (the model overflowed on the text).
-ActivationRanges calibrate_npu_ranges(const std::filesystem::path& bundle,
-                                      std::span<const std::vector<int32_t>> sequences,
-                                      const CalibrationOptions& options = {});
+Calibration calibrate_npu_ranges(const std::filesystem::path& bundle,
+                                 std::span<const std::vector<int32_t>> sequences,
+                                 const CalibrationOptions& options = {});
 
 // Token ids of calibration text files, cut into sequences of at most `sequence_tokens`, by the
 // bundle's tokenizer (Error naming a file that cannot be read or a bundle without a tokenizer).

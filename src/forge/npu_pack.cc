@@ -75,10 +75,9 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
                                          options.calibration.sequence_tokens)) {
       sequences.push_back(std::move(s));
     }
-    backend_options.ranges = calibrate_npu_ranges(bundle, sequences, options.calibration);
-    int64_t tokens = 0;
-    for (const auto& s : sequences) tokens += static_cast<int64_t>(s.size());
-    manifest_calibration_tokens = std::min(tokens, options.calibration.max_tokens);
+    Calibration c = calibrate_npu_ranges(bundle, sequences, options.calibration);
+    backend_options.ranges = std::move(c.ranges);
+    manifest_calibration_tokens = c.tokens;
   }
   backend_options.form = form;
 
@@ -125,6 +124,9 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
       if (backend->graphs_compiled() == 0) {
         fail(bundle.string(), "no prompt work of this model runs on the NPU");
       }
+      // w4a16 graphs are compiled where they run, from the pack's ranges: QNN 2.51's HTP
+      // crashes executing some of them loaded from a context binary (docs/hexagon.md).
+      if (form == NpuForm::kW4A16) break;
       contexts = backend->export_contexts();
       bool over = false;
       for (const NpuPackContext& c : contexts) {
@@ -146,9 +148,6 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     packed.soc = chip->soc;
     const std::string folder = "v" + std::to_string(chip->arch);
     fs::create_directories(temp / folder);
-    // w4a16 graphs are compiled where they run, from the pack's ranges: QNN 2.51's HTP crashes
-    // executing some of them loaded from a context binary (docs/hexagon.md).
-    if (form == NpuForm::kW4A16) contexts.clear();
     for (size_t i = 0; i < contexts.size(); ++i) {
       const NpuPackContext& c = contexts[i];
       int64_t const_bytes = 0;

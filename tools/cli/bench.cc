@@ -238,11 +238,7 @@ int run_bench(const BenchArgs& args) {
   // Where the device reads its weights: in place from the mapped files, or copies of its own.
   qhx::Json device_weights = nullptr;
   if (!devices.backends.empty()) {
-    qhx::WeightMemory w;
-    for (const auto& b : devices.backends) {
-      w.in_place_bytes += b->weight_memory().in_place_bytes;
-      w.copied_bytes += b->weight_memory().copied_bytes;
-    }
+    const qhx::WeightMemory w = qhx::weight_memory(devices);
     device_weights = {{"in_place", static_cast<double>(w.in_place_bytes) / 1e6},
                       {"copied", static_cast<double>(w.copied_bytes) / 1e6}};
   }

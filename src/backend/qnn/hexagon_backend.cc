@@ -60,6 +60,45 @@ struct CompiledGraph final : CompiledRun {
 
 }  // namespace
 
+void add_quantized_matmul(QnnGraph& g, QnnGraph::TensorId x, QnnGraph::TensorId out,
+                          const MatrixRef& w, NpuForm form, const MatmulRanges& ranges,
+                          uint32_t rows) {
+  if (form == NpuForm::kF16) cannot("fp16 is not a 16-bit fixed-point form");
+  const auto encoded = [](const ActivationRange& range) {
+    return QnnGraph::Encoding::per_tensor(qnn::kUfixed16, uf16_encoding(range));
+  };
+  const uint32_t in_cols = dim(w.cols), out_cols = dim(w.rows);
+  const auto x16 = g.intermediate({rows, in_cols}, encoded(ranges.in));
+  g.add("Quantize", {x}, {x16});
+  const auto y16 = g.intermediate({rows, out_cols}, encoded(ranges.out));
+  if (form == NpuForm::kW8A16) {
+    const Int8Rows q = int8_rows(w);
+    const auto weights = g.constant({out_cols, in_cols}, std::as_bytes(std::span(q.values)),
+                                    QnnGraph::Encoding::per_row(qnn::kSfixed8, q.scales));
+    g.add("FullyConnected", {x16, weights}, {y16});
+  } else {
+    // 4-bit blocks through a 1×1 Conv2d over [1, 1, rows, cols], its weights HWIO with the
+    // output channels last: FullyConnected computes wrong values with them for some shapes
+    // (HTP 5.51; tests/hexagon_test.cc).
+    Int4Blocks q = int4_blocks(w);
+    std::vector<int8_t> hwio(q.values.size());
+    for (int64_t o = 0; o < w.rows; ++o) {
+      for (int64_t i = 0; i < w.cols; ++i) hwio[i * w.rows + o] = q.values[o * w.cols + i];
+    }
+    const auto weights = g.constant(
+        {1, 1, in_cols, out_cols}, std::as_bytes(std::span(hwio)),
+        QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales, std::move(q.block_scales)));
+    const auto x4 = g.intermediate({1, 1, rows, in_cols}, encoded(ranges.in));
+    g.add("Reshape", {x16}, {x4});
+    const auto y4 = g.intermediate({1, 1, rows, out_cols}, encoded(ranges.out));
+    const uint32_t stride[] = {1, 1}, pad[] = {0, 0, 0, 0};
+    g.add("Conv2d", {x4, weights}, {y4}, {},
+          {{"stride", g.constant_u32({2}, stride)}, {"pad_amount", g.constant_u32({2, 2}, pad)}});
+    g.add("Reshape", {y4}, {y16});
+  }
+  g.add("Dequantize", {y16}, {out});
+}
+
 HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBackendOptions options)
     : device_(std::move(device)), options_(std::move(options)) {}
 
@@ -409,45 +448,8 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
               g.add("FullyConnected", {x, weights}, {result});
               break;
             }
-            // 16-bit activations in and out over their calibrated ranges, integer weights.
-            const auto encoded = [](const ActivationRange& range) {
-              const FixedPoint f = uf16_encoding(range);
-              return QnnGraph::Encoding::per_tensor(qnn::kUfixed16, {f.scale, f.offset});
-            };
-            const auto x16 = g.intermediate({dim(kRows), dim(w.cols)}, encoded(ranges->in));
-            g.add("Quantize", {x}, {x16});
-            const auto y16 = g.intermediate({dim(kRows), dim(w.rows)}, encoded(ranges->out));
-            if (options_.form == NpuForm::kW8A16) {
-              const Int8Rows q = int8_rows(w);
-              const auto weights =
-                  g.constant({dim(w.rows), dim(w.cols)}, std::as_bytes(std::span(q.values)),
-                             QnnGraph::Encoding::per_row(qnn::kSfixed8, q.scales));
-              g.add("FullyConnected", {x16, weights}, {y16});
-            } else {
-              // 4-bit blocks through a 1×1 Conv2d over [1, 1, rows, cols], its weights HWIO with
-              // the output channels last: FullyConnected computes wrong values with them for
-              // some shapes (HTP 5.51; tests/hexagon_test.cc).
-              Int4Blocks q = int4_blocks(w);
-              std::vector<int8_t> hwio(q.values.size());
-              for (int64_t o = 0; o < w.rows; ++o) {
-                for (int64_t i = 0; i < w.cols; ++i)
-                  hwio[i * w.rows + o] = q.values[o * w.cols + i];
-              }
-              const auto weights =
-                  g.constant({1, 1, dim(w.cols), dim(w.rows)}, std::as_bytes(std::span(hwio)),
-                             QnnGraph::Encoding::per_channel_in_blocks(3, q.row_scales,
-                                                                       std::move(q.block_scales)));
-              const auto x4 = g.intermediate({1, 1, dim(kRows), dim(w.cols)}, encoded(ranges->in));
-              g.add("Reshape", {x16}, {x4});
-              const auto y4 = g.intermediate({1, 1, dim(kRows), dim(w.rows)}, encoded(ranges->out));
-              const uint32_t stride[] = {1, 1}, pad[] = {0, 0, 0, 0};
-              g.add("Conv2d", {x4, weights}, {y4}, {},
-                    {{"stride", g.constant_u32({2}, stride)},
-                     {"pad_amount", g.constant_u32({2, 2}, pad)}});
-              g.add("Reshape", {y4}, {y16});
-            }
             result = target();
-            g.add("Dequantize", {y16}, {result});
+            add_quantized_matmul(g, x, result, w, options_.form, *ranges, kRows);
             break;
           }
           case Op::kRmsNorm: {
@@ -513,7 +515,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       }
       g.finalize();
       ++graphs_compiled_;
-    } catch (...) {
+    } catch (const std::exception& e) {
       // The graph is left unfinished in its context: no more graphs go there, and the run is
       // not tried again: the scheduler runs it on the CPU, whatever the reason.
       graphs_.erase(key);
@@ -523,15 +525,10 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         contexts_.back()->keys.pop_back();
         contexts_.back()->retired = true;
       }
-      std::string why = "an unknown error";
-      try {
-        throw;
-      } catch (const std::exception& e) {
-        why = e.what();
-      } catch (...) {
-      }
-      compile_failures_.push_back(why);
-      cannot(why.starts_with("hexagon: ") ? why.substr(9) : why);
+      compile_failures_.push_back(e.what());
+      const auto* error = dynamic_cast<const Error*>(&e);
+      if (error != nullptr && error->kind() == ErrorKind::kDeviceFailed) throw;
+      throw Error(std::string("hexagon: ") + e.what(), ErrorKind::kDeviceFailed);
     }
   }
   compiled->graph = graph;

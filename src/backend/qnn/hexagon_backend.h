@@ -50,6 +50,13 @@ struct HexagonBackendOptions {
   std::string pack_id;
 };
 
+// out = x · Wᵀ over `rows` rows in a 16-bit form (npu_weights.h): x (float) quantized over
+// ranges.in, the weights as the form stores them, the product encoded over ranges.out and
+// dequantized into out (float).
+void add_quantized_matmul(QnnGraph& g, QnnGraph::TensorId x, QnnGraph::TensorId out,
+                          const MatrixRef& w, NpuForm form, const MatmulRanges& ranges,
+                          uint32_t rows);
+
 class HexagonBackend final : public Backend {
  public:
   static constexpr int64_t kChunkRows = 128;  // the rows of every graph (the NPU's static shape)

@@ -34,7 +34,7 @@ void ActivationRange::include(float v) {
   hi = std::max(hi, v);
 }
 
-FixedPoint uf16_encoding(const ActivationRange& range, float margin) {
+qnn::ScaleOffset uf16_encoding(const ActivationRange& range, float margin) {
   const float span = std::max(range.hi - range.lo, 1e-6f);
   const float lo = std::min(range.lo - margin * span, 0.0f);
   const float hi = std::max(range.hi + margin * span, 0.0f);
@@ -113,16 +113,26 @@ Int4Blocks int4_blocks(const MatrixRef& w, int64_t block) {
     const float row_scale = top > 0 ? top / 15.0f : 1.0f;
     out.row_scales[r] = row_scale;
     for (int64_t b = 0; b < blocks; ++b) {
-      // Rounded up: a block's largest values then still fit its 4-bit range (rounded down, they
-      // would be clipped), at most a step of row_scale coarser.
-      const auto s = static_cast<uint8_t>(
-          std::clamp<long>(static_cast<long>(std::ceil(wanted[b] / row_scale - 1e-4f)), 1, 15));
-      out.block_scales[r * blocks + b] = s;
-      const float scale = row_scale * s;
-      for (int64_t c = b * out.block; c < (b + 1) * out.block; ++c) {
-        out.values[r * w.cols + c] =
-            static_cast<int8_t>(std::clamp<long>(std::lround(row[c] / scale), -8, 7));
-      }
+      // The block's scale is its wanted one rounded to a whole step of row_scale, down or up,
+      // whichever reproduces the block's values better: rounded down, its largest values may
+      // be clipped to the 4-bit range; rounded up, the grid is coarser.
+      const std::span<const float> values = std::span(row).subspan(b * out.block, out.block);
+      const auto quantize = [&](long steps, int8_t* q) {
+        const float scale = row_scale * static_cast<float>(steps);
+        double error = 0;
+        for (size_t c = 0; c < values.size(); ++c) {
+          const long v = std::clamp<long>(std::lround(values[c] / scale), -8, 7);
+          if (q != nullptr) q[c] = static_cast<int8_t>(v);
+          error += std::pow(values[c] - static_cast<float>(v) * scale, 2);
+        }
+        return error;
+      };
+      const float steps = wanted[b] / row_scale;
+      const long down = std::clamp<long>(std::lround(std::floor(steps)), 1, 15);
+      const long up = std::clamp<long>(std::lround(std::ceil(steps)), 1, 15);
+      const long best = quantize(down, nullptr) <= quantize(up, nullptr) ? down : up;
+      out.block_scales[r * blocks + b] = static_cast<uint8_t>(best);
+      quantize(best, out.values.data() + r * w.cols + b * out.block);
     }
   }
   return out;

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/qnn/qnn_abi.h"
 #include "core/tensor.h"
 
 namespace qhx {
@@ -43,11 +44,7 @@ using ActivationRanges = std::map<int64_t, MatmulRanges>;
 // QNN's 16-bit unsigned form of a range: real = (q + offset) · scale over q in 0..65535, the
 // range widened by `margin` of its span on each side (text unlike the calibration's may reach
 // past it) and 0 exactly representable.
-struct FixedPoint {
-  float scale;
-  int32_t offset;
-};
-FixedPoint uf16_encoding(const ActivationRange& range, float margin = 0.125f);
+qnn::ScaleOffset uf16_encoding(const ActivationRange& range, float margin = 0.125f);
 
 // int8 per output row: a W8 matrix's own integers and scales; any other, rounded symmetrically
 // (scale = the row's largest magnitude / 127).
@@ -59,7 +56,8 @@ Int8Rows int8_rows(const MatrixRef& w);
 
 // 4-bit blocks with two-level scales: element (r, c) = values · row_scales[r] ·
 // block_scales[r][c / block], block scales in 1..15. From a W4 matrix's groups (each group scale
-// rounded up to the two-level form and its integers rounded again to it), or from any other
+// rounded to a whole step, down or up as reproduces the group better, and its integers rounded
+// again to it), or from any other
 // matrix's values in blocks of `block` (halved down to 8 until it divides the columns). Blocks
 // are a multiple of 32 columns or a power of two, what the HTP computes right: a W4 group of 48
 // becomes three blocks of 16 with its scale.
