@@ -68,19 +68,26 @@ std::string error_of(const std::function<void()>& f) {
 
 // One plan to run on each backend from the same inputs and state.
 struct OpCase {
+  OpCase() = default;
+  OpCase(const OpCase&) = delete;  // its nodes and weight list point into its weights
+  OpCase& operator=(const OpCase&) = delete;
+
   std::string name;
   Plan plan;
   std::vector<LayerState> layers;
   std::vector<int32_t> ids;
   int64_t first_pos = 0;
-  std::deque<std::vector<float>> vectors;  // weights the nodes point into
+  std::deque<WeightVector> vectors;  // weights the nodes point into
   std::deque<test::TestMatrix> matrices;
+  WeightList weights;  // the two above, numbered as a model's are (a device prepares them)
   std::map<int, std::vector<float>> inputs;  // values' contents by id (others: random)
 
-  const float* vector(int64_t n, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
-    std::vector<float>& v = vectors.emplace_back(random_vector(n, seed, scale));
-    for (float& x : v) x += offset;
-    return v.data();
+  const WeightVector* vector(int64_t n, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
+    WeightVector& v = vectors.emplace_back(random_vector(n, seed, scale));
+    for (float& x : v.values) x += offset;
+    weights.vectors.push_back(&v);
+    number_weights(weights);
+    return &v;
   }
   const MatrixRef* matrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed,
                           Activations activations = Activations::kF32) {
@@ -88,10 +95,15 @@ struct OpCase {
     if (dtype == DType::kW4) {
       for (group = 64; cols % group != 0;) group /= 2;
     }
-    return &matrices
-                .emplace_back(dtype, random_vector(rows * cols, seed, 0.1f), rows, cols, group,
-                              activations)
-                .ref;
+    return matrix_of(random_vector(rows * cols, seed, 0.1f), dtype, rows, cols, group, activations);
+  }
+  const MatrixRef* matrix_of(const std::vector<float>& values, DType dtype, int64_t rows,
+                             int64_t cols, int64_t group = 0,
+                             Activations activations = Activations::kF32) {
+    MatrixRef& m = matrices.emplace_back(dtype, values, rows, cols, group, activations).ref;
+    weights.matrices.push_back(&m);
+    number_weights(weights);
+    return &m;
   }
   Node& node(Op op, int64_t rows) {
     Node& n = plan.add(op);
@@ -118,6 +130,28 @@ std::vector<LayerState> states_for(const std::vector<LayerState>& layers, const 
   }
   return out;
 }
+
+// A case's weights prepared on a device (Backend::prepare_weights) while this lives.
+class PreparedWeights {
+ public:
+  PreparedWeights(Backend& backend, const WeightList& weights)
+      : backend_(backend), weights_(weights) {
+    backend_.prepare_weights(weights_);
+  }
+  ~PreparedWeights() {
+    try {
+      backend_.release_weights(weights_);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "releasing a case's weights: " << e.what();
+    }
+  }
+  PreparedWeights(const PreparedWeights&) = delete;
+  PreparedWeights& operator=(const PreparedWeights&) = delete;
+
+ private:
+  Backend& backend_;
+  const WeightList& weights_;
+};
 
 Outcome run_on(const OpCase& c, Backend& backend) {
   Backend* const backends[] = {&backend};
@@ -325,7 +359,7 @@ std::deque<OpCase> cases_for(const ModelConfig& c, const std::vector<int64_t>& r
               r.vector = k.vector(hd, 7, 0.5f, 1.0f);
               r.eps = 1e-6f;
             }
-            const float* inv_freq = k.vector(rotary / 2, 8, 0.5f, 0.5f);
+            const WeightVector* inv_freq = k.vector(rotary / 2, 8, 0.5f, 0.5f);
             for (const ValueId v : {q, kv}) {
               Node& r = k.node(Op::kRope, n);
               r.out = {v};
@@ -479,13 +513,12 @@ TEST(BackendOps, EveryOpOnEveryDeviceMatchesTheReferenceOnEveryFixturesShapes) {
       std::set<Op> covered;
       for (const fs::path& dir : test::fixture_checkpoints()) {
         const ModelConfig config = load_model_config(dir / "config.json");
-        // A backend per configuration: a device may keep the weights it uploaded by their host
-        // address, and the cases' weights live as long as `cases`.
         const std::shared_ptr<Backend> backend = v.make();
         const std::deque<OpCase> cases =
             v.rows.empty() ? cases_for(config) : cases_for(config, v.rows, v.rows.back());
         for (const OpCase& c : cases) {
           if (v.matmuls_only && c.plan.nodes.front().op != Op::kMatmul) continue;
+          const PreparedWeights prepared(*backend, c.weights);
           // A device that takes only some ops (or shapes) is tested on the cases it takes.
           if (!v.every_op && !std::all_of(c.plan.nodes.begin(), c.plan.nodes.end(),
                                           [&](const Node& n) { return backend->supports(n); })) {
@@ -547,7 +580,7 @@ TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
         weights[i] = std::ldexp(weights[i], static_cast<int>(r % 15 - 22 + (c % 7) * 4) + tiny);
       }
       const int64_t group = cols % 32 == 0 ? 32 : 4;  // W4: whole blocks, or not
-      const MatrixRef& m = k.matrices.emplace_back(dtype, weights, rows, cols, group).ref;
+      const MatrixRef& m = *k.matrix_of(weights, dtype, rows, cols, group);
       node.matrix = &m;
       std::vector<float>& x = k.inputs[node.in[0].value];
       x = random_vector(n * cols, 77, 1.0f);
@@ -562,7 +595,8 @@ TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
         // Block 0's largest: x / s rounds up to 2^15 in f16.
         x[t * cols + 3] = std::nextafter(std::ldexp(1.0f, 22), 0.0f);
       }
-      VulkanBackend vulkan(device);  // one per case: it keeps weights by their host address
+      VulkanBackend vulkan(device);
+      const PreparedWeights prepared(vulkan, k.weights);
       const Outcome got = run_on(k, vulkan);
       const std::vector<float>& y = got.values[node.out.value];
       std::vector<float> w(cols);
@@ -808,7 +842,7 @@ TEST(Scheduler, ArenaReusesMemoryAcrossLayers) {
   Plan plan;
   plan.n_tokens = 4;
   const int64_t H = 64;
-  std::vector<float> scale(H, 1.0f);
+  const WeightVector scale(std::vector<float>(H, 1.0f));
   ValueId x = plan.add_value(4, H);
   Node& first = plan.add(Op::kCopy);
   first.in[0] = {plan.add_value(4, H)};
@@ -822,7 +856,7 @@ TEST(Scheduler, ArenaReusesMemoryAcrossLayers) {
     n.out = {y};
     n.rows = 4;
     n.width = H;
-    n.vector = scale.data();
+    n.vector = &scale;
     total += 4 * H;
     x = y;
   }

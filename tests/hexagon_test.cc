@@ -25,6 +25,7 @@
 #include "runtime/device_check.h"
 #include "runtime/session.h"
 #include "support/cli_run.h"
+#include "support/expect_error.h"
 #include "support/fixtures.h"
 #include "support/hexagon_device.h"
 #include "util/error.h"
@@ -335,6 +336,9 @@ TEST(Hexagon, PromptChunksRunOnTheNpuAndTheReplyIsTheCpus) {
     const auto npu = load_model(fixture(name), {.devices = {backend}});
     const auto cpu = load_model(fixture(name));
     EXPECT_EQ(npu->prompt_rows_multiple(), 128);
+    // Its graphs name weights by id: a second model would take the first's.
+    test::expect_error([&] { load_model(fixture(name), {.devices = {backend}}); },
+                       {"hexagon", "holds another model's weights"});
     const std::vector<int32_t> prompt = long_prompt(300, cpu->config().vocab_size);
     EXPECT_EQ(greedy_reply(*npu, prompt, 8), greedy_reply(*cpu, prompt, 8));
     EXPECT_EQ(backend->chunks_run(), 2);  // 256 of the 300 rows; the 44 left ran on the CPU

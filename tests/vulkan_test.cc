@@ -18,6 +18,7 @@
 #include "runtime/gate.h"
 #include "runtime/session.h"
 #include "support/cli_run.h"
+#include "support/expect_error.h"
 #include "support/fixtures.h"
 #include "support/raw_safetensors.h"
 #include "support/vulkan_device.h"
@@ -520,6 +521,43 @@ TEST(DeviceWeights, MappedWeightsAreReadInPlaceWithTheResultsOfCopies) {
     std::printf("%s: %.2f MB in place, %.2f MB copied\n", dir.filename().c_str(),
                 static_cast<double>(wa.in_place_bytes) / 1e6,
                 static_cast<double>(wa.copied_bytes) / 1e6);
+  }
+}
+
+// A device keeps a model's weights by their ids (number_weights), all of them uploaded as the
+// model loads: the matrices, the norm, conv and gate vectors, and the embedding table when it
+// decodes (one copy with the lm-head when they are tied). It holds one model's weights at a time
+// (ids would collide), and nothing once the model closes.
+TEST(DeviceWeights, AModelsWeightsGoUpAsItLoadsKeptByIdForOneModelAtATime) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const auto copying = [&](bool decode) {
+      VulkanBackendOptions o;
+      o.decode = decode;
+      o.weights_in_place = false;
+      return std::make_shared<VulkanBackend>(device, o);
+    };
+    const auto prompts = copying(false), decodes = copying(true);
+    auto model = load_model(fixture(name), {.devices = {prompts}});
+    const auto decoding = load_model(fixture(name), {.devices = {decodes}});
+    const ModelConfig& c = model->config();
+    const bool tied = std::string(name).find("tied") != std::string::npos;
+    const int64_t table_bytes = tied ? 0 : c.vocab_size * c.hidden_size * 2;  // f16 when untied
+    EXPECT_EQ(decodes->weight_memory().copied_bytes - prompts->weight_memory().copied_bytes,
+              table_bytes);
+    test::expect_error([&] { load_model(fixture(name), {.devices = {prompts}}); },
+                       {"vulkan", "holds another model's weights"});
+    const std::vector<int32_t> prompt = {1, 5, 9, 13};
+    auto state = model->new_state();
+    std::vector<float> before, after;
+    model->forward(prompt, *state, LogitsFor::kEveryToken, before);
+    model.reset();
+    EXPECT_EQ(prompts->weight_memory().copied_bytes, 0);
+    model = load_model(fixture(name), {.devices = {prompts}});  // the device is free again
+    state = model->new_state();
+    model->forward(prompt, *state, LogitsFor::kEveryToken, after);
+    EXPECT_EQ(after, before);
   }
 }
 

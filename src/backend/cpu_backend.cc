@@ -25,7 +25,7 @@ bool same(const Operand& a, const Operand& b) {
 // cos and sin of each RoPE angle at `position`, as transformers computes them (in f32).
 void rotary_angles(int64_t position, const Node& rope, float* cos, float* sin) {
   for (int64_t i = 0; i < rope.rotary_dim / 2; ++i) {
-    const float angle = static_cast<float>(position) * rope.vector[i];
+    const float angle = static_cast<float>(position) * (*rope.vector)[i];
     cos[i] = std::cos(angle);
     sin[i] = std::sin(angle);
   }
@@ -106,9 +106,9 @@ void CpuBackend::fuse(const Plan& plan, std::span<Node> nodes) const {
   }
 }
 
-void CpuBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
+void CpuBackend::prepare_weights(const WeightList& weights) {
   std::vector<MatrixRef*> packable;
-  for (MatrixRef* m : matrices) {
+  for (MatrixRef* m : weights.matrices) {
     if (m->data != nullptr && packs_for_int8_kernels(context_.kernels(), *m)) packable.push_back(m);
   }
   // Each matrix is read once, in full, packed, and its mapped pages released at once, so that
@@ -159,7 +159,7 @@ void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeAr
   if (head.op == Op::kAdd) {
     const Node& norm = nodes[1];
     const int64_t cols = plan.values[head.out.value].cols;
-    return add_rms_norm_rows(cx, at(head.out), at(head.in[0]), norm.vector, head.rows, cols,
+    return add_rms_norm_rows(cx, at(head.out), at(head.in[0]), norm.vector->data(), head.rows, cols,
                              norm.eps, at(norm.out));
   }
 
@@ -180,10 +180,10 @@ void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeAr
       float* qt = q + t * q_width;
       float* kt = k + t * kv_width;
       for (int64_t h = 0; h < n_heads; ++h) {
-        rms_norm(cx, qt + h * hd, nq.vector, hd, nq.eps, qt + h * hd);
+        rms_norm(cx, qt + h * hd, nq.vector->data(), hd, nq.eps, qt + h * hd);
       }
       for (int64_t h = 0; h < n_kv; ++h) {
-        rms_norm(cx, kt + h * hd, nk.vector, hd, nk.eps, kt + h * hd);
+        rms_norm(cx, kt + h * hd, nk.vector->data(), hd, nk.eps, kt + h * hd);
       }
       rotary_angles(first_pos + t, rope, cos, sin);
       rope_rotate_half(cx, qt, n_heads, hd, rope.rotary_dim, cos, sin);
@@ -206,7 +206,7 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
       return;
     case Op::kRmsNorm: {
       const int64_t n = node.rows * cols(node.out) / node.width;
-      return rms_norm_rows(cx, at(node.in[0]), node.vector, n, node.width, node.eps, out);
+      return rms_norm_rows(cx, at(node.in[0]), node.vector->data(), n, node.width, node.eps, out);
     }
     case Op::kAdd: {
       const float* y = at(node.in[0]);
@@ -258,7 +258,7 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
     case Op::kSiluMul:
       return silu_mul(cx, at(node.in[0]), at(node.in[1]), node.rows * cols(node.out), out);
     case Op::kConvSilu:
-      return causal_conv1d_silu(cx, at(node.in[0]), node.rows, cols(node.out), node.vector,
+      return causal_conv1d_silu(cx, at(node.in[0]), node.rows, cols(node.out), node.vector->data(),
                                 node.width, inputs.layers[node.layer].conv.data(), out);
     case Op::kL2Norm: {
       const int64_t n = node.rows * cols(node.out);
@@ -279,9 +279,9 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
         for (int64_t j = 0; j < hv; ++j) {
           const int64_t i = t * hv + j;
           beta[i] = 1.0f / (1.0f + std::exp(-beta[i]));
-          const float s = g[i] + node.vector2[j];
+          const float s = g[i] + (*node.vector2)[j];
           const float softplus = s > 20.0f ? s : std::log1p(std::exp(s));
-          g[i] = -std::exp(node.vector[j]) * softplus;
+          g[i] = -std::exp((*node.vector)[j]) * softplus;
         }
       }
       return;

@@ -28,7 +28,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override;
   const BufferType& buffer_type() const override { return host_; }
-  void prepare_weights(std::span<MatrixRef* const> matrices) override;
+  void prepare_weights(const WeightList& weights) override;
   bool supports(const Node&) const override { return true; }
   void fuse(const Plan& plan, std::span<Node> nodes) const override;
   Buffer& arena(size_t bytes) override;

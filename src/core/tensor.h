@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/dtype.h"
@@ -66,9 +68,23 @@ struct MatrixRef {
   // Where `data` lies (a mapped weight file, a backend's memory): the scheduler runs a node on
   // its weights' home. Null: host memory its owner keeps alive.
   const Buffer* buffer = nullptr;
-  // Its place in its model's list of matrices, numbered as the model loads (Runner::
-  // prepare_weights): what a device names it by in what it compiles or keeps (an NPU graph's
-  // key, calibrated ranges). -1: a matrix no model numbered (a test's).
+  // Its place in its model's list of weights, numbered as the model loads (number_weights,
+  // graph/backend.h): what a device keys its copy by and names it by in what it compiles (an
+  // NPU graph's key, calibrated ranges). -1: not numbered (weights only the CPU reads).
+  int64_t id = -1;
+};
+
+// A small f32 weight vector of a model (norm scales, conv weights, gate parameters, RoPE
+// frequencies), owned here, numbered with the model's matrices (MatrixRef::id).
+struct WeightVector {
+  WeightVector() = default;
+  WeightVector(std::vector<float> v) : values(std::move(v)) {}  // NOLINT: values become weights
+  const float* data() const { return values.data(); }
+  int64_t size() const { return static_cast<int64_t>(values.size()); }
+  bool empty() const { return values.empty(); }
+  float operator[](size_t i) const { return values[i]; }
+
+  std::vector<float> values;
   int64_t id = -1;
 };
 

@@ -62,13 +62,14 @@ class Backend {
   // a model's states live in the state memory of the first of its devices that does. An NPU
   // taking row-wise prompt work only does not.
   virtual bool computes_states() const { return true; }
-  // Lays the matrices it will multiply out for its kernels (or copies them to its memory) and
-  // points them there. Called once, before any plan that reads them is scheduled. The default
-  // uses them as they lie.
-  virtual void prepare_weights(std::span<MatrixRef* const> /*matrices*/) {}
-  // Forgets what prepare_weights made of these matrices: the memory they lie in is about to go
+  // Lays the weights it will read out for its kernels, or copies them to its memory, keyed by
+  // their ids (number_weights): once, before any plan that reads them is scheduled (a device
+  // may take no node whose weights it was not given here). All or nothing: when it throws, it
+  // holds none of them. The default uses them as they lie.
+  virtual void prepare_weights(const WeightList& /*weights*/) {}
+  // Forgets what prepare_weights made of these weights: the memory they lie in is about to go
   // (a model closing). The default holds nothing.
-  virtual void release_weights(std::span<MatrixRef* const> /*matrices*/) {}
+  virtual void release_weights(const WeightList& /*weights*/) {}
   // What prepare_weights left it holding (a device; the CPU's packed copies are not counted).
   virtual WeightMemory weight_memory() const { return {}; }
   // The coarsest form its matmuls compute weights in (an NPU's int8 rows or 4-bit blocks,

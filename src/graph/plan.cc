@@ -105,4 +105,11 @@ std::string Plan::describe(const Node& node) const {
   return text;
 }
 
+void number_weights(const WeightList& weights) {
+  int64_t id = 0;
+  for (MatrixRef* m : weights.matrices) m->id = id++;
+  for (MatrixRef* m : weights.tables) m->id = id++;
+  for (WeightVector* v : weights.vectors) v->id = id++;
+}
+
 }  // namespace qhx

@@ -84,14 +84,14 @@ struct Node {
   int64_t width = 0;  // op-specific, as Op says
   int64_t offset = 0;
   float eps = 0.0f, scale = 1.0f;
-  int layer = -1;                     // state of this layer (attention, conv, delta rule)
-  const MatrixRef* matrix = nullptr;  // kEmbed, kMatmul
-  const float* vector = nullptr;      // norm weights, conv weights, RoPE frequencies, a_log
-  const float* vector2 = nullptr;     // kDeltaGates: dt_bias
-  AttentionShape attention{};         // kAttention
-  DeltaRuleShape heads{};             // kDeltaRule
-  int64_t rotary_dim = 0;             // kRope
-  int64_t chunk = 0;                  // kDeltaRule: the prefill chunk of the WY form (0: recurrent)
+  int layer = -1;                         // state of this layer (attention, conv, delta rule)
+  const MatrixRef* matrix = nullptr;      // kEmbed, kMatmul
+  const WeightVector* vector = nullptr;   // norm weights, conv weights, RoPE frequencies, a_log
+  const WeightVector* vector2 = nullptr;  // kDeltaGates: dt_bias
+  AttentionShape attention{};             // kAttention
+  DeltaRuleShape heads{};                 // kDeltaRule
+  int64_t rotary_dim = 0;                 // kRope
+  int64_t chunk = 0;  // kDeltaRule: the prefill chunk of the WY form (0: recurrent)
 
   // Set by the scheduler: the backend that runs it, and how many of the nodes that follow it
   // run with it as one (fused by that backend).
@@ -109,6 +109,18 @@ struct Plan {
   // "rms_norm x ← h (w 1024)": one line per node, for errors and tests.
   std::string describe(const Node& node) const;
 };
+
+// The weights a model's plans read, as its backends prepare them (Backend::prepare_weights):
+// the matrices they multiply, the tables they look rows up in (an embedding, whose data may be a
+// matrix's too: a tied lm-head), and the small vectors of norms, convs, gates and RoPE.
+struct WeightList {
+  std::vector<MatrixRef*> matrices, tables;
+  std::vector<WeightVector*> vectors;
+};
+
+// Numbers the weights in that order, from 0 (MatrixRef::id, WeightVector::id): the ids a
+// device keys its copies by, stable for a model (an NPU pack's calibrated ranges name them).
+void number_weights(const WeightList& weights);
 
 // What a plan runs on: the new tokens, where they start, the sequence's layers, and the external
 // values' memory (by Value::binding; host memory, each buffer holding its value from byte 0).

@@ -65,33 +65,34 @@ Runner::Runner(CpuContext& context, std::vector<std::shared_ptr<Backend>> backen
 
 Runner::~Runner() = default;
 
-void Runner::prepare_weights(std::span<MatrixRef* const> matrices) {
-  for (size_t i = 0; i < matrices.size(); ++i) matrices[i]->id = static_cast<int64_t>(i);
+void Runner::prepare_weights(const WeightList& weights) {
+  number_weights(weights);
   for (size_t b = backends_.size(); b-- > 1;) {
     try {
-      backends_[b]->prepare_weights(matrices);
-    } catch (const Error& e) {
+      backends_[b]->prepare_weights(weights);
+      prepared_.push_back(backends_[b]);
+    } catch (const Error& e) {  // it holds none of them
       if (e.kind() != ErrorKind::kOutOfMemory && e.kind() != ErrorKind::kDeviceFailed) throw;
-      backends_[b]->release_weights(matrices);
       devices_enabled_ = false;
       ++device_failures_;
       device_failure_ = load_failure_ = e.what();
     }
   }
-  cpu_->prepare_weights(matrices);
+  cpu_->prepare_weights(weights);
 }
 
-void Runner::prepare_cpu_weights(std::span<MatrixRef* const> matrices) {
-  cpu_->prepare_weights(matrices);
+void Runner::prepare_cpu_weights(const WeightList& weights) {
+  cpu_->prepare_weights(weights);
 }
 
-void Runner::release_weights(std::span<MatrixRef* const> matrices) noexcept {
-  for (const auto& d : devices_) {
+void Runner::release_weights(const WeightList& weights) noexcept {
+  for (Backend* d : prepared_) {
     try {
-      d->release_weights(matrices);
+      d->release_weights(weights);
     } catch (...) {  // a lost device: its memory went with it
     }
   }
+  prepared_.clear();
 }
 
 const BufferType& Runner::state_memory() const {

@@ -108,16 +108,17 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  // Numbers the model's matrices in list order (MatrixRef::id), then each backend lays out the
-  // matrices it will multiply: the devices first (they copy from the
-  // mapped pages), then the CPU (which releases the pages of what it packs). A device without
-  // room for them, or failing as they go up, is left unused with the reason
-  // (device_load_failure), rather than failing the load.
-  void prepare_weights(std::span<MatrixRef* const> matrices);
-  // Matrices only the CPU multiplies (a drafter's).
-  void prepare_cpu_weights(std::span<MatrixRef* const> matrices);
-  // The devices forget these matrices (the memory they lie in is about to go). Never throws.
-  void release_weights(std::span<MatrixRef* const> matrices) noexcept;
+  // Numbers the model's weights (number_weights), then each backend lays out or copies the
+  // weights it will read: the devices first (they copy from the mapped pages), then the CPU
+  // (which releases the pages of what it packs). A device without room for them, or failing as
+  // they go up, is left unused with the reason (device_load_failure), rather than failing the
+  // load.
+  void prepare_weights(const WeightList& weights);
+  // Weights only the CPU reads (a drafter's).
+  void prepare_cpu_weights(const WeightList& weights);
+  // The devices that took these weights forget them (the memory they lie in is about to go).
+  // Never throws.
+  void release_weights(const WeightList& weights) noexcept;
 
   // Memory for a sequence's states: what the CPU and the device that shares the sequence with it
   // both address (the CPU's when it runs alone).
@@ -172,6 +173,7 @@ class Runner {
   CpuContext& context_;
   std::shared_ptr<Backend> cpu_;
   std::vector<std::shared_ptr<Backend>> devices_;
+  std::vector<Backend*> prepared_;  // the devices holding the model's weights
   std::vector<Backend*> backends_;  // the CPU, then the devices
   PlanBuilder build_;
   PlanKey decode_step_;

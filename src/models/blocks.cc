@@ -23,13 +23,12 @@ ValueId add_matmul(Plan& plan, ValueId x, const MatrixRef& w, ValueId out = kNoV
 }
 
 // Each `width` elements of v normalised in place with the weight `scale`.
-void add_rms_norm(Plan& plan, ValueId v, int64_t width, const std::vector<float>& scale,
-                  float eps) {
+void add_rms_norm(Plan& plan, ValueId v, int64_t width, const WeightVector& scale, float eps) {
   Node& n = plan.add(Op::kRmsNorm);
   n.in[0] = n.out = {v};
   n.rows = plan.n_tokens;
   n.width = width;
-  n.vector = scale.data();
+  n.vector = &scale;
   n.eps = eps;
 }
 
@@ -73,7 +72,7 @@ void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams&
     rope.rows = n;
     rope.width = hd;
     rope.rotary_dim = p.rotary_dim;
-    rope.vector = p.inv_freq.data();
+    rope.vector = &p.inv_freq;
   }
 
   const ValueId attended = activation(plan, q_width);
@@ -113,7 +112,7 @@ void add_gated_deltanet(Plan& plan, const GatedDeltaNetWeights& w, const GatedDe
   conv.out = {conv_out};
   conv.rows = n;
   conv.width = p.conv_kernel;
-  conv.vector = w.conv.data();
+  conv.vector = &w.conv;
   conv.layer = layer;
 
   // Steps 3 and 6: split, L2-normalise q and k per key head, scale q by dk^-1/2.
@@ -141,8 +140,8 @@ void add_gated_deltanet(Plan& plan, const GatedDeltaNetWeights& w, const GatedDe
   gates.out = {b};
   gates.out2 = {a};
   gates.rows = n;
-  gates.vector = w.a_log.data();
-  gates.vector2 = w.dt_bias.data();
+  gates.vector = &w.a_log;
+  gates.vector2 = &w.dt_bias;
 
   // Steps 5 and 7: the gated delta rule (value head j reads key head j / (Hv/Hk)).
   const ValueId core = activation(plan, vd);

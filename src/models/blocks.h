@@ -16,14 +16,14 @@ namespace qhx {
 struct AttentionWeights {
   MatrixRef q_proj;  // [n_heads·head_dim, H], or with an output gate [n_heads·2·head_dim, H]
   MatrixRef k_proj, v_proj, o_proj;
-  std::vector<float> q_norm, k_norm;  // [head_dim], effective scales (1 + w already added)
+  WeightVector q_norm, k_norm;  // [head_dim], effective scales (1 + w already added)
 };
 
 struct AttentionParams {
   AttentionShape shape;
-  int64_t rotary_dim = 0;       // leading dims of each head that rotate (i ↔ i + rotary_dim/2)
-  std::vector<float> inv_freq;  // rotary_dim / 2 RoPE frequencies
-  bool output_gate = false;     // q_proj rows per head are [query | gate] (spec §3.6)
+  int64_t rotary_dim = 0;    // leading dims of each head that rotate (i ↔ i + rotary_dim/2)
+  WeightVector inv_freq;     // rotary_dim / 2 RoPE frequencies
+  bool output_gate = false;  // q_proj rows per head are [query | gate] (spec §3.6)
   float norm_eps = 1e-6f;
 };
 
@@ -35,15 +35,15 @@ void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams&
                    ValueId x, ValueId y);
 
 struct GatedDeltaNetWeights {
-  MatrixRef in_proj_qkv;       // [2·Kd + Vd, H]: query, key and value channels
-  MatrixRef in_proj_z;         // [Vd, H]: output gate
-  MatrixRef in_proj_b;         // [Hv, H]: β before the sigmoid
-  MatrixRef in_proj_a;         // [Hv, H]: decay input
-  MatrixRef out_proj;          // [H, Vd]
-  std::vector<float> conv;     // [channels, kernel] depthwise conv1d
-  std::vector<float> a_log;    // [Hv]
-  std::vector<float> dt_bias;  // [Hv]
-  std::vector<float> norm;     // [v_dim], plain scale of the gated RMSNorm
+  MatrixRef in_proj_qkv;  // [2·Kd + Vd, H]: query, key and value channels
+  MatrixRef in_proj_z;    // [Vd, H]: output gate
+  MatrixRef in_proj_b;    // [Hv, H]: β before the sigmoid
+  MatrixRef in_proj_a;    // [Hv, H]: decay input
+  MatrixRef out_proj;     // [H, Vd]
+  WeightVector conv;      // [channels, kernel] depthwise conv1d
+  WeightVector a_log;     // [Hv]
+  WeightVector dt_bias;   // [Hv]
+  WeightVector norm;      // [v_dim], plain scale of the gated RMSNorm
 };
 
 struct GatedDeltaNetParams {

@@ -21,14 +21,14 @@ void add_embed(Plan& plan, const MatrixRef& table, ValueId out) {
   n.matrix = &table;
 }
 
-void add_norm(Plan& plan, Operand in, int64_t rows, const std::vector<float>& scale, float eps,
+void add_norm(Plan& plan, Operand in, int64_t rows, const WeightVector& scale, float eps,
               ValueId out) {
   Node& n = plan.add(Op::kRmsNorm);
   n.in[0] = in;
   n.out = {out};
   n.rows = rows;
   n.width = plan.values[out].cols;
-  n.vector = scale.data();
+  n.vector = &scale;
   n.eps = eps;
 }
 
@@ -183,7 +183,7 @@ class Decoder final : public Model {
   // Weight preparation is the runner's backends'. A tied embedding table is then read from the
   // lm_head's layout (read_row).
   void prepare_weights() {
-    runner_.prepare_weights(matrix_list(weights_));
+    runner_.prepare_weights(weight_list());
     MatrixRef& embed = weights_.embed_tokens;
     if (embed.data == weights_.lm_head.data) embed.packed = weights_.lm_head.packed;
     // The MTP head drafts on the CPU.
@@ -200,14 +200,30 @@ class Decoder final : public Model {
                                       &m.layer.mlp.up_proj,
                                       &m.layer.mlp.down_proj};
       if (m.vocab_head) head.push_back(&m.vocab_head->matrix);
-      runner_.prepare_cpu_weights(head);
+      WeightList cpu_only;
+      cpu_only.matrices = std::move(head);
+      runner_.prepare_cpu_weights(cpu_only);
     }
   }
 
-  void release_device_weights() noexcept {
-    std::vector<MatrixRef*> matrices = matrix_list(weights_);
-    matrices.push_back(&weights_.embed_tokens);  // a device looks its rows up when it decodes
-    runner_.release_weights(matrices);
+  void release_device_weights() noexcept { runner_.release_weights(weight_list()); }
+
+  // The weights the runner's backends prepare (numbered in this order): the matrices, the
+  // embedding table (a device looks its rows up when it decodes) and the vectors. The MTP
+  // head's are the CPU's alone.
+  WeightList weight_list() {
+    WeightList w;
+    w.matrices = matrix_list(weights_);
+    w.tables = {&weights_.embed_tokens};
+    w.vectors = {&weights_.final_norm, &attention_.inv_freq};
+    for (DecoderLayer& l : weights_.layers) {
+      for (WeightVector* v :
+           {&l.input_norm, &l.post_attention_norm, &l.attention.q_norm, &l.attention.k_norm,
+            &l.deltanet.conv, &l.deltanet.a_log, &l.deltanet.dt_bias, &l.deltanet.norm}) {
+        if (!v->empty()) w.vectors.push_back(v);
+      }
+    }
+    return w;
   }
 
   // Every matrix of the model but the embedding table, the lm_head first (the largest: it starts

@@ -19,9 +19,9 @@ namespace qhx {
 
 struct DecoderLayer {
   LayerKind kind = LayerKind::kFullAttention;
-  std::vector<float> input_norm, post_attention_norm;  // effective RMSNorm scales
-  AttentionWeights attention;                          // kind == kFullAttention
-  GatedDeltaNetWeights deltanet;                       // kind == kLinearAttention
+  WeightVector input_norm, post_attention_norm;  // effective RMSNorm scales
+  AttentionWeights attention;                    // kind == kFullAttention
+  GatedDeltaNetWeights deltanet;                 // kind == kLinearAttention
   MlpWeights mlp;
 };
 
@@ -33,8 +33,8 @@ struct DecoderLayer {
 // With a draft vocabulary (io/draft_vocab.h) the logits are those of its tokens only: lm_head's
 // rows of `vocab`, in its order.
 struct MtpWeights {
-  std::vector<float> embedding_norm, hidden_norm, final_norm;  // effective scales
-  std::vector<float> fc_embedding_rows, fc_hidden_rows;        // storage of the halves
+  WeightVector embedding_norm, hidden_norm, final_norm;  // effective scales
+  std::vector<float> fc_embedding_rows, fc_hidden_rows;  // storage of the halves
   MatrixRef fc_embedding, fc_hidden;
   DecoderLayer layer;
   std::vector<int32_t> vocab;            // empty: the whole vocabulary
@@ -43,7 +43,7 @@ struct MtpWeights {
 
 struct DecoderWeights {
   MatrixRef embed_tokens, lm_head;
-  std::vector<float> final_norm;
+  WeightVector final_norm;
   std::vector<DecoderLayer> layers;
   std::optional<MtpWeights> mtp;
   std::string mtp_unavailable;  // why the checkpoint's mtp.* tensors are not a head ("" if none)

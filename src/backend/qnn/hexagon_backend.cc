@@ -195,13 +195,20 @@ std::string HexagonBackend::name() const {
 
 // The weights stay where they lie until a graph takes them as constants; their ids name them in
 // a graph's key.
-void HexagonBackend::release_weights(std::span<MatrixRef* const>) {
+void HexagonBackend::release_weights(const WeightList&) {
+  holds_model_ = false;
   expected_constant_bytes_ = 0;
   graphs_.clear();  // they hold those weights as constants
   contexts_.clear();
 }
 
-void HexagonBackend::prepare_weights(std::span<MatrixRef* const> matrices) {
+void HexagonBackend::prepare_weights(const WeightList& weights) {
+  // Its graphs name weights by id: another model's would be taken for them.
+  if (holds_model_) {
+    fail("hexagon", "this device backend holds another model's weights (it serves one at a time)");
+  }
+  holds_model_ = true;
+  const std::vector<MatrixRef*>& matrices = weights.matrices;
   int64_t vocabulary = 0;
   for (const MatrixRef* m : matrices) vocabulary = std::max(vocabulary, m->rows);
   const double bytes_per_weight = options_.form == NpuForm::kF16     ? 2.0
@@ -348,11 +355,15 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         constant_bytes += m.rows * m.cols * 2;
       }
     }
-    if (n.vector != nullptr) {
-      // A norm's weights: small, named by their bytes.
-      Sha256 hash;
-      hash.update(std::as_bytes(std::span(n.vector, static_cast<size_t>(n.width))));
-      key += " v" + hash.hex().substr(0, 16);
+    if (n.vector != nullptr) {  // a norm's weights
+      const WeightVector& v = *n.vector;
+      if (v.id >= 0) {
+        key += " v" + std::to_string(v.id);
+      } else {  // weights no model numbered (the op suite's): named by their bytes
+        Sha256 hash;
+        hash.update(std::as_bytes(std::span(v.data(), static_cast<size_t>(n.width))));
+        key += " v" + hash.hex().substr(0, 16);
+      }
       constant_bytes += n.width * 4;
     }
     if (n.op == Op::kRmsNorm) {
@@ -454,7 +465,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           }
           case Op::kRmsNorm: {
             const auto x = read(n.in[0].value);
-            const auto weight = g.constant({dim(n.width)}, std::span(n.vector, n.width));
+            const auto weight = g.constant({dim(n.width)}, std::span(n.vector->data(), n.width));
             const uint32_t axis_values[] = {1};
             if (n.width == cols) {
               const auto axes = g.constant_u32({1}, axis_values);

@@ -71,11 +71,11 @@ class HexagonBackend final : public Backend {
 
   std::string name() const override;
   const BufferType& buffer_type() const override { return memory_; }
-  void release_weights(std::span<MatrixRef* const> matrices) override;
+  void release_weights(const WeightList& weights) override;
   DType computes_weights_as() const override;
   // Notes about what its graphs' constants will take: every matrix but the vocabulary tables
   // (the embedding and lm-head stay with the CPU), in the form's precision.
-  void prepare_weights(std::span<MatrixRef* const> matrices) override;
+  void prepare_weights(const WeightList& weights) override;
   // Its graphs' constants (copies of the weights, in the form's precision): the binaries loaded
   // from a pack, about what the graphs compiled here hold, at least what prepare_weights
   // expects (graphs compiled on first use are counted before they are). In the host's RAM on
@@ -126,6 +126,7 @@ class HexagonBackend final : public Backend {
   std::set<std::string> failed_keys_;                     // runs that did not compile
   std::vector<std::string> compile_failures_;
   int64_t expected_constant_bytes_ = 0;  // prepare_weights' estimate
+  bool holds_model_ = false;             // prepared and not yet released
   int64_t graphs_compiled_ = 0, executions_ = 0, chunks_ = 0;
   int64_t graph_names_ = 0;  // a context's graphs need names of their own, failed ones too
   int64_t graphs_from_pack_ = 0;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <set>
 
 #include "backend/vulkan/vulkan_shaders.h"
 #include "core/dtype.h"
@@ -171,29 +172,72 @@ std::string VulkanBackend::shader(const char* name) const {
   return n;
 }
 
-void VulkanBackend::prepare_weights(std::span<MatrixRef* const> list) {
-  for (const MatrixRef* m : list) {
-    if (m->data != nullptr && supports_matrix(*m)) matrix(*m);
+void VulkanBackend::prepare_weights(const WeightList& weights) {
+  // Ids name one model's weights: another's would be taken for them.
+  if (!matrices_.empty() || !vectors_.empty()) {
+    fail("vulkan", "this device backend holds another model's weights (it serves one at a time)");
+  }
+  try {
+    upload_weights(weights);
+  } catch (...) {  // all or nothing: it held none before
+    matrices_.clear();
+    vectors_.clear();
+    imports_.clear();
+    throw;
+  }
+}
+
+void VulkanBackend::upload_weights(const WeightList& weights) {
+  // Matrices whose data is one (a tied embedding and lm-head) share one copy.
+  std::map<const void*, std::shared_ptr<const DeviceMatrix>> by_data;
+  for (const auto& [id, d] : matrices_) by_data.emplace(d->data, d);
+  const auto prepare = [&](const MatrixRef& m) {
+    if (m.data == nullptr || !supports_matrix(m)) return;  // the CPU multiplies it
+    if (m.id < 0) fail("vulkan", "a weight matrix was not numbered (number_weights)");
+    std::shared_ptr<const DeviceMatrix>& d = by_data[m.data];
+    if (d == nullptr) d = upload_matrix(m);
+    matrices_[m.id] = d;
+  };
+  for (const MatrixRef* m : weights.matrices) prepare(*m);
+  if (options_.decode) {  // it looks rows up only when it decodes
+    for (const MatrixRef* m : weights.tables) prepare(*m);
+  }
+  for (const WeightVector* v : weights.vectors) {
+    if (v->id < 0) fail("vulkan", "a weight vector was not numbered (number_weights)");
+    std::unique_ptr<Buffer>& b = vectors_[v->id];
+    b = device_memory_.allocate(std::max<int64_t>(v->size(), 1) * sizeof(float));
+    b->write(0, v->data(), v->size() * sizeof(float));
   }
 }
 
 WeightMemory VulkanBackend::weight_memory() const {
-  WeightMemory w = weight_memory_;
+  WeightMemory w;
+  std::set<const DeviceMatrix*> counted;  // tied matrices once
+  for (const auto& [id, d] : matrices_) {
+    if (!counted.insert(d.get()).second) continue;
+    w.in_place_bytes += d->memory.in_place_bytes;
+    w.copied_bytes += d->memory.copied_bytes;
+  }
+  for (const auto& [id, b] : vectors_) w.copied_bytes += static_cast<int64_t>(b->bytes());
   w.host_copied_bytes = device_->info().discrete ? 0 : w.copied_bytes;
   return w;
 }
 
-void VulkanBackend::release_weights(std::span<MatrixRef* const> list) {
+void VulkanBackend::release_weights(const WeightList& weights) {
   synchronize();  // recorded work may read them
-  for (const MatrixRef* m : list) {
-    if (const auto it = matrices_.find(m->data); it != matrices_.end()) {
-      weight_memory_.in_place_bytes -= it->second.memory.in_place_bytes;
-      weight_memory_.copied_bytes -= it->second.memory.copied_bytes;
-      matrices_.erase(it);
+  for (const auto* list : {&weights.matrices, &weights.tables}) {
+    for (const MatrixRef* m : *list) {
+      matrices_.erase(m->id);
+      if (m->buffer != nullptr) imports_.erase(m->buffer);
     }
-    if (m->buffer != nullptr) imports_.erase(m->buffer);
   }
-  vectors_.clear();  // keyed by host addresses that may be reused; uploaded again on first use
+  for (const WeightVector* v : weights.vectors) vectors_.erase(v->id);
+}
+
+bool VulkanBackend::holds_weights(const Node& node) const {
+  const auto held = [&](const WeightVector* v) { return v == nullptr || vectors_.contains(v->id); };
+  return (node.matrix == nullptr || matrices_.contains(node.matrix->id)) && held(node.vector) &&
+         held(node.vector2);
 }
 
 uint64_t VulkanBackend::range_bytes() const {
@@ -226,6 +270,7 @@ bool VulkanBackend::supports_matrix(const MatrixRef& m) const {
 }
 
 bool VulkanBackend::supports(const Node& node) const {
+  if (!holds_weights(node)) return false;
   switch (node.op) {
     case Op::kEmbed:
       return supports_matrix(*node.matrix);
@@ -267,9 +312,18 @@ Buffer& VulkanBackend::arena(size_t bytes) {
   return *arena_;
 }
 
-const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
-  if (const auto it = matrices_.find(m.data); it != matrices_.end()) return it->second;
-  DeviceMatrix d;
+const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) const {
+  const auto it = matrices_.find(m.id);
+  if (it == matrices_.end())
+    fail("vulkan", "weight matrix " + std::to_string(m.id) + " is not here");
+  return *it->second;
+}
+
+std::shared_ptr<const VulkanBackend::DeviceMatrix> VulkanBackend::upload_matrix(
+    const MatrixRef& m) {
+  auto uploaded = std::make_shared<DeviceMatrix>();
+  DeviceMatrix& d = *uploaded;
+  d.data = m.data;
   const uint64_t row_bytes = matrix_bytes(m.dtype, 1, m.cols, m.group_size);
   const uint64_t scale_row_bytes = matrix_scale_bytes(m.dtype, 1, m.cols, m.group_size);
   // Each part padded to whole words (the shaders read 32-bit words) and within one binding; in
@@ -313,9 +367,7 @@ const VulkanBackend::DeviceMatrix& VulkanBackend::matrix(const MatrixRef& m) {
           place(scales + first * scale_row_bytes, part.rows * scale_row_bytes, part.scales_word);
     }
   }
-  weight_memory_.in_place_bytes += d.memory.in_place_bytes;
-  weight_memory_.copied_bytes += d.memory.copied_bytes;
-  return matrices_.emplace(m.data, std::move(d)).first->second;
+  return uploaded;
 }
 
 std::shared_ptr<const VulkanHostImport> VulkanBackend::weight_file(const MatrixRef& m) {
@@ -330,15 +382,12 @@ std::shared_ptr<const VulkanHostImport> VulkanBackend::weight_file(const MatrixR
   return it->second;
 }
 
-const VulkanBuffer& VulkanBackend::vector(const float* values, int64_t floats) {
-  DeviceVector& v = vectors_[values];
-  if (v.buffer == nullptr || v.floats != floats) {
-    if (v.buffer != nullptr) synchronize();  // recorded work may read the old one
-    v.buffer = device_memory_.allocate(floats * sizeof(float));
-    v.buffer->write(0, values, floats * sizeof(float));
-    v.floats = floats;
+const VulkanBuffer& VulkanBackend::vector(const WeightVector& v, int64_t floats) const {
+  const auto it = vectors_.find(v.id);
+  if (it == vectors_.end() || v.size() < floats) {
+    fail("vulkan", "weight vector " + std::to_string(v.id) + " is not here, or is too short");
   }
-  return static_cast<const VulkanBuffer&>(*v.buffer);
+  return static_cast<const VulkanBuffer&>(*it->second);
 }
 
 size_t VulkanBackend::byte_at(const NodeArgs& args, const Operand& o) const {
@@ -893,7 +942,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     }
     case Op::kRmsNorm: {
       const int64_t n = node.rows * cols(node.out) / node.width;
-      return dispatch("rms_norm", {&arena, &vector(node.vector, node.width)},
+      return dispatch("rms_norm", {&arena, &vector(*node.vector, node.width)},
                       {offset(node.in[0]), offset(node.out), u32(node.width), u32(n),
                        bits(node.eps), bits(1.0f)},
                       n);
@@ -934,7 +983,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       rope_table_.resize(2 * node.rows * half);
       for (int64_t t = 0; t < node.rows; ++t) {
         for (int64_t i = 0; i < half; ++i) {
-          const float angle = static_cast<float>(inputs.first_pos + t) * node.vector[i];
+          const float angle = static_cast<float>(inputs.first_pos + t) * (*node.vector)[i];
           rope_table_[t * half + i] = std::cos(angle);
           rope_table_[(node.rows + t) * half + i] = std::sin(angle);
         }
@@ -953,7 +1002,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       const StateBuffer& conv_state = inputs.layers[node.layer].conv;
       const VulkanBuffer& conv = whole_state(conv_state, "conv state", node.layer);
       dispatch(
-          "conv_silu", {&arena, &vector(node.vector, channels * node.width), &conv},
+          "conv_silu", {&arena, &vector(*node.vector, channels * node.width), &conv},
           {offset(node.in[0]), offset(node.out), u32(channels), u32(node.width), u32(node.rows)},
           groups_of(channels));
       return updated(conv_state, conv);
@@ -961,7 +1010,7 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     case Op::kDeltaGates: {
       const int64_t heads = cols(node.out);
       return dispatch("delta_gates",
-                      {&arena, &vector(node.vector, heads), &vector(node.vector2, heads)},
+                      {&arena, &vector(*node.vector, heads), &vector(*node.vector2, heads)},
                       {offset(node.out), offset(node.out2), u32(heads), u32(node.rows * heads)},
                       groups_of(node.rows * heads));
     }

@@ -1,11 +1,12 @@
 // The Vulkan backend: every op kind of the plan (graph/plan.h) as compute shaders on one device.
 // Weights are read in place from their mapped files where the device shares the host's memory
-// and imports it, else uploaded once to device memory (prepare_weights for matrices; norm, conv
-// and gate vectors on first use), activations live in a device arena, and the states of the
-// sequences it shares with the CPU in host-visible memory both address (computed in device-local
-// copies when a discrete GPU decodes: private_states). Nodes are recorded into one command
-// buffer and submitted when the CPU needs their results (synchronize), so a run of device nodes
-// costs one submission.
+// and imports it, else uploaded once to device memory, when the model loads (prepare_weights:
+// matrices, the embedding when it decodes, the norm, conv and gate vectors; kept by weight id,
+// nodes of weights it does not hold left to the CPU), activations live in a device arena, and the
+// states of the sequences it shares with the CPU in host-visible memory both address (computed in
+// device-local copies when a discrete GPU decodes: private_states). Nodes are recorded into one
+// command buffer and submitted when the CPU needs their results (synchronize), so a run of device
+// nodes costs one submission.
 //
 // Placement: it claims the nodes of prompt-sized work (at least min_prompt_rows rows) and, with
 // `decode`, single-token steps too; the embedding lookup stays on the CPU unless decoding here.
@@ -66,8 +67,8 @@ class VulkanBackend final : public Backend {
   std::string name() const override;
   const BufferType& buffer_type() const override { return device_memory_; }
   const BufferType& state_buffer_type() const override { return shared_memory_; }
-  void prepare_weights(std::span<MatrixRef* const> matrices) override;
-  void release_weights(std::span<MatrixRef* const> matrices) override;
+  void prepare_weights(const WeightList& weights) override;
+  void release_weights(const WeightList& weights) override;
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
   Buffer& arena(size_t bytes) override;
@@ -91,12 +92,9 @@ class VulkanBackend final : public Backend {
     uint32_t data_word = 0, scales_word = 0;
   };
   struct DeviceMatrix {
+    const void* data = nullptr;  // the host data it holds (matrices sharing it share it)
     std::vector<MatrixPart> parts;
-    WeightMemory memory;  // what its parts count in weight_memory_
-  };
-  struct DeviceVector {
-    int64_t floats = 0;
-    std::unique_ptr<Buffer> buffer;
+    WeightMemory memory;  // what its parts take
   };
   // What one storage-buffer binding of a dispatch spans: a whole buffer, or `bytes` of it from
   // `offset` (a window of a buffer larger than one binding may span).
@@ -128,10 +126,15 @@ class VulkanBackend final : public Backend {
   void grow_caches(std::span<const Node> nodes, const NodeArgs& args);
   void record(const Plan& plan, const Node& node, const NodeArgs& args);
   void set_arena_window(const Plan& plan, const Node& node, const NodeArgs& args);
-  const DeviceMatrix& matrix(const MatrixRef& m);
+  void upload_weights(const WeightList& weights);  // prepare_weights' work
+  // Whether prepare_weights gave it the node's weights.
+  bool holds_weights(const Node& node) const;
+  const DeviceMatrix& matrix(const MatrixRef& m) const;
+  std::shared_ptr<const DeviceMatrix> upload_matrix(const MatrixRef& m);
   // The device's import of the mapped file `m` lies in, when its parts are used in place.
   std::shared_ptr<const VulkanHostImport> weight_file(const MatrixRef& m);
-  const VulkanBuffer& vector(const float* values, int64_t floats);
+  // A weight vector's copy, of at least `floats` elements.
+  const VulkanBuffer& vector(const WeightVector& v, int64_t floats) const;
   // Where an operand's first row lies in the arena: in bytes from its start (copies, windows
   // of their own), and in elements from the node's window (shaders).
   size_t byte_at(const NodeArgs& args, const Operand& o) const;
@@ -184,13 +187,12 @@ class VulkanBackend final : public Backend {
   // A matmul's activations as its shader reads them: int8 (quantize_q8) or f16 parts (split_f16),
   // and their scales.
   std::unique_ptr<Buffer> quantized_, scales_;
-  std::unique_ptr<Buffer> delta_scratch_;         // the chunked delta rule's intermediates
-  std::unique_ptr<Buffer> attention_partials_;    // split-key attention's per-split results
-  std::map<const void*, DeviceMatrix> matrices_;  // by the host data they copy
+  std::unique_ptr<Buffer> delta_scratch_;       // the chunked delta rule's intermediates
+  std::unique_ptr<Buffer> attention_partials_;  // split-key attention's per-split results
+  std::map<int64_t, std::shared_ptr<const DeviceMatrix>> matrices_;  // by weight id
   // Weight files imported for use in place, by their buffer (null: the import failed).
   std::map<const Buffer*, std::shared_ptr<const VulkanHostImport>> imports_;
-  WeightMemory weight_memory_;
-  std::map<const float*, DeviceVector> vectors_;
+  std::map<int64_t, std::unique_ptr<Buffer>> vectors_;  // by weight id
   std::vector<float> rope_table_;  // a RoPE node's cos and sin, before they are uploaded
   std::vector<std::unique_ptr<Buffer>> retired_;  // replaced shadows recorded work still reads
   std::vector<const StateBuffer*> shadowed_;      // states computed in shadows since the last wait
