@@ -78,6 +78,7 @@ void Runner::prepare_weights(const WeightList& weights) {
       device_failure_ = load_failure_ = e.what();
     }
   }
+  if (!load_failure_.empty()) release_weights(weights);  // the devices stay unused
   cpu_->prepare_weights(weights);
 }
 

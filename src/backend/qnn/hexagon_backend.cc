@@ -198,7 +198,8 @@ std::string HexagonBackend::name() const {
 void HexagonBackend::release_weights(const WeightList&) {
   holds_model_ = false;
   expected_constant_bytes_ = 0;
-  graphs_.clear();  // they hold those weights as constants
+  failed_keys_.clear();  // keys name weights by id: the next model's are other weights
+  graphs_.clear();       // they hold those weights as constants
   contexts_.clear();
 }
 

@@ -69,13 +69,19 @@ bool is_npu_pack(const fs::path& dir) {
 
 NpuPackManifest read_npu_pack(const fs::path& dir) {
   const fs::path path = dir / "MANIFEST.json";
-  const std::string where = path.string();
-  const Json m = read_json_file(path);
+  return parse_npu_pack_manifest(read_json_file(path), path.string());
+}
+
+NpuPackManifest parse_npu_pack_manifest(const Json& m, const std::string& where) {
   if (!m.is_object() || m.value("format", std::string()) != kFormat) {
     fail(where + ": format", "not an NPU pack (qhx forge npu makes them)");
   }
   const int64_t version = require_int(m, "format_version", where);
-  if (version < 1) fail(where + ": format_version", "must be at least 1");
+  if (version < kNpuPackFormatVersion) {  // its graphs are named otherwise: none would be found
+    fail(where + ": format_version", "a pack made by an older qhx (version " +
+                                         std::to_string(version) +
+                                         "): make it again with qhx forge npu");
+  }
   if (version > kNpuPackFormatVersion) {
     fail(where + ": format_version",
          "newer than this qhx reads (" + std::to_string(kNpuPackFormatVersion) + ")");

@@ -18,10 +18,12 @@
 #include <vector>
 
 #include "backend/qnn/npu_weights.h"
+#include "util/json_file.h"
 
 namespace qhx {
 
-inline constexpr int64_t kNpuPackFormatVersion = 1;
+// 2: graphs name their norm vectors by weight id (1: by their bytes).
+inline constexpr int64_t kNpuPackFormatVersion = 2;
 
 // One graph of a context binary: its name there, what it computes (the backend's key), and which
 // of the run's values its inputs and outputs are (in the order of first use within the run).
@@ -63,6 +65,8 @@ struct NpuPackManifest {
 bool is_npu_pack(const std::filesystem::path& dir);
 // Reads and checks the manifest (Error naming MANIFEST.json and the field).
 NpuPackManifest read_npu_pack(const std::filesystem::path& dir);
+// The same from its parsed JSON; `where` names it in errors.
+NpuPackManifest parse_npu_pack_manifest(const Json& manifest, const std::string& where);
 void write_npu_pack_manifest(const std::filesystem::path& dir, const NpuPackManifest& manifest);
 // The sha256 of a bundle's manifest.json: what a pack records of its base.
 std::string npu_pack_base_id(const std::filesystem::path& bundle);

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <numeric>
 #include <set>
@@ -224,7 +225,14 @@ WeightMemory VulkanBackend::weight_memory() const {
 }
 
 void VulkanBackend::release_weights(const WeightList& weights) {
-  synchronize();  // recorded work may read them
+  // Recorded work may read them: waited for, and they are forgotten even when the device failed
+  // (it holds nothing of this model after).
+  std::exception_ptr failed;
+  try {
+    synchronize();
+  } catch (...) {
+    failed = std::current_exception();
+  }
   for (const auto* list : {&weights.matrices, &weights.tables}) {
     for (const MatrixRef* m : *list) {
       matrices_.erase(m->id);
@@ -232,6 +240,7 @@ void VulkanBackend::release_weights(const WeightList& weights) {
     }
   }
   for (const WeightVector* v : weights.vectors) vectors_.erase(v->id);
+  if (failed) std::rethrow_exception(failed);
 }
 
 bool VulkanBackend::holds_weights(const Node& node) const {
