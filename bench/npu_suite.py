@@ -4,8 +4,8 @@
 For each of the 24 verse openings of tools/train/kjv_prompts.txt, the prompt is a held-out
 chapter's opening (about 1,000 characters of models/*/held_out.txt, so that the NPU reads at least
 two 128-token chunks) followed by the verse opening; qhx generate continues it greedily for 64
-tokens on the CPU alone and with prompts on the NPU (--device hexagon:vNN --npu-pack), and the
-ids are compared. Prints, per bundle: identical continuations of 24, the first divergence of the
+tokens on the CPU alone and with prompts on the NPU (--device hexagon:vNN --npu-pack; with
+--decode the replies too, --decode-device hexagon), and the ids are compared. Prints, per bundle: identical continuations of 24, the first divergence of the
 others, the pack's size per chip and the peak RSS of both runs (the memory the NPU adds while
 loaded; on the simulator that is mostly the simulator's own).
 
@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--chip", default="v81")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--context-chars", type=int, default=1000)
+    ap.add_argument("--decode", action="store_true",
+                    help="decode on the NPU too (--decode-device hexagon), not on the CPU")
     ap.add_argument("--held-out", default=str(ROOT / "models" / "qwen3-kjv" / "held_out.txt"))
     ap.add_argument("--write-calibration", metavar="FILE",
                     help="write the held-out chapters past the suite's openings (text the suite "
@@ -62,7 +64,8 @@ def main() -> None:
                     "--print-ids", "-n", str(args.tokens), "--ignore-eos"]
             cpu, rss_c, _ = run(base)
             npu, rss_n, on_npu = run(base + ["--device", f"hexagon:{args.chip}", "--npu-pack", pack,
-                                             "--device-check", "never"])
+                                             "--device-check", "never"] +
+                                     (["--decode-device", "hexagon"] if args.decode else []))
             if on_npu == 0:
                 sys.exit(f"{pack}: no prompt token ran on hexagon:{args.chip} (QHX_QNN_LIB set?)")
             cpu_rss, npu_rss, npu_tokens = max(cpu_rss, rss_c), max(npu_rss, rss_n), npu_tokens + on_npu
@@ -74,7 +77,8 @@ def main() -> None:
         sizes = ", ".join(f"v{c['arch']} {c['bytes'] / 1e6:.1f} MB" for c in manifest["chips"])
         print(f"{Path(bundle).name}: {same}/{len(prompts)} greedy-identical over {args.tokens} tokens"
               f" (first divergence of the others at tokens {sorted(diverged)}); "
-              f"{npu_tokens} prompt tokens ran on hexagon:{args.chip}; pack {sizes}; "
+              f"{npu_tokens} prompt tokens ran on hexagon:{args.chip}"
+              f"{', and every reply token' if args.decode else ''}; pack {sizes}; "
               f"peak RSS {cpu_rss:.0f} MB on the CPU, {npu_rss:.0f} MB with the NPU")
 
 

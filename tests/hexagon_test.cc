@@ -362,6 +362,67 @@ TEST(Hexagon, PromptChunksRunOnTheNpuAndTheReplyIsTheCpus) {
   }
 }
 
+// Decoding on the NPU (--decode-device hexagon): each step's layers run in one-row graphs, the
+// attention over the host's KV cache in graphs by cache length, the lm-head in a graph of its
+// own; the embedding and the Gated DeltaNet cores stay with the CPU. The CPU's greedy tokens
+// across a cache-length bucket (128 → 256 rows), a step's logits within fp16's reach, and a
+// failed execution mid-reply redone by the CPU with the same tokens.
+TEST(Hexagon, DecodeStepsRunOnTheNpuWithTheCpusTokens) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const auto device = HexagonDevice::open(library, *hexagon_chip("v81"));
+  HexagonBackendOptions decoding;
+  decoding.decode = true;
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const auto cpu = load_model(fixture(name));
+    const std::vector<int32_t> prompt = long_prompt(120, cpu->config().vocab_size);
+    const std::vector<int32_t> want = greedy_reply(*cpu, prompt, 12);
+    const auto backend = std::make_shared<HexagonBackend>(device, decoding);
+    const auto npu = load_model(fixture(name), {.devices = {backend}});
+    EXPECT_EQ(greedy_reply(*npu, prompt, 12), want);
+    EXPECT_EQ(backend->decode_steps(), 11);  // the 12th token's step is not taken
+    EXPECT_EQ(backend->chunks_run(), 0);     // 120 rows: the prompt is the CPU's
+    EXPECT_EQ(npu->device_failures(), 0);
+    EXPECT_TRUE(backend->compile_failures().empty()) << backend->compile_failures().front();
+
+    // One step's logits against the CPU's, from the same state.
+    auto on_npu = npu->new_state(), on_cpu = cpu->new_state();
+    std::vector<float> got, expected;
+    cpu->forward(prompt, *on_cpu, LogitsFor::kLastToken, expected);
+    on_npu->restore(*on_cpu);
+    const int32_t next = want[0];
+    npu->forward(std::span(&next, 1), *on_npu, LogitsFor::kLastToken, got);
+    cpu->forward(std::span(&next, 1), *on_cpu, LogitsFor::kLastToken, expected);
+    float scale = 0;
+    for (const float v : expected) scale = std::max(scale, std::fabs(v));
+    EXPECT_LT(max_error(got, expected), 2e-2f * scale);
+
+    const int64_t total = backend->graphs_executed();
+    HexagonBackendOptions failing = decoding;
+    failing.fail_execution = total / 2;
+    const auto model =
+        load_model(fixture(name), {.devices = {std::make_shared<HexagonBackend>(device, failing)}});
+    EXPECT_EQ(greedy_reply(*model, prompt, 12), want);
+    EXPECT_EQ(model->device_failures(), 1);
+
+    // The check before use reads its probes' last tokens as decode steps: it passes the honest
+    // decode graphs and refuses a perturbed attention, which only decode steps run here.
+    DeviceCheckOptions check;
+    check.mode = DeviceCheckMode::kAlways;
+    const auto checked_backend = std::make_shared<HexagonBackend>(device, decoding);
+    const auto checked = load_model(fixture(name), {.devices = {checked_backend}});
+    const DeviceCheckResult passed = check_devices(*checked, "decoding", nullptr, check);
+    EXPECT_TRUE(passed.passed) << passed.summary;
+    EXPECT_GT(checked_backend->decode_steps(), 0);
+    HexagonBackendOptions perturbed = decoding;
+    perturbed.perturb_op = "attention";
+    const auto wrong = load_model(
+        fixture(name), {.devices = {std::make_shared<HexagonBackend>(device, perturbed)}});
+    const DeviceCheckResult refused = check_devices(*wrong, "perturbed", nullptr, check);
+    EXPECT_FALSE(refused.passed) << refused.summary;
+  }
+}
+
 // The check before use compares the NPU with the CPU on prompts long enough to reach it: an
 // honest one passes, one whose graphs return wrong numbers (the test switch) is refused and the
 // CPU takes over.
@@ -473,7 +534,7 @@ TEST(HexagonAndVulkan, PromptChunksOnTheNpuRepliesOnTheGpuInOneModel) {
     }
   }
   for (const auto& [prefill, decode, why] :
-       {std::tuple{"vulkan", "hexagon:v81", "reads prompts only"},
+       {std::tuple{"vulkan", "hexagon:v81", "a device that decodes takes both"},
         std::tuple{"vulkan", "vulkan:1", "a device that decodes takes both"}}) {
     choice.prefill = parse_device_name(prefill, "--device");
     choice.decode = parse_device_name(decode, "--decode-device");
@@ -742,9 +803,15 @@ TEST(HexagonCli, ForgeVerifyAndGenerateWithAPack) {
   EXPECT_NE(npu.err.find("from the pack's 1 context(s)"), std::string::npos) << npu.err;
   EXPECT_NE(npu.err.find("agrees with the CPU"), std::string::npos) << npu.err;
 
+  // Decoding on the NPU too: its kind alone names the prompt's device.
+  const test::CliRun decoding = test::run_qhx(
+      run + " --device hexagon:v81 --decode-device hexagon --npu-pack " + pack.string());
+  ASSERT_EQ(decoding.exit_code, 0) << decoding.err;
+  EXPECT_EQ(decoding.out, cpu.out);
+  EXPECT_NE(decoding.err.find("agrees with the CPU"), std::string::npos) << decoding.err;
+
   for (const std::string& wrong :
-       {std::string(" --device hexagon:v81 --decode-device hexagon:v81"),
-        " --npu-pack " + pack.string(), " --device hexagon:v79 --npu-pack " + pack.string()}) {
+       {" --npu-pack " + pack.string(), " --device hexagon:v79 --npu-pack " + pack.string()}) {
     const test::CliRun r = test::run_qhx(run + wrong);
     EXPECT_EQ(r.exit_code, 1) << wrong;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

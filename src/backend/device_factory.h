@@ -48,8 +48,12 @@ class DeviceFactory {
   // The canonical name of kind[:param] ("vulkan" → "vulkan:0"); Error naming `option` when
   // `param` names none.
   virtual std::string canonical(std::string_view param, std::string_view option) const = 0;
-  // Whether its devices can decode (single-token steps); an NPU that reads prompts cannot.
+  // Whether its devices can decode (single-token steps).
   virtual bool decodes() const { return true; }
+  // Whether a device of this kind decodes unless told not to (a GPU, where it is faster): then
+  // it keeps the replies of the prompts it reads, and another decoding device is refused. An NPU
+  // reads prompts and leaves replies to the CPU, or to a GPU, unless it is told to decode.
+  virtual bool decodes_by_default() const { return decodes(); }
   // One line per device of this kind that is there ("vulkan:0  llvmpipe ..."); none, with `why`
   // saying why, when there is none.
   virtual std::vector<std::string> describe(std::string* why) const = 0;

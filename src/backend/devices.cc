@@ -105,7 +105,13 @@ std::vector<std::string> describe_devices() {
   return lines;
 }
 
-OpenedDevices open_devices(const DeviceChoice& choice) {
+OpenedDevices open_devices(const DeviceChoice& given) {
+  DeviceChoice choice = given;
+  // A decode device named by its kind alone after a prompt device of that kind
+  // ("--device hexagon:v81 --decode-device hexagon") is that device.
+  if (choice.decode && choice.decode->kind == choice.prefill.kind && choice.decode->param.empty()) {
+    choice.decode = choice.prefill;
+  }
   OpenedDevices out;
   if (choice.prefill.is_cpu()) {
     if (choice.decode && !choice.decode->is_cpu()) {
@@ -129,7 +135,7 @@ OpenedDevices open_devices(const DeviceChoice& choice) {
                                 " reads prompts only: replies are decoded "
                                 "on the CPU or a GPU (--decode-device cpu|vulkan)");
   }
-  if (other_decoder && factory->decodes()) {
+  if (other_decoder && factory->decodes_by_default()) {
     fail("--decode-device", "decoding on " + choice.decode->text() + " while prompts run on " +
                                 choice.prefill.text() + ": a device that decodes takes both");
   }

@@ -43,18 +43,27 @@ std::vector<int32_t> greedy(const Model& model, const std::vector<int32_t>& prom
   return out;
 }
 
+// The last positions a model with devices reads one token at a time: a device that decodes is
+// compared on its decode steps too.
+constexpr int64_t kDecodeSteps = 8;
+
 // Every position's logits, the sequence read as a session reads a prompt: in whole multiples of
-// what the model's devices take (Model::prompt_rows_multiple), then the rest.
+// what the model's devices take (Model::prompt_rows_multiple), then the rest; with devices, the
+// last kDecodeSteps positions as decode steps. (On the CPU alone every way gives the same bits.)
 std::vector<float> every_token_logits(const Model& model, std::span<const int32_t> sequence) {
   auto state = model.new_state();
   const int64_t n = static_cast<int64_t>(sequence.size()), whole = model.prompt_rows_multiple();
-  const int64_t first = whole > 1 && n > whole ? n / whole * whole : n;
-  std::vector<float> logits, rest;
-  model.forward(sequence.first(first), *state, LogitsFor::kEveryToken, logits);
-  if (first < n) {
-    model.forward(sequence.subspan(first), *state, LogitsFor::kEveryToken, rest);
-    logits.insert(logits.end(), rest.begin(), rest.end());
-  }
+  const int64_t steps = model.has_devices() ? std::min(kDecodeSteps, n - 1) : 0;
+  const int64_t read = n - steps;
+  const int64_t first = whole > 1 && read > whole ? read / whole * whole : read;
+  std::vector<float> logits, part;
+  const auto forward = [&](std::span<const int32_t> ids) {
+    model.forward(ids, *state, LogitsFor::kEveryToken, part);
+    logits.insert(logits.end(), part.begin(), part.end());
+  };
+  forward(sequence.first(first));
+  if (first < read) forward(sequence.subspan(first, read - first));
+  for (int64_t i = read; i < n; ++i) forward(sequence.subspan(i, 1));
   return logits;
 }
 

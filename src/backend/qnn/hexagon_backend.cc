@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include "core/dtype.h"
@@ -29,6 +31,32 @@ bool row_wise_op(Op op) {
   }
 }
 
+// What a decode step runs here: every op but the embedding (the host looks it up).
+bool decode_op(Op op) {
+  return op != Op::kEmbed;
+}
+
+// The ops that carry a sequence's state (attention over the KV cache, the Gated DeltaNet's conv
+// and delta rule): runs of their own, with the state as graph input (and output) from the
+// host's memory.
+bool carries_state(Op op) {
+  return op == Op::kAttention || op == Op::kConvSilu || op == Op::kDeltaRule;
+}
+
+// The rows of a run's graph: a prompt chunk's, or a decode step's one.
+int64_t graph_rows(int64_t rows) {
+  return rows == 1 ? 1 : kRows;
+}
+
+// The attention graphs' cache lengths: powers of two from kRows, the smallest that holds the
+// cache with the new row (attention costs what the bucket holds, at most twice the cache).
+int64_t cache_bucket(int64_t rows) {
+  return std::max<int64_t>(kRows, std::bit_ceil(static_cast<uint64_t>(rows)));
+}
+
+// A masked score: finite (an HTP softmax of -inf is not), far below any real one.
+constexpr float kMasked = -10000.0f;
+
 // Refuses a run this backend cannot compile: the scheduler then places it on the CPU.
 [[noreturn]] void cannot(const std::string& why) {
   throw Error("hexagon: " + why, ErrorKind::kDeviceFailed);
@@ -41,11 +69,15 @@ uint32_t dim(int64_t n) {
 
 }  // namespace
 
-// One compiled graph: kChunkRows rows of a run, its inputs and outputs in the order the graph
-// binds them, each named by its position among the run's values (first read or write order).
+// One compiled graph: kChunkRows rows of a run (1 for a decode step), its inputs and outputs in
+// the order the graph binds them, each named by its position among the run's values (first read
+// or write order). The RoPE nodes' rotation tables (computed from the positions as it runs)
+// come first among its inputs, two per node; an attention graph's inputs are the queries, then
+// the cache's keys and values and the mask, and it has no value numbers.
 struct HexagonBackend::Graph {
   QnnGraph graph;
   std::vector<size_t> inputs, outputs;  // canonical value numbers
+  std::vector<size_t> rope_nodes;       // the run's RoPE nodes, by index in the run
 };
 
 namespace {
@@ -53,10 +85,45 @@ namespace {
 // A compiled run as a schedule keeps it: the graph and which of the plan's values each of its
 // inputs and outputs is.
 struct CompiledGraph final : CompiledRun {
-  std::shared_ptr<HexagonBackend::Graph> graph;
+  std::shared_ptr<HexagonBackend::Graph> graph;  // null for attention: one per cache length
   std::vector<ValueId> inputs, outputs;
+  int64_t rows = kRows;    // of its graph
   bool first_run = false;  // the plan's first run here: each of its chunks is a prompt chunk
 };
+
+// RoPE as the graph computes it, per head of `width` elements: x · C + (x · P) · S, where x · P
+// is rotate_half (a signed permutation of the first rotary_dim elements, exact in fp16) and C, S
+// hold each position's cos and sin (1 and 0 past rotary_dim), row by row as the heads lie.
+std::vector<float> rotate_half_matrix(int64_t width, int64_t rotary_dim) {
+  std::vector<float> p(static_cast<size_t>(width * width), 0.0f);
+  const int64_t half = rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    p[(i + half) * width + i] = -1.0f;  // out[i] = -x[i + half]
+    p[i * width + i + half] = 1.0f;     // out[i + half] = x[i]
+  }
+  return p;
+}
+
+// The C and S tables of a RoPE node over `rows` rows from position `first`, the angles as the
+// CPU computes them (f32 position · frequency).
+void rope_tables(const Node& rope, int64_t rows, int64_t heads, int64_t first,
+                 std::vector<float>& cos, std::vector<float>& sin) {
+  const int64_t width = rope.width, half = rope.rotary_dim / 2;
+  cos.assign(static_cast<size_t>(rows * heads * width), 1.0f);
+  sin.assign(cos.size(), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(first + r) * (*rope.vector)[i];
+      const float c = std::cos(angle), s = std::sin(angle);
+      for (int64_t h = 0; h < heads; ++h) {
+        float* row_cos = cos.data() + (r * heads + h) * width;
+        float* row_sin = sin.data() + (r * heads + h) * width;
+        row_cos[i] = row_cos[i + half] = c;
+        row_sin[i] = row_sin[i + half] = s;
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -137,7 +204,7 @@ HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBac
       }
       if (!fits) fail("NPU pack", "graph " + g.name + " does not match its context binary");
       graphs_[g.key] = std::make_shared<Graph>(
-          Graph{QnnGraph::retrieve(*context->handle, *described), g.inputs, g.outputs});
+          Graph{QnnGraph::retrieve(*context->handle, *described), g.inputs, g.outputs, {}});
       context->keys.push_back(g.key);
       ++graphs_from_pack_;
     }
@@ -190,7 +257,7 @@ std::string HexagonBackend::name() const {
          (lib.simulator() ? ", simulator" : "") +
          (options_.pack_id.empty() ? "" : ", pack " + options_.pack_id) +
          (options_.form == NpuForm::kF16 ? "" : ", " + std::string(npu_form_name(options_.form))) +
-         ")";
+         (options_.decode ? ", decoding" : "") + ")";
 }
 
 // The weights stay where they lie until a graph takes them as constants; their ids name them in
@@ -217,7 +284,10 @@ void HexagonBackend::prepare_weights(const WeightList& weights) {
                                                                      : 0.5;
   double bytes = 0;
   for (const MatrixRef* m : matrices) {
-    if (m->rows < vocabulary) bytes += static_cast<double>(m->rows * m->cols) * bytes_per_weight;
+    // The lm-head (the largest) is a graph only when decoding here.
+    if (m->rows < vocabulary || options_.decode) {
+      bytes += static_cast<double>(m->rows * m->cols) * bytes_per_weight;
+    }
   }
   expected_constant_bytes_ = static_cast<int64_t>(bytes);
 }
@@ -252,6 +322,17 @@ const MatmulRanges* HexagonBackend::quantized(const MatrixRef& w) const {
 
 bool HexagonBackend::supports(const Node& node) const {
   if (node.op == Op::kCopy) return true;
+  if (node.rows == 1) {  // a decode step's node (or a prompt's last row: its lm-head)
+    if (!options_.decode || !decode_op(node.op)) return false;
+    for (const Operand* o : {&node.in[0], &node.in[1], &node.in[2], &node.out}) {
+      if (o->row != 0) return false;  // graphs read and write whole values
+    }
+    const AttentionShape& a = node.attention;
+    const DeltaRuleShape& h = node.heads;
+    if (node.op == Op::kAttention) return a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0;
+    if (node.op == Op::kDeltaRule) return h.n_k_heads > 0 && h.n_v_heads % h.n_k_heads == 0;
+    return true;
+  }
   return row_wise_op(node.op) && node.rows >= kRows && node.rows % kRows == 0;
 }
 
@@ -275,15 +356,17 @@ bool writes_callers_memory(const Plan& plan, const Node& node) {
 }  // namespace
 
 void HexagonBackend::fuse(const Plan& plan, std::span<Node> nodes) const {
-  // Every stretch of adjacent nodes but copies is one graph; a node that writes the caller's
-  // memory is a run of its own, which compile refuses (so the scheduler moves it alone).
+  // Every stretch of adjacent nodes but copies is one graph. Runs of their own: a node that
+  // writes the caller's memory (the lm-head: a graph of its own when decoding here, else refused
+  // by compile so the scheduler moves it alone), and attention, whose graphs go by the cache's
+  // length and hold no weights (the weights are not compiled again per length).
+  const auto alone = [&](const Node& n) {
+    return n.op == Op::kCopy || carries_state(n.op) || writes_callers_memory(plan, n);
+  };
   for (size_t i = 0; i < nodes.size();) {
     size_t end = i + 1;
-    if (nodes[i].op != Op::kCopy && !writes_callers_memory(plan, nodes[i])) {
-      while (end < nodes.size() && nodes[end].op != Op::kCopy &&
-             !writes_callers_memory(plan, nodes[end])) {
-        ++end;
-      }
+    if (!alone(nodes[i])) {
+      while (end < nodes.size() && !alone(nodes[end])) ++end;
     }
     nodes[i].fused = static_cast<int>(end - i - 1);
     i = end;
@@ -293,10 +376,17 @@ void HexagonBackend::fuse(const Plan& plan, std::span<Node> nodes) const {
 std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
                                                            std::span<const Node> nodes) {
   if (nodes.front().op == Op::kCopy) return nullptr;  // a copy is a memcpy
-  if (writes_callers_memory(plan, nodes.front())) {
-    cannot("the caller's output (logits, final-norm rows) is the CPU's to write");
-  }
   const int64_t rows = nodes.front().rows;
+  if (writes_callers_memory(plan, nodes.front()) && rows != 1) {
+    cannot("the caller's output (logits, final-norm rows) of a prompt is the CPU's to write");
+  }
+  if (carries_state(nodes.front().op)) {  // its graph is found as it runs (attention's by length)
+    if (rows != 1) cannot("a state's op over a prompt");
+    auto compiled = std::make_shared<CompiledGraph>();
+    compiled->rows = 1;
+    return compiled;
+  }
+  const int64_t R = graph_rows(rows);
   const size_t begin = static_cast<size_t>(nodes.data() - plan.nodes.data());
   const size_t end = begin + nodes.size();
 
@@ -314,7 +404,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
     if (o.row != 0 || v.rows != rows) cannot("an operand at a row offset");
     canonical(o.value);
   };
-  std::string key = "rows " + std::to_string(kRows);
+  std::string key = "rows " + std::to_string(R);
   int64_t constant_bytes = 0;  // about what the graph's constants take (fp16 weights)
   for (const Node& n : nodes) {
     if (n.rows != rows) cannot("nodes of different row counts in one run");
@@ -326,9 +416,12 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       key += " i" + std::to_string(number[in.value]) + "x" +
              std::to_string(plan.values[in.value].cols);
     }
-    check(n.out);
-    key += " o" + std::to_string(number[n.out.value]) + "x" +
-           std::to_string(plan.values[n.out.value].cols);
+    for (const Operand* out : {&n.out, &n.out2}) {
+      if (out->value == kNoValue) continue;
+      check(*out);
+      key += " o" + std::to_string(number[out->value]) + "x" +
+             std::to_string(plan.values[out->value].cols);
+    }
     if (n.matrix != nullptr) {
       const MatrixRef& m = *n.matrix;
       key += " w";
@@ -356,20 +449,26 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         constant_bytes += m.rows * m.cols * 2;
       }
     }
-    if (n.vector != nullptr) {  // a norm's weights
-      const WeightVector& v = *n.vector;
-      if (v.id >= 0) {
-        key += " v" + std::to_string(v.id);
+    for (const WeightVector* v : {n.vector, n.vector2}) {  // a norm's, conv's, gates' weights
+      if (v == nullptr) continue;
+      if (v->id >= 0) {
+        key += " v" + std::to_string(v->id);
       } else {  // weights no model numbered (the op suite's): named by their bytes
         Sha256 hash;
-        hash.update(std::as_bytes(std::span(v.data(), static_cast<size_t>(n.width))));
+        hash.update(std::as_bytes(std::span(v->data(), static_cast<size_t>(v->size()))));
         key += " v" + hash.hex().substr(0, 16);
       }
-      constant_bytes += n.width * 4;
+      constant_bytes += v->size() * 4;
     }
     if (n.op == Op::kRmsNorm) {
       key += " w" + std::to_string(n.width) + " e" + std::to_string(std::bit_cast<uint32_t>(n.eps));
     }
+    if (n.op == Op::kRope || n.op == Op::kSplitHeads || n.op == Op::kL2Norm ||
+        n.op == Op::kCopyColumns) {
+      key += " w" + std::to_string(n.width) + " r" + std::to_string(n.rotary_dim) + " c" +
+             std::to_string(n.offset) + " s" + std::to_string(std::bit_cast<uint32_t>(n.scale));
+    }
+
     if (options_.perturb_op == op_name(n.op)) key += " perturbed";
   }
   // A value the run writes leaves it unless the plan writes it again before reading it (the
@@ -389,6 +488,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
   for (size_t i = 0; i < leaves.size(); ++i) key += leaves[i] ? " L" : " -";
 
   auto compiled = std::make_shared<CompiledGraph>();
+  compiled->rows = R;
   compiled->first_run = true;
   for (size_t j = 0; j < begin; ++j) {
     if (plan.nodes[j].backend == nodes.front().backend && plan.nodes[j].op != Op::kCopy) {
@@ -396,6 +496,8 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       break;
     }
   }
+  // Counted as a prompt chunk or a decode step (not a prompt's last-row lm-head).
+  compiled->first_run = compiled->first_run && (R == kRows || plan.n_tokens == 1);
   if (const auto known = options_.known_constant_bytes.find(key);
       known != options_.known_constant_bytes.end()) {
     constant_bytes = known->second;
@@ -407,6 +509,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       graph = std::make_shared<Graph>(Graph{
           QnnGraph(context_for(constant_bytes), "qhx_graph_" + std::to_string(graph_names_++)),
           {},
+          {},
           {}});
       contexts_.back()->keys.push_back(key);
       QnnGraph& g = graph->graph;
@@ -414,18 +517,31 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       // output.
       std::vector<int64_t> current(order.size(), -1);
       std::vector<size_t> last_write(order.size(), SIZE_MAX);
-      for (size_t i = 0; i < nodes.size(); ++i) last_write[number[nodes[i].out.value]] = i;
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        last_write[number[nodes[i].out.value]] = i;
+        if (nodes[i].out2.value != kNoValue) last_write[number[nodes[i].out2.value]] = i;
+      }
+      // The RoPE nodes' tables, the graph's first inputs.
+      std::vector<std::pair<QnnGraph::TensorId, QnnGraph::TensorId>> tables(nodes.size());
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        if (nodes[i].op != Op::kRope) continue;
+        const int64_t cols = plan.values[nodes[i].out.value].cols;
+        if (cols % nodes[i].width != 0) cannot("RoPE heads that do not divide a row");
+        const std::vector<uint32_t> heads = {dim(R * cols / nodes[i].width), dim(nodes[i].width)};
+        tables[i] = {g.input(heads), g.input(heads)};
+        graph->rope_nodes.push_back(i);
+      }
       const auto read = [&](ValueId v) {
         const size_t c = number[v];
         if (current[c] < 0) {
-          current[c] = static_cast<int64_t>(g.input({dim(kRows), dim(plan.values[v].cols)}));
+          current[c] = static_cast<int64_t>(g.input({dim(R), dim(plan.values[v].cols)}));
           graph->inputs.push_back(c);
         }
         return static_cast<QnnGraph::TensorId>(current[c]);
       };
       const auto write = [&](size_t node_index, ValueId v) {
         const size_t c = number[v];
-        const std::vector<uint32_t> dims = {dim(kRows), dim(plan.values[v].cols)};
+        const std::vector<uint32_t> dims = {dim(R), dim(plan.values[v].cols)};
         QnnGraph::TensorId t;
         if (last_write[c] == node_index && leaves[c]) {
           t = g.output(dims);
@@ -439,10 +555,11 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
         const Node& n = nodes[i];
         const int64_t cols = plan.values[n.out.value].cols;
         QnnGraph::TensorId result = 0;
+        std::optional<QnnGraph::TensorId> second;  // what it writes to out2
         const bool perturbed = options_.perturb_op == op_name(n.op);
         // The op's result goes to a fresh tensor; a perturbed op's through one more.
         const auto target = [&] {
-          return perturbed ? g.intermediate({dim(kRows), dim(cols)}) : write(i, n.out.value);
+          return perturbed ? g.intermediate({dim(R), dim(cols)}) : write(i, n.out.value);
         };
         switch (n.op) {
           case Op::kMatmul: {
@@ -461,7 +578,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
               break;
             }
             result = target();
-            add_quantized_matmul(g, x, result, w, options_.form, *ranges, kRows);
+            add_quantized_matmul(g, x, result, w, options_.form, *ranges, dim(R));
             break;
           }
           case Op::kRmsNorm: {
@@ -476,8 +593,8 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
             } else {
               // Every `width` elements of the chunk (per head): [rows · cols / width, width],
               // normalized over each row.
-              if (kRows * cols % n.width != 0) cannot("a norm width that does not divide a chunk");
-              const std::vector<uint32_t> heads = {dim(kRows * cols / n.width), dim(n.width)};
+              if (R * cols % n.width != 0) cannot("a norm width that does not divide a chunk");
+              const std::vector<uint32_t> heads = {dim(R * cols / n.width), dim(n.width)};
               const auto split = g.intermediate(heads);
               g.add("Reshape", {x}, {split});
               const auto normed = g.intermediate(heads);
@@ -497,9 +614,9 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           }
           case Op::kSiluMul: {
             const auto gate = read(n.in[0].value), up = read(n.in[1].value);
-            const auto sigmoid = g.intermediate({dim(kRows), dim(cols)});
+            const auto sigmoid = g.intermediate({dim(R), dim(cols)});
             g.add("Sigmoid", {gate}, {sigmoid});
-            const auto silu = g.intermediate({dim(kRows), dim(cols)});
+            const auto silu = g.intermediate({dim(R), dim(cols)});
             g.add("ElementWiseMultiply", {gate, sigmoid}, {silu});
             result = target();
             g.add("ElementWiseMultiply", {silu, up}, {result});
@@ -507,10 +624,108 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           }
           case Op::kSigmoidGate: {
             const auto x = read(n.out.value), gate = read(n.in[0].value);
-            const auto sigmoid = g.intermediate({dim(kRows), dim(cols)});
+            const auto sigmoid = g.intermediate({dim(R), dim(cols)});
             g.add("Sigmoid", {gate}, {sigmoid});
             result = target();
             g.add("ElementWiseMultiply", {x, sigmoid}, {result});
+            break;
+          }
+          case Op::kRope: {
+            const auto x = read(n.out.value);
+            const std::vector<uint32_t> heads = {dim(R * cols / n.width), dim(n.width)};
+            const auto xh = g.intermediate(heads);
+            g.add("Reshape", {x}, {xh});
+            const auto rotate =
+                g.constant({dim(n.width), dim(n.width)}, rotate_half_matrix(n.width, n.rotary_dim));
+            const auto rotated = g.intermediate(heads);
+            g.add("MatMul", {xh, rotate}, {rotated});
+            const auto cos = g.intermediate(heads), sin = g.intermediate(heads);
+            g.add("ElementWiseMultiply", {xh, tables[i].first}, {cos});
+            g.add("ElementWiseMultiply", {rotated, tables[i].second}, {sin});
+            const auto sum = g.intermediate(heads);
+            g.add("ElementWiseAdd", {cos, sin}, {sum});
+            result = target();
+            g.add("Reshape", {sum}, {result});
+            break;
+          }
+          case Op::kCopyColumns: {
+            const auto x = read(n.in[0].value);
+            const int32_t ranges[] = {0,
+                                      static_cast<int32_t>(R),
+                                      1,
+                                      static_cast<int32_t>(n.offset),
+                                      static_cast<int32_t>(n.offset + cols),
+                                      1};
+            result = target();
+            g.add("StridedSlice", {x}, {result}, {}, {{"ranges", g.constant_i32({2, 3}, ranges)}});
+            break;
+          }
+          case Op::kSplitHeads: {
+            // [rows · heads, 2 · width]: the first half of each row the queries, the second the
+            // gates.
+            const auto x = read(n.in[0].value);
+            const uint32_t heads = dim(R * cols / n.width), w = dim(n.width);
+            const auto both = g.intermediate({heads, 2 * w});
+            g.add("Reshape", {x}, {both});
+            const auto half = [&](int32_t first) {
+              const int32_t ranges[] = {0,     static_cast<int32_t>(heads),     1,
+                                        first, first + static_cast<int32_t>(w), 1};
+              const auto part = g.intermediate({heads, w});
+              g.add("StridedSlice", {both}, {part}, {},
+                    {{"ranges", g.constant_i32({2, 3}, ranges)}});
+              return part;
+            };
+            const auto queries = half(0), gates = half(static_cast<int32_t>(w));
+            result = target();
+            g.add("Reshape", {queries}, {result});
+            second = write(i, n.out2.value);
+            g.add("Reshape", {gates}, {*second});
+            break;
+          }
+          case Op::kL2Norm: {
+            // x / sqrt(Σx² + ε) · scale is RMSNorm with ε/width and weights scale / sqrt(width).
+            const auto x = read(n.out.value);
+            const std::vector<uint32_t> heads = {dim(R * cols / n.width), dim(n.width)};
+            const auto split = g.intermediate(heads);
+            g.add("Reshape", {x}, {split});
+            const std::vector<float> weight(static_cast<size_t>(n.width),
+                                            n.scale / std::sqrt(static_cast<float>(n.width)));
+            const uint32_t axis_values[] = {1};
+            const auto normed = g.intermediate(heads);
+            g.add("RmsNorm", {split, g.constant({dim(n.width)}, weight)}, {normed},
+                  {{"epsilon", QnnGraph::f32(1e-6f / static_cast<float>(n.width))}},
+                  {{"axes", g.constant_u32({1}, axis_values)}});
+            result = target();
+            g.add("Reshape", {normed}, {result});
+            break;
+          }
+          case Op::kDeltaGates: {
+            // β = σ(b) in place of b; g = −exp(A_log) · softplus(a + dt_bias) in place of a.
+            const auto b = read(n.out.value), a = read(n.out2.value);
+            const std::vector<uint32_t> dims = {dim(R), dim(cols)};
+            result = target();
+            g.add("Sigmoid", {b}, {result});
+            std::vector<float> bias(static_cast<size_t>(R * cols)), decay(bias.size());
+            for (int64_t j = 0; j < R * cols; ++j) {
+              bias[j] = (*n.vector2)[j % cols];
+              decay[j] = -std::exp((*n.vector)[j % cols]);
+            }
+            // softplus(s) = max(s, 0) + log(1 + exp(−|s|)): no exp that overflows fp16.
+            const auto step = [&](const char* op, std::vector<QnnGraph::TensorId> in) {
+              const auto t = g.intermediate(dims);
+              g.add(op, std::move(in), {t});
+              return t;
+            };
+            const float one[] = {1.0f};
+            const auto shifted = step("ElementWiseAdd", {a, g.constant(dims, bias)});
+            const auto tail = step("ElementWiseExp",
+                                   {step("ElementWiseNeg", {step("ElementWiseAbs", {shifted})})});
+            const auto soft = step(
+                "ElementWiseAdd",
+                {step("Relu", {shifted}),
+                 step("ElementWiseLog", {step("ElementWiseAdd", {tail, g.constant({1}, one)})})});
+            second = write(i, n.out2.value);
+            g.add("ElementWiseMultiply", {soft, g.constant(dims, decay)}, {*second});
             break;
           }
           default:
@@ -524,23 +739,12 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           result = out;
         }
         current[number[n.out.value]] = static_cast<int64_t>(result);
+        if (second) current[number[n.out2.value]] = static_cast<int64_t>(*second);
       }
       g.finalize();
       ++graphs_compiled_;
     } catch (const std::exception& e) {
-      // The graph is left unfinished in its context: no more graphs go there, and the run is
-      // not tried again: the scheduler runs it on the CPU, whatever the reason.
-      graphs_.erase(key);
-      failed_keys_.insert(key);
-      if (!contexts_.empty() && !contexts_.back()->keys.empty() &&
-          contexts_.back()->keys.back() == key) {
-        contexts_.back()->keys.pop_back();
-        contexts_.back()->retired = true;
-      }
-      compile_failures_.push_back(e.what());
-      const auto* error = dynamic_cast<const Error*>(&e);
-      if (error != nullptr && error->kind() == ErrorKind::kDeviceFailed) throw;
-      throw Error(std::string("hexagon: ") + e.what(), ErrorKind::kDeviceFailed);
+      compile_failed(key, e);
     }
   }
   compiled->graph = graph;
@@ -552,8 +756,9 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       values->push_back(order[c]);
     }
   }
+  const size_t tables = 2 * graph->rope_nodes.size();
   for (size_t i = 0; i < compiled->inputs.size(); ++i) {
-    if (graph->graph.input_dims(i)[1] != plan.values[compiled->inputs[i]].cols) {
+    if (graph->graph.input_dims(tables + i)[1] != plan.values[compiled->inputs[i]].cols) {
       cannot("a packed graph's input of another width than its value");
     }
   }
@@ -580,23 +785,302 @@ void HexagonBackend::run(const Plan& plan, std::span<const Node> nodes, const No
   }
   const auto* compiled = dynamic_cast<const CompiledGraph*>(args.compiled);
   if (compiled == nullptr) fail("hexagon", "a run that was not compiled");
-  std::vector<std::span<const float>> in(compiled->inputs.size());
+  if (compiled->graph == nullptr) return run_with_state(head, args);
+  Graph& graph = *compiled->graph;
+  const int64_t R = compiled->rows;
+  const size_t tables = 2 * graph.rope_nodes.size();
+  std::vector<std::vector<float>> table_data(tables);
+  std::vector<std::span<const float>> in(tables + compiled->inputs.size());
   std::vector<std::span<float>> out(compiled->outputs.size());
-  for (int64_t chunk = 0; chunk < head.rows / kRows; ++chunk) {
+  for (int64_t chunk = 0; chunk < head.rows / R; ++chunk) {
     const auto slice = [&](ValueId v) {
       const int64_t cols = plan.values[v].cols;
-      return std::span<float>(args.at({v, chunk * kRows}), static_cast<size_t>(kRows * cols));
+      return std::span<float>(args.at({v, chunk * R}), static_cast<size_t>(R * cols));
     };
-    for (size_t i = 0; i < in.size(); ++i) in[i] = slice(compiled->inputs[i]);
-    for (size_t o = 0; o < out.size(); ++o) out[o] = slice(compiled->outputs[o]);
-    if (++executions_ == options_.fail_execution) {
-      throw Error("hexagon: graph execution " + std::to_string(executions_) +
-                      " failed (QHX_HEXAGON_FAIL_EXECUTION)",
-                  ErrorKind::kDeviceFailed);
+    for (size_t k = 0; k < graph.rope_nodes.size(); ++k) {
+      const Node& rope = nodes[graph.rope_nodes[k]];
+      rope_tables(rope, R, plan.values[rope.out.value].cols / rope.width,
+                  args.inputs->first_pos + chunk * R, table_data[2 * k], table_data[2 * k + 1]);
+      in[2 * k] = table_data[2 * k];
+      in[2 * k + 1] = table_data[2 * k + 1];
     }
-    compiled->graph->graph.execute(in, out);
-    if (compiled->first_run) ++chunks_;
+    for (size_t i = 0; i < compiled->inputs.size(); ++i)
+      in[tables + i] = slice(compiled->inputs[i]);
+    for (size_t o = 0; o < out.size(); ++o) out[o] = slice(compiled->outputs[o]);
+    count_execution();
+    graph.graph.execute(in, out);
+    if (compiled->first_run) ++(R == 1 ? steps_ : chunks_);
   }
+}
+
+void HexagonBackend::compile_failed(const std::string& key, const std::exception& e) {
+  // The graph is left unfinished in its context: no more graphs go there, and the run is not
+  // tried again: the scheduler runs it on the CPU, whatever the reason.
+  graphs_.erase(key);
+  failed_keys_.insert(key);
+  if (!contexts_.empty() && !contexts_.back()->keys.empty() &&
+      contexts_.back()->keys.back() == key) {
+    contexts_.back()->keys.pop_back();
+    contexts_.back()->retired = true;
+  }
+  compile_failures_.push_back(e.what());
+  const auto* error = dynamic_cast<const Error*>(&e);
+  if (error != nullptr && error->kind() == ErrorKind::kDeviceFailed) throw Error(*error);
+  throw Error(std::string("hexagon: ") + e.what(), ErrorKind::kDeviceFailed);
+}
+
+void HexagonBackend::count_execution() {
+  if (++executions_ == options_.fail_execution) {
+    throw Error("hexagon: graph execution " + std::to_string(executions_) +
+                    " failed (QHX_HEXAGON_FAIL_EXECUTION)",
+                ErrorKind::kDeviceFailed);
+  }
+}
+
+void HexagonBackend::run_with_state(const Node& n, const NodeArgs& args) {
+  LayerState& layer = args.inputs->layers[n.layer];
+  switch (n.op) {
+    case Op::kAttention:
+      return run_attention(n, args);
+    case Op::kConvSilu: {
+      // The conv state holds the last kernel − 1 inputs: the graph reads it and the new row, and
+      // the host then shifts the new row in (only after the graph ran: a failed step leaves the
+      // state as the CPU will redo it from).
+      const int64_t channels = args.values[n.out.value].shape[1], history = n.width - 1;
+      StateBuffer& state = layer.conv;
+      if (state.size() != history * channels) fail("hexagon", "a conv state of another size");
+      Graph& graph = state_graph(n, channels);
+      const float* x = args.at(n.in[0]);
+      const std::span<const float> in[] = {{x, static_cast<size_t>(channels)}, state.host_span()};
+      const std::span<float> out[] = {{args.at(n.out), static_cast<size_t>(channels)}};
+      count_execution();
+      graph.graph.execute(in, out);
+      float* rows = state.data();
+      std::copy(rows + channels, rows + history * channels, rows);
+      std::copy_n(x, channels, rows + (history - 1) * channels);
+      return;
+    }
+    case Op::kDeltaRule: {
+      // The recurrent state in and out: written back from the graph's output once it ran.
+      const DeltaRuleShape& h = n.heads;
+      StateBuffer& state = layer.recurrent;
+      const int64_t floats = h.n_v_heads * h.k_dim * h.v_dim;
+      if (state.size() != floats) fail("hexagon", "a recurrent state of another size");
+      Graph& graph = state_graph(n, 0);
+      const auto span_of = [&](const Operand& o) {
+        return std::span<const float>(args.at(o),
+                                      static_cast<size_t>(args.values[o.value].shape[1]));
+      };
+      state_out_.resize(static_cast<size_t>(floats));
+      const std::span<const float> in[] = {span_of(n.in[0]), span_of(n.in[1]), span_of(n.in[2]),
+                                           span_of(n.in[3]), span_of(n.in[4]), state.host_span()};
+      const std::span<float> out[] = {state_out_,
+                                      {args.at(n.out), static_cast<size_t>(h.n_v_heads * h.v_dim)}};
+      count_execution();
+      graph.graph.execute(in, out);
+      std::copy(state_out_.begin(), state_out_.end(), state.data());
+      return;
+    }
+    default:
+      fail("hexagon", std::string("no state for op ") + op_name(n.op));
+  }
+}
+
+void HexagonBackend::run_attention(const Node& n, const NodeArgs& args) {
+  // The new key and value rows join the host's cache (the graphs that made them output only
+  // them), as the CPU's attention appends them: a pass the CPU redoes writes them again.
+  LayerState& cache = args.inputs->layers[n.layer];
+  const int64_t width = cache.kv_width, used = args.inputs->first_pos + 1;
+  const int64_t length = cache_bucket(used);
+  for (const auto& [state, row] :
+       {std::pair{&cache.keys, args.at(n.in[1])}, std::pair{&cache.values, args.at(n.in[2])}}) {
+    state->reserve(length * width);  // what the graph reads: past the rows in use, finite
+    state->resize(used * width);
+    std::copy_n(row, width, state->data() + (used - 1) * width);
+  }
+  Graph& graph = state_graph(n, length);
+  const AttentionShape& a = n.attention;
+  mask_.assign(static_cast<size_t>(a.n_heads * length), kMasked);
+  for (int64_t h = 0; h < a.n_heads; ++h) std::fill_n(mask_.data() + h * length, used, 0.0f);
+  const size_t q = static_cast<size_t>(a.n_heads * a.head_dim);
+  const size_t cached = static_cast<size_t>(length * width);
+  const std::span<const float> in[] = {
+      {args.at(n.in[0]), q}, {cache.keys.data(), cached}, {cache.values.data(), cached}, mask_};
+  const std::span<float> out[] = {{args.at(n.out), q}};
+  count_execution();
+  graph.graph.execute(in, out);
+}
+
+HexagonBackend::Graph& HexagonBackend::state_graph(const Node& n, int64_t length) {
+  const AttentionShape& a = n.attention;
+  const DeltaRuleShape& h = n.heads;
+  std::string key = op_name(n.op);
+  if (options_.perturb_op == key) key += " perturbed";
+  switch (n.op) {
+    case Op::kAttention:
+      key += " h" + std::to_string(a.n_heads) + "/" + std::to_string(a.n_kv_heads) + "x" +
+             std::to_string(a.head_dim) + " s" + std::to_string(std::bit_cast<uint32_t>(n.scale)) +
+             " L" + std::to_string(length);
+      break;
+    case Op::kConvSilu: {  // its weights are the graph's: named as a matmul's are
+      const WeightVector& w = *n.vector;
+      std::string name = std::to_string(w.id);
+      if (w.id < 0) {
+        Sha256 hash;
+        hash.update(std::as_bytes(std::span(w.data(), static_cast<size_t>(w.size()))));
+        name = hash.hex().substr(0, 16);
+      }
+      key += " c" + std::to_string(length) + " k" + std::to_string(n.width) + " v" + name;
+      break;
+    }
+    default:
+      key += " h" + std::to_string(h.n_k_heads) + "/" + std::to_string(h.n_v_heads) + " " +
+             std::to_string(h.k_dim) + "x" + std::to_string(h.v_dim);
+  }
+  if (failed_keys_.contains(key)) cannot("this graph did not compile before");
+  std::shared_ptr<Graph>& graph = graphs_[key];
+  if (graph != nullptr) return *graph;
+  try {
+    graph = std::make_shared<Graph>(
+        Graph{QnnGraph(context_for(0), "qhx_graph_" + std::to_string(graph_names_++)), {}, {}, {}});
+    contexts_.back()->keys.push_back(key);
+    QnnGraph& g = graph->graph;
+    if (n.op == Op::kConvSilu) {
+      build_conv(g, n, length);
+    } else if (n.op == Op::kDeltaRule) {
+      build_delta_rule(g, n);
+    } else {
+      build_attention(g, n, length);
+    }
+    g.finalize();
+    ++graphs_compiled_;
+  } catch (const std::exception& e) {
+    compile_failed(key, e);
+  }
+  return *graph;
+}
+
+// The graph's next output: `result` reshaped to `dims`, and bumped by 0.25 when the test switch
+// perturbs the node's op.
+void HexagonBackend::emit(QnnGraph& g, const Node& n, QnnGraph::TensorId result,
+                          std::vector<uint32_t> dims) const {
+  const auto out = g.output(dims);
+  if (options_.perturb_op != op_name(n.op)) {
+    g.add("Reshape", {result}, {out});
+    return;
+  }
+  const auto shaped = g.intermediate(std::move(dims));
+  g.add("Reshape", {result}, {shaped});
+  const float bump[] = {0.25f};
+  g.add("ElementWiseAdd", {shaped, g.constant({1}, bump)}, {out});
+}
+
+void HexagonBackend::build_attention(QnnGraph& g, const Node& n, int64_t length) const {
+  const AttentionShape& a = n.attention;
+  {
+    const uint32_t kv = dim(a.n_kv_heads), group = dim(a.n_heads / a.n_kv_heads),
+                   hd = dim(a.head_dim), len = dim(length), width = dim(a.n_heads * a.head_dim);
+    const auto q = g.input({1, width});
+    const auto keys = g.input({len, dim(a.n_kv_heads * a.head_dim)});
+    const auto values = g.input({len, dim(a.n_kv_heads * a.head_dim)});
+    const auto mask = g.input({kv, group, len});
+    // Query heads h = kv · group + j read kv head kv (GQA): [kv, group, hd] · [kv, len, hd]ᵀ.
+    const auto qh = g.intermediate({kv, group, hd});
+    g.add("Reshape", {q}, {qh});
+    const auto by_head = [&](QnnGraph::TensorId rows) {
+      const auto split = g.intermediate({len, kv, hd});
+      g.add("Reshape", {rows}, {split});
+      const uint32_t order[] = {1, 0, 2};
+      const auto heads = g.intermediate({kv, len, hd});
+      g.add("Transpose", {split}, {heads}, {}, {{"perm", g.constant_u32({3}, order)}});
+      return heads;
+    };
+    const auto k = by_head(keys), v = by_head(values);
+    const std::vector<uint32_t> scores_dims = {kv, group, len};
+    const auto scores = g.intermediate(scores_dims);
+    g.add(
+        "MatMul", {qh, k}, {scores},
+        {{"transpose_in0", QnnGraph::boolean(false)}, {"transpose_in1", QnnGraph::boolean(true)}});
+    const float scale[] = {n.scale};
+    const auto scaled = g.intermediate(scores_dims);
+    g.add("ElementWiseMultiply", {scores, g.constant({1}, scale)}, {scaled});
+    const auto masked = g.intermediate(scores_dims);
+    g.add("ElementWiseAdd", {scaled, mask}, {masked});
+    const auto probs = g.intermediate(scores_dims);
+    g.add("Softmax", {masked}, {probs}, {{"axis", QnnGraph::u32(2)}, {"beta", QnnGraph::f32(1)}});
+    const auto heads_out = g.intermediate({kv, group, hd});
+    g.add("MatMul", {probs, v}, {heads_out});
+    emit(g, n, heads_out, {1, width});
+  }
+}
+
+void HexagonBackend::build_conv(QnnGraph& g, const Node& n, int64_t channels) const {
+  // out = silu(Σ_j w[c, j] · window[j, c]) over the window [state; x] of kernel rows.
+  const uint32_t c = dim(channels), kernel = dim(n.width);
+  const auto x = g.input({1, c});
+  const auto state = g.input({kernel - 1, c});
+  const auto window = g.intermediate({kernel, c});
+  g.add("Concat", {state, x}, {window}, {{"axis", QnnGraph::u32(0)}});
+  std::vector<float> taps(static_cast<size_t>(kernel) * c);  // [kernel, channels]
+  for (uint32_t ch = 0; ch < c; ++ch) {
+    for (uint32_t j = 0; j < kernel; ++j) taps[j * c + ch] = (*n.vector)[ch * kernel + j];
+  }
+  const auto weighted = g.intermediate({kernel, c});
+  g.add("ElementWiseMultiply", {window, g.constant({kernel, c}, taps)}, {weighted});
+  const uint32_t axis_values[] = {0};
+  const auto sum = g.intermediate({1, c});
+  g.add("ReduceSum", {weighted}, {sum}, {{"keep_dims", QnnGraph::boolean(true)}},
+        {{"axes", g.constant_u32({1}, axis_values)}});
+  const auto sigmoid = g.intermediate({1, c}), silu = g.intermediate({1, c});
+  g.add("Sigmoid", {sum}, {sigmoid});
+  g.add("ElementWiseMultiply", {sum, sigmoid}, {silu});
+  emit(g, n, silu, {1, c});
+}
+
+void HexagonBackend::build_delta_rule(QnnGraph& g, const Node& n) const {
+  // One token of the gated delta rule per value head j (key head j / (Hv / Hk)):
+  //   S ← exp(g) · S;  S ← S + k ⊗ β · (v − kᵀS);  o = qᵀS.
+  const DeltaRuleShape& h = n.heads;
+  const uint32_t hk = dim(h.n_k_heads), hv = dim(h.n_v_heads), dk = dim(h.k_dim), dv = dim(h.v_dim);
+  const auto q = g.input({1, hk * dk}), k = g.input({1, hk * dk}), v = g.input({1, hv * dv});
+  const auto beta = g.input({1, hv}), decay_log = g.input({1, hv});
+  const auto state = g.input({hv, dk, dv});
+  // Key heads to value heads: a 0/1 matrix (exact in fp16).
+  std::vector<float> expand(static_cast<size_t>(hv) * hk, 0.0f);
+  for (uint32_t j = 0; j < hv; ++j) expand[j * hk + j / (hv / hk)] = 1.0f;
+  const auto expander = g.constant({hv, hk}, expand);
+  const auto per_value_head = [&](QnnGraph::TensorId keys) {
+    const auto heads = g.intermediate({hk, dk});
+    g.add("Reshape", {keys}, {heads});
+    const auto expanded = g.intermediate({hv, dk});
+    g.add("MatMul", {expander, heads}, {expanded});
+    return expanded;
+  };
+  const auto qv = per_value_head(q), kv = per_value_head(k);
+  const auto column = [&](QnnGraph::TensorId x, std::vector<uint32_t> dims) {
+    const auto shaped = g.intermediate(std::move(dims));
+    g.add("Reshape", {x}, {shaped});
+    return shaped;
+  };
+  const auto decay = g.intermediate({1, hv});
+  g.add("ElementWiseExp", {decay_log}, {decay});
+  const auto decayed = g.intermediate({hv, dk, dv});
+  g.add("ElementWiseMultiply", {state, column(decay, {hv, 1, 1})}, {decayed});
+  const auto remembered = g.intermediate({hv, 1, dv});
+  g.add("MatMul", {column(kv, {hv, 1, dk}), decayed}, {remembered});
+  const auto missing = g.intermediate({hv, 1, dv});
+  g.add("ElementWiseSubtract", {column(v, {hv, 1, dv}), remembered}, {missing});
+  const auto delta = g.intermediate({hv, 1, dv});
+  g.add("ElementWiseMultiply", {missing, column(beta, {hv, 1, 1})}, {delta});
+  const auto outer = g.intermediate({hv, dk, dv});
+  g.add("MatMul", {column(kv, {hv, dk, 1}), delta}, {outer});
+  const auto updated = g.intermediate({hv, dk, dv});
+  g.add("ElementWiseAdd", {decayed, outer}, {updated});
+  const auto state_out = g.output({hv, dk, dv});  // outputs: the state, then o
+  g.add("Reshape", {updated}, {state_out});
+  const auto read = g.intermediate({hv, 1, dv});
+  g.add("MatMul", {column(qv, {hv, 1, dk}), updated}, {read});
+  emit(g, n, read, {1, hv * dv});
 }
 
 }  // namespace qhx

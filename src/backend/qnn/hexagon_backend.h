@@ -2,9 +2,18 @@
 // takes the row-wise work of prompt chunks — the projections (matmuls), the MLP, the norms and
 // residual adds — in chunks of kChunkRows rows, and leaves to the CPU what carries state from
 // token to token (attention over the KV cache, the Gated DeltaNet conv and delta rule, RoPE and
-// the head splits) and every decode step. Each run of adjacent nodes it takes is one QNN graph of
-// kChunkRows rows (compile), executed once per chunk of the run's rows; graph boundaries thus
-// fall at the CPU's cores, as the TokForge card splits a Qwen3.5 layer.
+// the head splits) and, unless it decodes, every decode step. Each run of adjacent nodes it takes
+// is one QNN graph of kChunkRows rows (compile), executed once per chunk of the run's rows; graph
+// boundaries thus fall at the CPU's cores, as the TokForge card splits a Qwen3.5 layer.
+//
+// Decoding (options.decode), a step's nodes run in graphs of one row: everything but the
+// embedding, which the host looks up. The ops that carry state run in graphs of their own, the
+// state in the host's memory as graph input: attention reads the KV cache (only the new rows
+// leave the graphs that make them; the host appends them) in graphs per cache length, powers of
+// two from kChunkRows, masked to the rows in use — a step costs what its bucket holds, at most
+// twice the cache, and these graphs hold no weights, so they cost no memory per length; the
+// conv reads its state and the new row (the host shifts the row in), the delta rule reads and
+// writes its recurrent state. The lm-head is a graph of its own.
 //
 // Graphs are compiled for the device's chip when a schedule is made (the simulator prepares them
 // on the host; on a phone the HTP library prepares them on the device), and kept by what they
@@ -45,6 +54,9 @@ struct HexagonBackendOptions {
   // outputs that the 16-bit forms need: a matmul without ranges computes in fp16.
   NpuForm form = NpuForm::kF16;
   ActivationRanges ranges;
+  // Single-token steps run here too (--decode-device hexagon): every node but the embedding, in
+  // graphs of one row, the states from the host's memory, the lm-head as a graph of its own.
+  bool decode = false;
   // The pack its graphs came from (the start of its MANIFEST.json's sha256), in its name: the
   // check before use is remembered per chip, QNN build and pack.
   std::string pack_id;
@@ -73,15 +85,16 @@ class HexagonBackend final : public Backend {
   const BufferType& buffer_type() const override { return memory_; }
   void release_weights(const WeightList& weights) override;
   DType computes_weights_as() const override;
-  // Notes about what its graphs' constants will take: every matrix but the vocabulary tables
-  // (the embedding and lm-head stay with the CPU), in the form's precision.
+  // Notes about what its graphs' constants will take: every matrix but the lm-head (unless it
+  // decodes), in the form's precision.
   void prepare_weights(const WeightList& weights) override;
   // Its graphs' constants (copies of the weights, in the form's precision): the binaries loaded
   // from a pack, about what the graphs compiled here hold, at least what prepare_weights
   // expects (graphs compiled on first use are counted before they are). In the host's RAM on
   // a phone: what memory admission counts.
   WeightMemory weight_memory() const override;
-  bool computes_states() const override { return false; }
+  // Decoding, its attention appends to the host's KV caches.
+  bool computes_states() const override { return options_.decode; }
   bool supports(const Node& node) const override;
   bool claims(const Node& node) const override;
   int64_t rows_multiple() const override { return kChunkRows; }
@@ -96,6 +109,7 @@ class HexagonBackend final : public Backend {
   int64_t graphs_compiled() const { return graphs_compiled_; }
   int64_t graphs_executed() const { return executions_; }  // one per chunk of a run
   int64_t chunks_run() const { return chunks_; }           // distinct prompt chunks of 128 rows
+  int64_t decode_steps() const { return steps_; }          // single-token passes it ran
   int64_t graphs_from_pack() const { return graphs_from_pack_; }
   int64_t contexts() const { return static_cast<int64_t>(contexts_.size()); }
   // Why each run that did not compile did not (its runs went to the CPU).
@@ -120,6 +134,22 @@ class HexagonBackend final : public Backend {
   // The context a new graph of about `bytes` of constants goes into, within the budget.
   HexagonContext& context_for(int64_t bytes);
   std::vector<std::unique_ptr<Context>> contexts_;
+  // A decode step's node that carries state (attention over the KV cache, the conv, the delta
+  // rule), its state read from (and written back to) the host's memory.
+  void run_with_state(const Node& node, const NodeArgs& args);
+  void run_attention(const Node& node, const NodeArgs& args);
+  // Its graph: attention's for a cache of `length` rows, the conv's of `length` channels.
+  Graph& state_graph(const Node& node, int64_t length);
+  void build_attention(QnnGraph& g, const Node& node, int64_t length) const;
+  void build_conv(QnnGraph& g, const Node& node, int64_t channels) const;
+  void build_delta_rule(QnnGraph& g, const Node& node) const;
+  void emit(QnnGraph& g, const Node& node, QnnGraph::TensorId result,
+            std::vector<uint32_t> dims) const;
+  std::vector<float> mask_;       // an attention graph's mask, as it last ran
+  std::vector<float> state_out_;  // a delta rule graph's new state, before it is written back
+  // Notes a graph that did not compile (its run goes to the CPU) and throws kDeviceFailed.
+  [[noreturn]] void compile_failed(const std::string& key, const std::exception& e);
+  void count_execution();  // and the fault-injection switch
   // The calibrated ranges of a matmul computing in a 16-bit form, or null (fp16).
   const MatmulRanges* quantized(const MatrixRef& w) const;
   std::map<std::string, std::shared_ptr<Graph>> graphs_;  // by what they compute
@@ -127,7 +157,7 @@ class HexagonBackend final : public Backend {
   std::vector<std::string> compile_failures_;
   int64_t expected_constant_bytes_ = 0;  // prepare_weights' estimate
   bool holds_model_ = false;             // prepared and not yet released
-  int64_t graphs_compiled_ = 0, executions_ = 0, chunks_ = 0;
+  int64_t graphs_compiled_ = 0, executions_ = 0, chunks_ = 0, steps_ = 0;
   int64_t graph_names_ = 0;  // a context's graphs need names of their own, failed ones too
   int64_t graphs_from_pack_ = 0;
 };

@@ -38,7 +38,7 @@ class HexagonFactory final : public DeviceFactory {
   HexagonFactory() : forms_(chip_forms()) {}
   std::string_view kind() const override { return "hexagon"; }
   std::string_view forms() const override { return forms_; }
-  bool decodes() const override { return false; }  // the next issue's decode graphs
+  bool decodes_by_default() const override { return false; }  // --decode-device hexagon
 
   // "hexagon" alone is the chip the device reports (the simulator: the newest qhx knows).
   std::string canonical(std::string_view param, std::string_view option) const override {
@@ -71,7 +71,7 @@ class HexagonFactory final : public DeviceFactory {
             " · " + library->describe() + " · " + library->dir().string()};
   }
 
-  OpenedDevice open(std::string_view param, std::optional<bool> /*decode: never on it*/,
+  OpenedDevice open(std::string_view param, std::optional<bool> decode,
                     const DeviceSettings& settings) const override {
     const auto lib = settings.find("qnn_lib");
     const auto library = QnnLibrary::load(lib != settings.end() ? lib->second : std::string());
@@ -87,6 +87,7 @@ class HexagonFactory final : public DeviceFactory {
     std::vector<NpuPackContext> pack;
     std::string pack_note;
     HexagonBackendOptions options = options_from_environment();
+    options.decode = decode.value_or(false);
     if (const auto p = settings.find("npu_pack"); p != settings.end() && !p->second.empty()) {
       const auto model = settings.find("model");
       try {
@@ -130,10 +131,10 @@ class HexagonFactory final : public DeviceFactory {
         throw DeviceSettingError(settings.at("npu_pack") + ": " + e.what());
       }
     }
-    out.decodes = false;
+    out.decodes = options.decode;
     out.summary = device->describe() + " reads prompts in chunks of " +
                   std::to_string(HexagonBackend::kChunkRows) + " tokens" + pack_note +
-                  "; the CPU decodes";
+                  (options.decode ? "; it decodes too" : "; the CPU decodes");
     return out;
   }
 
@@ -159,6 +160,19 @@ class HexagonFactory final : public DeviceFactory {
       v.tolerance = 1e-2f;
       out.push_back(std::move(v));
     }
+    // A decode step's ops, one row: the row-wise ones, RoPE, attention over a cache.
+    SuiteVariant step;
+    step.name = "hexagon:v81 decoding (" + library->describe() + ")";
+    step.make = [library] {
+      HexagonBackendOptions options;
+      options.decode = true;
+      return std::make_shared<HexagonBackend>(HexagonDevice::open(library, *hexagon_chip("81")),
+                                              options);
+    };
+    step.every_op = false;
+    step.rows = {1};
+    step.tolerance = 1e-2f;
+    out.push_back(std::move(step));
     return out;
   }
   std::string_view required_switch() const override { return "QHX_REQUIRE_HEXAGON"; }

@@ -208,6 +208,12 @@ QnnGraph::TensorId QnnGraph::constant_u32(std::vector<uint32_t> dims,
               {reinterpret_cast<const unsigned char*>(values.data()), values.size_bytes()});
 }
 
+QnnGraph::TensorId QnnGraph::constant_i32(std::vector<uint32_t> dims,
+                                          std::span<const int32_t> values) {
+  return make(qnn::kStatic, std::move(dims), qnn::kInt32,
+              {reinterpret_cast<const unsigned char*>(values.data()), values.size_bytes()});
+}
+
 QnnGraph::Encoding QnnGraph::Encoding::per_tensor(qnn::DataType type, qnn::ScaleOffset value) {
   Encoding e;
   e.type = type;

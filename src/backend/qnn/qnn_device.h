@@ -78,6 +78,7 @@ class QnnGraph {
   // A constant (weights): its values are copied into the graph.
   TensorId constant(std::vector<uint32_t> dims, std::span<const float> values);
   TensorId constant_u32(std::vector<uint32_t> dims, std::span<const uint32_t> values);
+  TensorId constant_i32(std::vector<uint32_t> dims, std::span<const int32_t> values);
   // Fixed-point tensors: real = (q + offset) · scale, with one (scale, offset) for the whole
   // tensor (activations) or one per index of `axis` (a weight's rows); 4-bit blocks in QNN's
   // blockwise expansion: index i of `axis` has values[i] times a 4-bit integer per block,
