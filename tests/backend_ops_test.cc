@@ -446,6 +446,25 @@ std::deque<OpCase> cases_for(const ModelConfig& c, const std::vector<int64_t>& r
             r.chunk = chunk;
           });
     }
+    // The rule alone, from gates as the host gives them (β in (0, 1), g < 0): what a device
+    // that leaves the gates to the host runs.
+    add("delta_rule", rows > 1 ? 9 : 1, [&](OpCase& k, int64_t n) {
+      LayerState& state = k.layers.emplace_back();
+      state.recurrent =
+          host_state(random_vector(heads.n_v_heads * heads.k_dim * heads.v_dim, 16, 0.1f));
+      Node& r = k.node(Op::kDeltaRule, n);
+      for (int i = 0; i < 3; ++i) r.in[i] = {k.plan.add_value(n, i < 2 ? kd : vd)};
+      for (const auto& [i, lo, hi] : {std::tuple{3, 0.2f, 0.9f}, std::tuple{4, -2.0f, -0.01f}}) {
+        r.in[i] = {k.plan.add_value(n, heads.n_v_heads)};
+        std::vector<float> gate = random_vector(n * heads.n_v_heads, 17 + i, 0.5f);
+        for (float& x : gate) x = lo + (hi - lo) / (1.0f + std::exp(-4.0f * x));
+        k.inputs[r.in[i].value] = gate;
+      }
+      r.out = {k.plan.add_value(n, vd)};
+      r.layer = 0;
+      r.heads = heads;
+      r.chunk = 4;
+    });
     add("copy", rows, [&](OpCase& k, int64_t n) {
       Node& p = k.node(Op::kCopy, n);
       p.in[0] = {k.plan.add_value(n, H)};

@@ -364,7 +364,8 @@ TEST(Hexagon, PromptChunksRunOnTheNpuAndTheReplyIsTheCpus) {
 
 // Decoding on the NPU (--decode-device hexagon): each step's layers run in one-row graphs, the
 // attention over the host's KV cache in graphs by cache length, the lm-head in a graph of its
-// own; the embedding and the Gated DeltaNet cores stay with the CPU. The CPU's greedy tokens
+// own, the Gated DeltaNet's conv and recurrent step too; the embedding and the delta rule's
+// gates stay with the CPU. The CPU's greedy tokens
 // across a cache-length bucket (128 → 256 rows), a step's logits within fp16's reach, and a
 // failed execution mid-reply redone by the CPU with the same tokens.
 TEST(Hexagon, DecodeStepsRunOnTheNpuWithTheCpusTokens) {
@@ -420,6 +421,42 @@ TEST(Hexagon, DecodeStepsRunOnTheNpuWithTheCpusTokens) {
         fixture(name), {.devices = {std::make_shared<HexagonBackend>(device, perturbed)}});
     const DeviceCheckResult refused = check_devices(*wrong, "perturbed", nullptr, check);
     EXPECT_FALSE(refused.passed) << refused.summary;
+  }
+}
+
+// Shards: the same decode graphs cut into many contexts by a small per-context budget (as a model
+// too large for one context is cut, in layer order: each context holds the graphs of a range of
+// layers, the residual stream passing between them through the host) give the logits of one
+// context to the bit.
+TEST(Hexagon, DecodeGraphsInManyContextsGiveTheBitsOfOne) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const auto device = HexagonDevice::open(library, *hexagon_chip("v81"));
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    std::vector<std::vector<float>> logits[2];
+    std::shared_ptr<HexagonBackend> backends[2];
+    int64_t contexts[2] = {};
+    for (const int shards : {0, 1}) {
+      HexagonBackendOptions options;
+      options.decode = true;
+      if (shards == 1) options.context_budget_bytes = 16 << 10;
+      backends[shards] = std::make_shared<HexagonBackend>(device, options);
+      const auto model = load_model(fixture(name), {.devices = {backends[shards]}});
+      const std::vector<int32_t> prompt = long_prompt(130, model->config().vocab_size);
+      auto state = model->new_state();
+      std::vector<float>& first = logits[shards].emplace_back();
+      model->forward(prompt, *state, LogitsFor::kLastToken, first);
+      for (int32_t step = 0; step < 4; ++step) {
+        const int32_t id = 5 + 7 * step;
+        model->forward(std::span(&id, 1), *state, LogitsFor::kLastToken,
+                       logits[shards].emplace_back());
+      }
+      EXPECT_EQ(model->device_failures(), 0);
+      contexts[shards] = backends[shards]->contexts();
+    }
+    EXPECT_EQ(contexts[0], 1);
+    EXPECT_GT(contexts[1], 3);
+    EXPECT_EQ(logits[1], logits[0]);
   }
 }
 
@@ -535,7 +572,8 @@ TEST(HexagonAndVulkan, PromptChunksOnTheNpuRepliesOnTheGpuInOneModel) {
   }
   for (const auto& [prefill, decode, why] :
        {std::tuple{"vulkan", "hexagon:v81", "a device that decodes takes both"},
-        std::tuple{"vulkan", "vulkan:1", "a device that decodes takes both"}}) {
+        std::tuple{"vulkan", "vulkan:1", "one device of a kind takes both"},
+        std::tuple{"hexagon:v79", "hexagon:v81", "one device of a kind takes both"}}) {
     choice.prefill = parse_device_name(prefill, "--device");
     choice.decode = parse_device_name(decode, "--decode-device");
     try {

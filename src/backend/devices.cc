@@ -107,9 +107,16 @@ std::vector<std::string> describe_devices() {
 
 OpenedDevices open_devices(const DeviceChoice& given) {
   DeviceChoice choice = given;
-  // A decode device named by its kind alone after a prompt device of that kind
-  // ("--device hexagon:v81 --decode-device hexagon") is that device.
-  if (choice.decode && choice.decode->kind == choice.prefill.kind && choice.decode->param.empty()) {
+  // A decode device of the prompt device's kind is that device ("--device hexagon:v81
+  // --decode-device hexagon"); naming another of the kind is an error (one device of a kind reads
+  // the prompt and decodes: two would both compute states).
+  if (choice.decode && choice.decode->kind == choice.prefill.kind) {
+    const std::string& p = choice.prefill.param;
+    const std::string& d = choice.decode->param;
+    if (!p.empty() && !d.empty() && p != d) {
+      fail("--decode-device", "decoding on " + choice.decode->text() + " while prompts run on " +
+                                  choice.prefill.text() + ": one device of a kind takes both");
+    }
     choice.decode = choice.prefill;
   }
   OpenedDevices out;

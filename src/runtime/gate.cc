@@ -53,7 +53,7 @@ constexpr int64_t kDecodeSteps = 8;
 std::vector<float> every_token_logits(const Model& model, std::span<const int32_t> sequence) {
   auto state = model.new_state();
   const int64_t n = static_cast<int64_t>(sequence.size()), whole = model.prompt_rows_multiple();
-  const int64_t steps = model.has_devices() ? std::min(kDecodeSteps, n - 1) : 0;
+  const int64_t steps = model.has_devices() && n > 1 ? std::min(kDecodeSteps, n - 1) : 0;
   const int64_t read = n - steps;
   const int64_t first = whole > 1 && read > whole ? read / whole * whole : read;
   std::vector<float> logits, part;

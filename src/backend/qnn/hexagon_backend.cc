@@ -31,9 +31,11 @@ bool row_wise_op(Op op) {
   }
 }
 
-// What a decode step runs here: every op but the embedding (the host looks it up).
+// What a decode step runs here: every op but the embedding (the host looks it up) and the
+// delta rule's gates — softplus and exp of values near 0 lose too much in fp16 (up to half of a
+// small softplus), and they are a few numbers per head: the host computes them in f32.
 bool decode_op(Op op) {
-  return op != Op::kEmbed;
+  return op != Op::kEmbed && op != Op::kDeltaGates;
 }
 
 // The ops that carry a sequence's state (attention over the KV cache, the Gated DeltaNet's conv
@@ -282,12 +284,14 @@ void HexagonBackend::prepare_weights(const WeightList& weights) {
   const double bytes_per_weight = options_.form == NpuForm::kF16     ? 2.0
                                   : options_.form == NpuForm::kW8A16 ? 1.0
                                                                      : 0.5;
+  // The layers' matrices are constants of the prompt graphs, and again of the decode graphs
+  // when it decodes (graphs of 128 and of 1 row do not share their weights yet); the lm-head
+  // (the largest) is a graph of its own only when it decodes.
   double bytes = 0;
   for (const MatrixRef* m : matrices) {
-    // The lm-head (the largest) is a graph only when decoding here.
-    if (m->rows < vocabulary || options_.decode) {
-      bytes += static_cast<double>(m->rows * m->cols) * bytes_per_weight;
-    }
+    const double copies =
+        m->rows == vocabulary ? (options_.decode ? 1 : 0) : (options_.decode ? 2 : 1);
+    bytes += copies * static_cast<double>(m->rows * m->cols) * bytes_per_weight;
   }
   expected_constant_bytes_ = static_cast<int64_t>(bytes);
 }
@@ -381,7 +385,12 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
     cannot("the caller's output (logits, final-norm rows) of a prompt is the CPU's to write");
   }
   if (carries_state(nodes.front().op)) {  // its graph is found as it runs (attention's by length)
+    const Node& n = nodes.front();
     if (rows != 1) cannot("a state's op over a prompt");
+    // Compiled now, so that a shape the HTP cannot take goes to the CPU: the conv's and the
+    // delta rule's graphs, and attention's first length (longer ones compile as the cache
+    // reaches them; one that fails then is the device failing, and the CPU takes over).
+    state_graph(n, n.op == Op::kConvSilu ? plan.values[n.out.value].cols : kRows);
     auto compiled = std::make_shared<CompiledGraph>();
     compiled->rows = 1;
     return compiled;
@@ -697,35 +706,6 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
                   {{"axes", g.constant_u32({1}, axis_values)}});
             result = target();
             g.add("Reshape", {normed}, {result});
-            break;
-          }
-          case Op::kDeltaGates: {
-            // β = σ(b) in place of b; g = −exp(A_log) · softplus(a + dt_bias) in place of a.
-            const auto b = read(n.out.value), a = read(n.out2.value);
-            const std::vector<uint32_t> dims = {dim(R), dim(cols)};
-            result = target();
-            g.add("Sigmoid", {b}, {result});
-            std::vector<float> bias(static_cast<size_t>(R * cols)), decay(bias.size());
-            for (int64_t j = 0; j < R * cols; ++j) {
-              bias[j] = (*n.vector2)[j % cols];
-              decay[j] = -std::exp((*n.vector)[j % cols]);
-            }
-            // softplus(s) = max(s, 0) + log(1 + exp(−|s|)): no exp that overflows fp16.
-            const auto step = [&](const char* op, std::vector<QnnGraph::TensorId> in) {
-              const auto t = g.intermediate(dims);
-              g.add(op, std::move(in), {t});
-              return t;
-            };
-            const float one[] = {1.0f};
-            const auto shifted = step("ElementWiseAdd", {a, g.constant(dims, bias)});
-            const auto tail = step("ElementWiseExp",
-                                   {step("ElementWiseNeg", {step("ElementWiseAbs", {shifted})})});
-            const auto soft = step(
-                "ElementWiseAdd",
-                {step("Relu", {shifted}),
-                 step("ElementWiseLog", {step("ElementWiseAdd", {tail, g.constant({1}, one)})})});
-            second = write(i, n.out2.value);
-            g.add("ElementWiseMultiply", {soft, g.constant(dims, decay)}, {*second});
             break;
           }
           default:
