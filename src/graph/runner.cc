@@ -14,6 +14,15 @@ bool uses_devices(const Schedule& s) {
                      [](const Node& n) { return n.backend > 0; });
 }
 
+// The tokens of a pass that a device read: all of them when it ran a node over every row, none
+// when it ran only the last row's (the lm-head of a prompt's tail, say).
+int64_t device_tokens(const Schedule& s, int64_t n_tokens) {
+  const bool read = std::any_of(s.plan.nodes.begin(), s.plan.nodes.end(), [&](const Node& n) {
+    return n.backend > 0 && n.op != Op::kCopy && n.rows == n_tokens;
+  });
+  return read ? n_tokens : 0;
+}
+
 // The conv and recurrent states as they are, to put back if a device fails part-way through a
 // pass that updated them in place.
 std::vector<std::vector<float>> copy_whole_states(const Sequence& sequence) {
@@ -195,8 +204,10 @@ void Runner::run(std::span<const int32_t> ids, const Pass& pass, Sequence& seque
     // The device leaves the states' host memory as it was (at the start of the kept passes).
     try {
       execute(*s, backends(true), inputs);
-      traffic_ +=
-          {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
+      traffic_ += {.passes = 1,
+                   .copies = s->copies,
+                   .copy_bytes = s->copy_bytes,
+                   .tokens = device_tokens(*s, n_tokens)};
       Sequence::KeptPasses& kept_passes = sequence.kept;
       kept_passes.passes.push_back({{ids.begin(), ids.end()}, pass.replay});
       kept_passes.tokens += n_tokens;
@@ -212,8 +223,10 @@ void Runner::run(std::span<const int32_t> ids, const Pass& pass, Sequence& seque
     const std::vector<std::vector<float>> start = copy_whole_states(sequence);
     try {
       execute(*s, backends(true), inputs);
-      traffic_ +=
-          {.passes = 1, .copies = s->copies, .copy_bytes = s->copy_bytes, .tokens = n_tokens};
+      traffic_ += {.passes = 1,
+                   .copies = s->copies,
+                   .copy_bytes = s->copy_bytes,
+                   .tokens = device_tokens(*s, n_tokens)};
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kDeviceFailed) throw;
       device_failed(e, sequence);
