@@ -64,8 +64,9 @@ typedef struct qhx_model_options {
                                  "vulkan:N", "hexagon" or "hexagon:v73|v75|v79|v81" (the NPU;
                                  Qualcomm's simulator on x86) (`qhx devices` lists them) */
   const char* decode_device;  /* where replies are decoded: NULL for the device's default (the
-                                 GPU itself when it is a discrete one, else the CPU), "cpu", or
-                                 the same device as `device` */
+                                 GPU itself when it is a discrete one, else the CPU), "cpu", the
+                                 same device as `device` (a GPU, or the NPU: "hexagon"), or after
+                                 an NPU `device`, "vulkan" or "vulkan:N" */
   const char* device_check;   /* before a device is used: "once" (default; NULL too) compares it
                                  with the CPU on probe prompts unless it passed before (cached
                                  under $QHX_CACHE_DIR or ~/.cache/qhx), "always", or "never" */

@@ -75,8 +75,9 @@ void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
                       "Where prompts run: cpu, vulkan or vulkan:N, hexagon or hexagon:vNN (the "
                       "NPU; `qhx devices` lists them)");
   command->add_option("--decode-device", devices.decode_device,
-                      "Where replies are decoded: cpu or the --device GPU (default: the GPU "
-                      "itself when it is a discrete one, else the CPU; the NPU never decodes)");
+                      "Where replies are decoded: cpu, the --device GPU or NPU, or (after "
+                      "--device hexagon) vulkan (default: a discrete GPU itself, else the "
+                      "CPU)");
   command->add_option("--npu-pack", devices.npu_pack,
                       "hexagon: the model's NPU pack (qhx forge npu): graphs load rather than "
                       "compile on first use");
