@@ -392,7 +392,9 @@ TEST(Hexagon, DecodeStepsRunOnTheNpuWithTheCpusTokens) {
     cpu->forward(prompt, *on_cpu, LogitsFor::kLastToken, expected);
     on_npu->restore(*on_cpu);
     const int32_t next = want[0];
+    const int64_t steps = backend->decode_steps();
     npu->forward(std::span(&next, 1), *on_npu, LogitsFor::kLastToken, got);
+    EXPECT_EQ(backend->decode_steps(), steps + 1);  // the step compared ran on the NPU
     cpu->forward(std::span(&next, 1), *on_cpu, LogitsFor::kLastToken, expected);
     float scale = 0;
     for (const float v : expected) scale = std::max(scale, std::fabs(v));
@@ -452,6 +454,7 @@ TEST(Hexagon, DecodeGraphsInManyContextsGiveTheBitsOfOne) {
                        logits[shards].emplace_back());
       }
       EXPECT_EQ(model->device_failures(), 0);
+      EXPECT_EQ(backends[shards]->decode_steps(), 4);
       contexts[shards] = backends[shards]->contexts();
     }
     EXPECT_EQ(contexts[0], 1);

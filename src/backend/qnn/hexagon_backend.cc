@@ -69,6 +69,51 @@ uint32_t dim(int64_t n) {
   return static_cast<uint32_t>(n);
 }
 
+// A weight vector in a graph's key: by its id, or (weights no model numbered: the op suite's)
+// by its bytes.
+std::string weight_name(const WeightVector& v) {
+  if (v.id >= 0) return std::to_string(v.id);
+  Sha256 hash;
+  hash.update(std::as_bytes(std::span(v.data(), static_cast<size_t>(v.size()))));
+  return hash.hex().substr(0, 16);
+}
+
+// out = x over `rows` rows of `cols`, each `width` elements (a row, or a head of it) RMS-normed
+// with `weight` and `eps`.
+void add_rms_norm(QnnGraph& g, QnnGraph::TensorId x, QnnGraph::TensorId out, int64_t rows,
+                  int64_t cols, int64_t width, std::span<const float> weight, float eps) {
+  if (rows * cols % width != 0) cannot("a norm width that does not divide a chunk");
+  const uint32_t axis_values[] = {1};
+  const auto norm = [&](QnnGraph::TensorId in, QnnGraph::TensorId normed) {
+    g.add("RmsNorm", {in, g.constant({dim(width)}, weight)}, {normed},
+          {{"epsilon", QnnGraph::f32(eps)}}, {{"axes", g.constant_u32({1}, axis_values)}});
+  };
+  if (width == cols) return norm(x, out);
+  const std::vector<uint32_t> heads = {dim(rows * cols / width), dim(width)};
+  const auto split = g.intermediate(heads), normed = g.intermediate(heads);
+  g.add("Reshape", {x}, {split});
+  norm(split, normed);
+  g.add("Reshape", {normed}, {out});
+}
+
+// out = columns [first, first + count) of x's `rows` rows.
+void add_columns(QnnGraph& g, QnnGraph::TensorId x, QnnGraph::TensorId out, int64_t rows,
+                 int64_t first, int64_t count) {
+  const int32_t ranges[] = {0,
+                            static_cast<int32_t>(dim(rows)),
+                            1,
+                            static_cast<int32_t>(first),
+                            static_cast<int32_t>(first + count),
+                            1};
+  g.add("StridedSlice", {x}, {out}, {}, {{"ranges", g.constant_i32({2, 3}, ranges)}});
+}
+
+// out = x + 0.25: what the perturbation test switch makes of an op's result.
+void add_perturbation(QnnGraph& g, QnnGraph::TensorId x, QnnGraph::TensorId out) {
+  const float bump[] = {0.25f};
+  g.add("ElementWiseAdd", {x, g.constant({1}, bump)}, {out});
+}
+
 }  // namespace
 
 // One compiled graph: kChunkRows rows of a run (1 for a decode step), its inputs and outputs in
@@ -460,13 +505,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
     }
     for (const WeightVector* v : {n.vector, n.vector2}) {  // a norm's, conv's, gates' weights
       if (v == nullptr) continue;
-      if (v->id >= 0) {
-        key += " v" + std::to_string(v->id);
-      } else {  // weights no model numbered (the op suite's): named by their bytes
-        Sha256 hash;
-        hash.update(std::as_bytes(std::span(v->data(), static_cast<size_t>(v->size()))));
-        key += " v" + hash.hex().substr(0, 16);
-      }
+      key += " v" + weight_name(*v);
       constant_bytes += v->size() * 4;
     }
     if (n.op == Op::kRmsNorm) {
@@ -592,27 +631,9 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           }
           case Op::kRmsNorm: {
             const auto x = read(n.in[0].value);
-            const auto weight = g.constant({dim(n.width)}, std::span(n.vector->data(), n.width));
-            const uint32_t axis_values[] = {1};
-            if (n.width == cols) {
-              const auto axes = g.constant_u32({1}, axis_values);
-              result = target();
-              g.add("RmsNorm", {x, weight}, {result}, {{"epsilon", QnnGraph::f32(n.eps)}},
-                    {{"axes", axes}});
-            } else {
-              // Every `width` elements of the chunk (per head): [rows · cols / width, width],
-              // normalized over each row.
-              if (R * cols % n.width != 0) cannot("a norm width that does not divide a chunk");
-              const std::vector<uint32_t> heads = {dim(R * cols / n.width), dim(n.width)};
-              const auto split = g.intermediate(heads);
-              g.add("Reshape", {x}, {split});
-              const auto normed = g.intermediate(heads);
-              const auto axes = g.constant_u32({1}, axis_values);
-              g.add("RmsNorm", {split, weight}, {normed}, {{"epsilon", QnnGraph::f32(n.eps)}},
-                    {{"axes", axes}});
-              result = target();
-              g.add("Reshape", {normed}, {result});
-            }
+            result = target();
+            add_rms_norm(g, x, result, R, cols, n.width, std::span(n.vector->data(), n.width),
+                         n.eps);
             break;
           }
           case Op::kAdd: {
@@ -659,14 +680,8 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           }
           case Op::kCopyColumns: {
             const auto x = read(n.in[0].value);
-            const int32_t ranges[] = {0,
-                                      static_cast<int32_t>(R),
-                                      1,
-                                      static_cast<int32_t>(n.offset),
-                                      static_cast<int32_t>(n.offset + cols),
-                                      1};
             result = target();
-            g.add("StridedSlice", {x}, {result}, {}, {{"ranges", g.constant_i32({2, 3}, ranges)}});
+            add_columns(g, x, result, R, n.offset, cols);
             break;
           }
           case Op::kSplitHeads: {
@@ -676,15 +691,12 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
             const uint32_t heads = dim(R * cols / n.width), w = dim(n.width);
             const auto both = g.intermediate({heads, 2 * w});
             g.add("Reshape", {x}, {both});
-            const auto half = [&](int32_t first) {
-              const int32_t ranges[] = {0,     static_cast<int32_t>(heads),     1,
-                                        first, first + static_cast<int32_t>(w), 1};
+            const auto half = [&](int64_t first) {
               const auto part = g.intermediate({heads, w});
-              g.add("StridedSlice", {both}, {part}, {},
-                    {{"ranges", g.constant_i32({2, 3}, ranges)}});
+              add_columns(g, both, part, heads, first, w);
               return part;
             };
-            const auto queries = half(0), gates = half(static_cast<int32_t>(w));
+            const auto queries = half(0), gates = half(w);
             result = target();
             g.add("Reshape", {queries}, {result});
             second = write(i, n.out2.value);
@@ -694,28 +706,19 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
           case Op::kL2Norm: {
             // x / sqrt(Σx² + ε) · scale is RMSNorm with ε/width and weights scale / sqrt(width).
             const auto x = read(n.out.value);
-            const std::vector<uint32_t> heads = {dim(R * cols / n.width), dim(n.width)};
-            const auto split = g.intermediate(heads);
-            g.add("Reshape", {x}, {split});
             const std::vector<float> weight(static_cast<size_t>(n.width),
                                             n.scale / std::sqrt(static_cast<float>(n.width)));
-            const uint32_t axis_values[] = {1};
-            const auto normed = g.intermediate(heads);
-            g.add("RmsNorm", {split, g.constant({dim(n.width)}, weight)}, {normed},
-                  {{"epsilon", QnnGraph::f32(1e-6f / static_cast<float>(n.width))}},
-                  {{"axes", g.constant_u32({1}, axis_values)}});
             result = target();
-            g.add("Reshape", {normed}, {result});
+            add_rms_norm(g, x, result, R, cols, n.width, weight,
+                         1e-6f / static_cast<float>(n.width));
             break;
           }
           default:
             cannot(std::string("op ") + op_name(n.op));
         }
         if (perturbed) {
-          const float bump[] = {0.25f};
-          const auto offset = g.constant({1}, bump);
           const auto out = write(i, n.out.value);
-          g.add("ElementWiseAdd", {result, offset}, {out});
+          add_perturbation(g, result, out);
           result = out;
         }
         current[number[n.out.value]] = static_cast<int64_t>(result);
@@ -902,17 +905,10 @@ HexagonBackend::Graph& HexagonBackend::state_graph(const Node& n, int64_t length
              std::to_string(a.head_dim) + " s" + std::to_string(std::bit_cast<uint32_t>(n.scale)) +
              " L" + std::to_string(length);
       break;
-    case Op::kConvSilu: {  // its weights are the graph's: named as a matmul's are
-      const WeightVector& w = *n.vector;
-      std::string name = std::to_string(w.id);
-      if (w.id < 0) {
-        Sha256 hash;
-        hash.update(std::as_bytes(std::span(w.data(), static_cast<size_t>(w.size()))));
-        name = hash.hex().substr(0, 16);
-      }
-      key += " c" + std::to_string(length) + " k" + std::to_string(n.width) + " v" + name;
+    case Op::kConvSilu:  // its weights are the graph's
+      key += " c" + std::to_string(length) + " k" + std::to_string(n.width) + " v" +
+             weight_name(*n.vector);
       break;
-    }
     default:
       key += " h" + std::to_string(h.n_k_heads) + "/" + std::to_string(h.n_v_heads) + " " +
              std::to_string(h.k_dim) + "x" + std::to_string(h.v_dim);
@@ -951,47 +947,43 @@ void HexagonBackend::emit(QnnGraph& g, const Node& n, QnnGraph::TensorId result,
   }
   const auto shaped = g.intermediate(std::move(dims));
   g.add("Reshape", {result}, {shaped});
-  const float bump[] = {0.25f};
-  g.add("ElementWiseAdd", {shaped, g.constant({1}, bump)}, {out});
+  add_perturbation(g, shaped, out);
 }
 
 void HexagonBackend::build_attention(QnnGraph& g, const Node& n, int64_t length) const {
   const AttentionShape& a = n.attention;
-  {
-    const uint32_t kv = dim(a.n_kv_heads), group = dim(a.n_heads / a.n_kv_heads),
-                   hd = dim(a.head_dim), len = dim(length), width = dim(a.n_heads * a.head_dim);
-    const auto q = g.input({1, width});
-    const auto keys = g.input({len, dim(a.n_kv_heads * a.head_dim)});
-    const auto values = g.input({len, dim(a.n_kv_heads * a.head_dim)});
-    const auto mask = g.input({kv, group, len});
-    // Query heads h = kv · group + j read kv head kv (GQA): [kv, group, hd] · [kv, len, hd]ᵀ.
-    const auto qh = g.intermediate({kv, group, hd});
-    g.add("Reshape", {q}, {qh});
-    const auto by_head = [&](QnnGraph::TensorId rows) {
-      const auto split = g.intermediate({len, kv, hd});
-      g.add("Reshape", {rows}, {split});
-      const uint32_t order[] = {1, 0, 2};
-      const auto heads = g.intermediate({kv, len, hd});
-      g.add("Transpose", {split}, {heads}, {}, {{"perm", g.constant_u32({3}, order)}});
-      return heads;
-    };
-    const auto k = by_head(keys), v = by_head(values);
-    const std::vector<uint32_t> scores_dims = {kv, group, len};
-    const auto scores = g.intermediate(scores_dims);
-    g.add(
-        "MatMul", {qh, k}, {scores},
+  const uint32_t kv = dim(a.n_kv_heads), group = dim(a.n_heads / a.n_kv_heads),
+                 hd = dim(a.head_dim), len = dim(length), width = dim(a.n_heads * a.head_dim);
+  const auto q = g.input({1, width});
+  const auto keys = g.input({len, dim(a.n_kv_heads * a.head_dim)});
+  const auto values = g.input({len, dim(a.n_kv_heads * a.head_dim)});
+  const auto mask = g.input({kv, group, len});
+  // Query heads h = kv · group + j read kv head kv (GQA): [kv, group, hd] · [kv, len, hd]ᵀ.
+  const auto qh = g.intermediate({kv, group, hd});
+  g.add("Reshape", {q}, {qh});
+  const auto by_head = [&](QnnGraph::TensorId rows) {
+    const auto split = g.intermediate({len, kv, hd});
+    g.add("Reshape", {rows}, {split});
+    const uint32_t order[] = {1, 0, 2};
+    const auto heads = g.intermediate({kv, len, hd});
+    g.add("Transpose", {split}, {heads}, {}, {{"perm", g.constant_u32({3}, order)}});
+    return heads;
+  };
+  const auto k = by_head(keys), v = by_head(values);
+  const std::vector<uint32_t> scores_dims = {kv, group, len};
+  const auto scores = g.intermediate(scores_dims);
+  g.add("MatMul", {qh, k}, {scores},
         {{"transpose_in0", QnnGraph::boolean(false)}, {"transpose_in1", QnnGraph::boolean(true)}});
-    const float scale[] = {n.scale};
-    const auto scaled = g.intermediate(scores_dims);
-    g.add("ElementWiseMultiply", {scores, g.constant({1}, scale)}, {scaled});
-    const auto masked = g.intermediate(scores_dims);
-    g.add("ElementWiseAdd", {scaled, mask}, {masked});
-    const auto probs = g.intermediate(scores_dims);
-    g.add("Softmax", {masked}, {probs}, {{"axis", QnnGraph::u32(2)}, {"beta", QnnGraph::f32(1)}});
-    const auto heads_out = g.intermediate({kv, group, hd});
-    g.add("MatMul", {probs, v}, {heads_out});
-    emit(g, n, heads_out, {1, width});
-  }
+  const float scale[] = {n.scale};
+  const auto scaled = g.intermediate(scores_dims);
+  g.add("ElementWiseMultiply", {scores, g.constant({1}, scale)}, {scaled});
+  const auto masked = g.intermediate(scores_dims);
+  g.add("ElementWiseAdd", {scaled, mask}, {masked});
+  const auto probs = g.intermediate(scores_dims);
+  g.add("Softmax", {masked}, {probs}, {{"axis", QnnGraph::u32(2)}, {"beta", QnnGraph::f32(1)}});
+  const auto heads_out = g.intermediate({kv, group, hd});
+  g.add("MatMul", {probs, v}, {heads_out});
+  emit(g, n, heads_out, {1, width});
 }
 
 void HexagonBackend::build_conv(QnnGraph& g, const Node& n, int64_t channels) const {
