@@ -311,6 +311,11 @@ TEST_F(BundleTest, Int8ActivationsWhereTheGateAcceptsThem) {
   m["precision_policy"]["activations"] = "int4";
   write_manifest(bundle("w8"), m);
   expect_error([&] { load_model(bundle("w8")); }, {"precision_policy.activations", "\"int8\""});
+
+  m["precision_policy"]["activations"] = "int8";
+  m["precision_policy"]["matrices"] = 8;
+  write_manifest(bundle("w8"), m);
+  expect_error([&] { load_model(bundle("w8")); }, {"precision_policy.matrices", "a string"});
 }
 
 TEST_F(BundleTest, IntegrityFailuresAreNamed) {

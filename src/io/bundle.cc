@@ -135,6 +135,9 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
     }
     m.config.int8_activations = *it == "int8";
   }
+  if (auto it = m.precision_policy.find("matrices"); it != m.precision_policy.end()) {
+    if (!it->is_string()) fail(field(where, "precision_policy.matrices"), "expected a string");
+  }
 
   const Json& files = require_field(j, "files", where);
   if (!files.is_array()) fail(field(where, "files"), "expected an array");

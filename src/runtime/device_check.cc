@@ -69,7 +69,8 @@ bool cached_pass(const fs::path& file) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return false;
   try {
-    return read_json_file(file).value("passed", false);
+    const Json entry = read_json_file(file);
+    return entry.is_object() && entry.contains("passed") && entry.at("passed") == true;
   } catch (const Error&) {
     return false;  // a damaged cache entry is checked again, not trusted
   }

@@ -48,6 +48,11 @@ void check_file(const fs::path& pack, const NpuPackFile& f) {
   }
 }
 
+// Compares as JSON: a "format" of another type is no pack, not a type error.
+bool is_pack_format(const Json& m) {
+  return m.is_object() && m.contains("format") && m.at("format") == kFormat;
+}
+
 }  // namespace
 
 int64_t NpuPackChip::bytes() const {
@@ -61,7 +66,7 @@ bool is_npu_pack(const fs::path& dir) {
   if (!fs::is_regular_file(dir / "MANIFEST.json", ec)) return false;
   try {
     const Json m = read_json_file(dir / "MANIFEST.json");
-    return m.is_object() && m.value("format", std::string()) == kFormat;
+    return is_pack_format(m);
   } catch (const Error&) {
     return false;
   }
@@ -73,7 +78,7 @@ NpuPackManifest read_npu_pack(const fs::path& dir) {
 }
 
 NpuPackManifest parse_npu_pack_manifest(const Json& m, const std::string& where) {
-  if (!m.is_object() || m.value("format", std::string()) != kFormat) {
+  if (!is_pack_format(m)) {
     fail(where + ": format", "not an NPU pack (qhx forge npu makes them)");
   }
   const int64_t version = require_int(m, "format_version", where);

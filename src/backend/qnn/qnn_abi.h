@@ -175,15 +175,16 @@ static_assert(sizeof(Config) == 16 && offsetof(Config, custom) == 8);
 // HTP device: which chip to compile for. The SoC decides the arch (and whether graphs compute in
 // fp16): always give it.
 enum HtpDeviceOption : uint32_t { kHtpSoc = 0, kHtpArch = 1 };
+struct HtpDeviceArch {
+  uint32_t device_id;
+  uint32_t arch;
+};
 struct HtpDeviceConfig {
   uint32_t option = kHtpSoc;
   uint32_t reserved = 0;
   union {
     uint32_t soc_model;
-    struct {
-      uint32_t device_id;
-      uint32_t arch;
-    } arch;
+    HtpDeviceArch arch;
     uint64_t bits = 0;
   };
 };
@@ -192,13 +193,14 @@ static_assert(sizeof(HtpDeviceConfig) == 16 && offsetof(HtpDeviceConfig, soc_mod
 // HTP graph options.
 enum HtpGraphOption : uint32_t { kHtpOptimization = 1, kHtpPrecision = 2, kHtpVtcmMb = 3 };
 inline constexpr uint32_t kHtpFinalizeOptimizationFlag = 3;
+struct HtpOptimization {
+  uint32_t type;
+  float value;
+};
 struct HtpGraphConfig {
   uint32_t option = kHtpOptimization;
   union {
-    struct {
-      uint32_t type;
-      float value;
-    } optimization;
+    HtpOptimization optimization;
     uint32_t u32;
     uint64_t u64;  // (the largest members hold 64-bit fields)
     unsigned char bytes[48] = {};
