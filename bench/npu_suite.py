@@ -9,6 +9,9 @@ tokens on the CPU alone and with prompts on the NPU (--device hexagon:vNN --npu-
 others, the pack's size per chip and the peak RSS of both runs (the memory the NPU adds while
 loaded; on the simulator that is mostly the simulator's own).
 
+The same prompts, written with --write-suite, are what forge npu --suite measures into a pack's
+manifest and card (greedy continuations followed as here; the logit measures teacher-forced).
+
 Usage (QHX_QNN_LIB set, or --qnn-lib):
   python3 bench/npu_suite.py --qhx build/qhx --chip v81 BUNDLE:PACK [BUNDLE:PACK ...]
 """
@@ -47,6 +50,9 @@ def main() -> None:
     ap.add_argument("--write-calibration", metavar="FILE",
                     help="write the held-out chapters past the suite's openings (text the suite "
                          "never reads: forge npu --calibrate FILE) and exit")
+    ap.add_argument("--write-suite", metavar="FILE",
+                    help="write the suite's prompts, one JSON string per line (forge npu --suite "
+                         "FILE records the pack's agreement on them in its manifest) and exit")
     ap.add_argument("pairs", nargs="*", help="BUNDLE:PACK")
     args = ap.parse_args()
     prompts = [l for l in (ROOT / "tools/train/kjv_prompts.txt").read_text().splitlines() if l]
@@ -55,11 +61,15 @@ def main() -> None:
         Path(args.write_calibration).write_text(
             "\n".join(c[args.context_chars:] for c in chapters if len(c) > args.context_chars))
         return
+    suite = [chapters[i % len(chapters)][: args.context_chars] + "\n" + verse
+             for i, verse in enumerate(prompts)]
+    if args.write_suite:
+        Path(args.write_suite).write_text("".join(json.dumps(t) + "\n" for t in suite))
+        return
     for pair in args.pairs:
         bundle, pack = pair.split(":")
         same, diverged, npu_rss, cpu_rss, npu_tokens = 0, [], 0.0, 0.0, 0
-        for i, verse in enumerate(prompts):
-            text = chapters[i % len(chapters)][: args.context_chars] + "\n" + verse
+        for text in suite:
             base = [args.qhx, "generate", "--model", bundle, "--prompt", text, "--greedy",
                     "--print-ids", "-n", str(args.tokens), "--ignore-eos"]
             cpu, rss_c, _ = run(base)

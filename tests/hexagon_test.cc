@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "backend/qnn/npu_weights.h"
 #include "core/dtype.h"
 #include "forge/convert.h"
+#include "forge/npu_card.h"
 #include "forge/npu_pack.h"
 #include "kernels/quant.h"
 #include "models/model.h"
@@ -672,6 +674,61 @@ TEST(HexagonPack, W8A16AndW4A16PacksAreCalibratedGatedAndLoad) {
   }
 }
 
+// What forge npu measured goes into the manifest, per way the pack runs (prompts on the NPU;
+// with decode, the replies too), on the check's probes and on a suite of the user's prompts;
+// the card is rendered from the manifest alone. A manifest whose figures do not add up is
+// refused in one line.
+TEST(HexagonPack, TheAcceptanceOfEachWayItRunsIsInTheManifestAndTheCard) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const char* name = kFixtures[1];
+  const int64_t vocab = load_model(fixture(name))->config().vocab_size;
+  NpuPackOptions options;
+  options.form = NpuForm::kW8A16;
+  options.calibration_ids = {long_prompt(400, vocab)};
+  options.suite = {{"a", long_prompt(150, vocab)}, {"b", long_prompt(140, vocab / 3)}};
+  options.suite_name = "two prompts";
+  options.suite_tokens = 4;
+  options.decode = true;
+  const PackedFixture packed(name, 0, {"v81"}, options);
+  const NpuPackManifest m = read_npu_pack(packed.pack);
+  ASSERT_EQ(m.chips.size(), 1u);
+  const std::vector<NpuAcceptance>& a = m.chips[0].acceptance;
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE(describe_acceptance(a[i]));
+    EXPECT_EQ(a[i].replies, i >= 2);
+    EXPECT_EQ(a[i].suite, i % 2 == 0 ? "probes" : "two prompts");
+    EXPECT_EQ(a[i].prompts, i % 2 == 0 ? 3 : 2);
+    EXPECT_EQ(a[i].greedy_tokens, i % 2 == 0 ? 8 : 4);
+    EXPECT_EQ(static_cast<int64_t>(a[i].first_divergence.size()), a[i].prompts);
+    EXPECT_GT(a[i].top1, 0.9);
+    EXPECT_GT(a[i].pearson_min, 0.99);
+    // The probes passed the check; a suite's figures are recorded, not judged.
+    if (i % 2 == 0) {
+      EXPECT_TRUE(a[i].passed);
+    }
+  }
+  EXPECT_EQ(packed.reports[0].acceptance.size(), 4u);
+  std::ifstream in(packed.pack / "README.md");
+  const std::string card((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(card, render_npu_pack_card(m));
+  for (const std::string& says :
+       {m.chips[0].files[0].sha256, std::string("| v81 | prompts and replies | two prompts (2) |"),
+        m.qnn_build, std::string("w8a16")}) {
+    EXPECT_NE(card.find(says), std::string::npos) << says << "\n" << card;
+  }
+
+  Json manifest = read_json_file(packed.pack / "MANIFEST.json");
+  manifest["chips"][0]["acceptance"][1]["greedy_identical"] = 3;  // of 2 prompts
+  std::ofstream(packed.pack / "MANIFEST.json") << manifest.dump();
+  try {
+    read_npu_pack(packed.pack);
+    ADD_FAILURE() << "3 of 2 prompts identical was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chips[0]: acceptance[1]"), std::string::npos) << e.what();
+  }
+}
+
 // qhx forge npu: a pack for two chips whose graphs load instead of compiling, with the tokens of
 // graphs compiled on first use (the CPU's), its manifest recording what the binaries say.
 TEST(HexagonPack, LoadsInsteadOfCompilingAndGivesTheSameTokens) {
@@ -821,6 +878,11 @@ TEST(HexagonCli, ForgeVerifyAndGenerateWithAPack) {
       test::run_qhx("forge npu " + bundle.string() + " --chips v75,v81 -o " + pack.string());
   ASSERT_EQ(forged.exit_code, 0) << forged.err;
   EXPECT_NE(forged.err.find("v81 fp16: "), std::string::npos) << forged.err;
+  EXPECT_NE(forged.err.find("prompts on the NPU, probes: top-1 "), std::string::npos) << forged.err;
+  std::ifstream card(pack / "README.md");
+  const std::string card_text((std::istreambuf_iterator<char>(card)),
+                              std::istreambuf_iterator<char>());
+  EXPECT_NE(card_text.find("| v75 | prompts | probes (3) |"), std::string::npos) << card_text;
   const test::CliRun verified = test::run_qhx("verify " + pack.string());
   ASSERT_EQ(verified.exit_code, 0) << verified.err;
   EXPECT_NE(verified.out.find("NPU pack"), std::string::npos) << verified.out;

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "backend/qnn/hexagon_backend.h"
+#include "forge/npu_card.h"
 #include "io/bundle.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
@@ -36,6 +37,43 @@ void run_prompt_plans(const Model& model, int64_t rows) {
   }
 }
 
+NpuAcceptance acceptance_of(const GateReport& r, bool replies, std::string suite,
+                            int64_t greedy_tokens) {
+  NpuAcceptance a;
+  a.replies = replies;
+  a.suite = std::move(suite);
+  a.prompts = static_cast<int64_t>(r.prompts.size());
+  a.greedy_tokens = greedy_tokens;
+  a.greedy_identical = r.greedy_matched;
+  a.top1 = r.top1;
+  a.top5 = r.top5;
+  a.pearson_min = r.pearson_min;
+  a.kl_mean = r.kl_mean;
+  for (const GatePromptResult& p : r.prompts) a.first_divergence.push_back(p.first_divergence);
+  a.passed = r.passed;
+  return a;
+}
+
+// The acceptance of `model` (a chip's backend: prompts on the NPU, with `replies` the replies
+// too): the check before use's probes, then the suite against the CPU alone.
+std::vector<NpuAcceptance> measure_acceptance(Model& model, const std::string& device,
+                                              const Model* reference, bool replies,
+                                              const Tokenizer* tokenizer,
+                                              const DeviceCheckOptions& check,
+                                              const NpuPackOptions& options,
+                                              DeviceCheckResult& probes) {
+  probes = check_devices(model, device, tokenizer, check);
+  if (!probes.checked || probes.report.prompts.empty()) return {};  // no figures to record
+  std::vector<NpuAcceptance> out = {
+      acceptance_of(probes.report, replies, "probes", check.greedy_tokens)};
+  if (reference != nullptr && probes.passed) {
+    const GateReport r = run_gate(model, *reference, options.suite, options.suite_tokens,
+                                  device_check_thresholds(check.weights));
+    out.push_back(acceptance_of(r, replies, options.suite_name, options.suite_tokens));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::path& out,
@@ -53,6 +91,8 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
   }
   std::optional<Tokenizer> tokenizer;
   if (fs::exists(bundle / "tokenizer.json")) tokenizer = Tokenizer::load(bundle);
+  // The suite's reference: the base bundle on the CPU alone.
+  const std::unique_ptr<Model> reference = options.suite.empty() ? nullptr : load_model(bundle);
 
   // The form, and the ranges its 16-bit activations are encoded over.
   const bool calibrated = !options.calibration_texts.empty() || !options.calibration_ids.empty();
@@ -172,19 +212,38 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     }
     report.contexts = static_cast<int64_t>(contexts.size());
     report.bytes = packed.bytes();
-    // The NPU against the CPU, as a user's first run checks it.
+    // The NPU against the CPU, as a user's first run checks it, and on the suite.
     DeviceCheckOptions check;
     check.mode = DeviceCheckMode::kAlways;
     check.weights = check_weights_for(bundle, {{backend}});
-    const DeviceCheckResult r =
-        check_devices(*model, backend->name(), tokenizer ? &*tokenizer : nullptr, check);
+    const Tokenizer* words = tokenizer ? &*tokenizer : nullptr;
+    DeviceCheckResult r;
+    packed.acceptance = measure_acceptance(*model, backend->name(), reference.get(), false, words,
+                                           check, options, r);
     report.gate = r.summary;
     report.gate_passed = r.passed;
     if (!r.passed) fail(folder, r.summary);
     packed.gate = r.summary;
+    if (options.decode) {
+      // As a user decoding on the NPU runs it: the pack's contexts, the decode graphs compiled
+      // at load. Recorded whatever it measures (the pack's prompt graphs passed).
+      model.reset();
+      HexagonBackendOptions decoding = chip_options;
+      decoding.decode = true;
+      const auto decoder = std::make_shared<HexagonBackend>(device, decoding, contexts);
+      model = load_model(bundle, {.devices = {decoder}});
+      DeviceCheckResult decoded;
+      for (NpuAcceptance& a : measure_acceptance(*model, decoder->name(), reference.get(), true,
+                                                 words, check, options, decoded)) {
+        packed.acceptance.push_back(std::move(a));
+      }
+      if (!decoded.passed) report.gate += "; decoding: " + decoded.summary;
+    }
+    report.acceptance = packed.acceptance;
     reports.push_back(report);
   }
   write_npu_pack_manifest(temp, manifest);
+  write_npu_pack_card(temp);
   if (fs::exists(out)) fs::remove_all(out);
   fs::rename(temp, out);
   partial.release();

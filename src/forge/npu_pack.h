@@ -6,7 +6,9 @@
 // CPU, and recorded in the manifest); the graphs are grouped
 // into contexts under the per-context budget, serialized, and their sizes read back from the
 // binaries' own fields; then the NPU is compared with the CPU by the gate's measures on probe
-// prompts that reach it, and the result recorded per chip.
+// prompts that reach it, and the result recorded per chip with the acceptance (NpuAcceptance) on
+// the probes and on a prompt suite, prompts on the NPU and, with decode, replies too. The card
+// (forge/npu_card.h) is rendered from the manifest into README.md.
 #pragma once
 
 #include <filesystem>
@@ -16,6 +18,7 @@
 
 #include "backend/qnn/npu_pack.h"
 #include "forge/npu_calibration.h"
+#include "runtime/gate.h"
 
 namespace qhx {
 
@@ -31,6 +34,14 @@ struct NpuPackOptions {
   std::vector<std::filesystem::path> calibration_texts;
   std::vector<std::vector<int32_t>> calibration_ids;
   CalibrationOptions calibration;
+  // Acceptance, measured per chip into the manifest and card: the check before use's probes
+  // always; this suite too when given (its prompts followed greedily for suite_tokens tokens,
+  // e.g. tools/train/kjv_prompts.txt's openings, --suite FILE), and with decode both again with
+  // the replies decoded on the NPU (--decode-device hexagon's graphs, compiled here).
+  std::vector<GatePrompt> suite;
+  std::string suite_name;
+  int64_t suite_tokens = 32;
+  bool decode = false;
 };
 
 struct NpuPackChipReport {
@@ -39,6 +50,7 @@ struct NpuPackChipReport {
   NpuForm form = NpuForm::kF16;
   std::string gate;  // the gate's one-line summary
   bool gate_passed = false;
+  std::vector<NpuAcceptance> acceptance;
 };
 
 // Writes the pack at `out` atomically; Error when the bundle or a chip cannot be compiled, a

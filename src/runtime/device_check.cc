@@ -47,15 +47,19 @@ class CpuAlone final : public Model {
   Model& model_;
 };
 
+}  // namespace
+
 // The device's numbers differ from the CPU's by arithmetic order (and a rare int8 rounding of an
 // activation), never by more than bf16 weights differ from f32 ones: f32 and 16-bit models are
 // held to the gate's bf16 thresholds, quantized ones to their own. Greedy continuations are
 // reported, not required (a near-tie may flip, as in the gate).
-GateThresholds thresholds_for(DType weights) {
+GateThresholds device_check_thresholds(DType weights) {
   GateThresholds t = default_gate_thresholds(is_quantized(weights) ? weights : DType::kBF16);
   t.min_greedy = 0.0;
   return t;
 }
+
+namespace {
 
 fs::path cache_file(const fs::path& dir, const std::string& device, const Model& model) {
   Sha256 key;
@@ -162,7 +166,8 @@ DeviceCheckResult check_devices(Model& model, const std::string& device, const T
   GateReport report;
   result.checked = true;
   try {
-    report = run_gate(model, cpu, suite, options.greedy_tokens, thresholds_for(options.weights));
+    report = run_gate(model, cpu, suite, options.greedy_tokens,
+                      device_check_thresholds(options.weights));
   } catch (const Error& e) {
     model.set_devices_enabled(false);
     result.summary = device + " failed its check (" + e.what() + "); running on the CPU";
@@ -175,6 +180,7 @@ DeviceCheckResult check_devices(Model& model, const std::string& device, const T
     return result;
   }
   result.passed = report.passed;
+  result.report = report;
   if (!report.passed) {
     model.set_devices_enabled(false);
     std::string failures;

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "models/model.h"
+#include "runtime/gate.h"
 #include "tokenizer/tokenizer.h"
 #include "util/cache_dir.h"
 
@@ -35,6 +36,7 @@ struct DeviceCheckResult {
   bool cached = false;   // a pass was found on disk
   bool checked = false;  // the probe ran now
   std::string summary;   // one line: what was measured, or why the device is not used
+  GateReport report;     // the measures, when the probe ran to the end
 };
 
 // Checks the devices `model` was loaded with; `device` names them for the cache ("vulkan:0
@@ -43,6 +45,8 @@ struct DeviceCheckResult {
 DeviceCheckResult check_devices(Model& model, const std::string& device, const Tokenizer* tokenizer,
                                 const DeviceCheckOptions& options);
 
+// The gate's thresholds a device check applies for `weights` (check_weights_for).
+GateThresholds device_check_thresholds(DType weights);
 // Which of the gate's thresholds apply to the model in `dir`: its bundle's matrix type (the
 // manifest's precision policy); bf16 for a Hugging Face checkpoint.
 DType check_weights_of(const std::filesystem::path& dir);

@@ -159,7 +159,13 @@ std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = file.string() + ":" + std::to_string(number);
-    suite.push_back({"line" + std::to_string(number), tokenizer.encode(line, where)});
+    std::string text = line;
+    if (line.front() == '"') {  // a JSON string: a prompt that holds newlines
+      const Json quoted = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!quoted.is_string()) fail(where, "a line starting with '\"' must be one JSON string");
+      text = quoted.get<std::string>();
+    }
+    suite.push_back({"line" + std::to_string(number), tokenizer.encode(text, where)});
   }
   if (suite.empty()) fail(file.string(), "no prompts (one per non-empty line)");
   return suite;

@@ -36,7 +36,7 @@ struct GatePrompt {
 struct GateSuiteOptions {
   int64_t prompts = 8;                // built-in suite size (ignored with a prompt file)
   int64_t greedy_tokens = 32;         // greedy continuation compared per prompt
-  std::filesystem::path prompt_file;  // optional: one UTF-8 prompt per non-empty line
+  std::filesystem::path prompt_file;  // optional: gate_prompt_suite_from_file's
 };
 
 // The built-in suite: text prompts through the tokenizer when there is one, else deterministic
@@ -45,7 +45,8 @@ std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vo
                                           int64_t n_prompts);
 
 // A suite read from a file: one prompt per non-empty line (a domain-specific suite, e.g. text in
-// the style the model was trained on). Errors name the file and line.
+// the style the model was trained on); a line that starts with '"' is a JSON string, for prompts
+// that hold newlines. Errors name the file and line.
 std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
                                                     const std::filesystem::path& file);
 

@@ -74,11 +74,11 @@ struct ForgeArgs {
 
 // qhx forge npu: a bundle's prompt graphs compiled for Hexagon chips into an NPU pack.
 struct NpuPackArgs {
-  std::string bundle, out, chips = "v75,v81", qnn_lib, form;
+  std::string bundle, out, chips = "v75,v81", qnn_lib, form, suite;
   std::vector<std::string> calibrate;
-  int64_t calibrate_tokens = 4096;
+  int64_t calibrate_tokens = 4096, suite_tokens = 32;
   uint64_t context_budget = 0;
-  bool force = false;
+  bool force = false, decode = false;
 };
 int run_forge_npu(const NpuPackArgs& a);
 

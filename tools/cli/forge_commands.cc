@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "forge/convert.h"
 #include "forge/draft_vocab.h"
+#include "forge/npu_card.h"
 #include "forge/npu_pack.h"
 #include "forge/synth.h"
 #include "io/bundle.h"
@@ -184,20 +185,32 @@ int run_forge_npu(const NpuPackArgs& a) {
   if (!a.form.empty()) options.form = qhx::parse_npu_form(a.form);  // checked by the parser
   for (const std::string& f : a.calibrate) options.calibration_texts.emplace_back(f);
   options.calibration.max_tokens = a.calibrate_tokens;
+  if (!a.suite.empty()) {
+    if (!std::filesystem::exists(std::filesystem::path(a.bundle) / "tokenizer.json")) {
+      qhx::fail("--suite", a.bundle + " has no tokenizer to read the prompts with");
+    }
+    options.suite = qhx::gate_prompt_suite_from_file(qhx::Tokenizer::load(a.bundle), a.suite);
+    options.suite_name = std::filesystem::path(a.suite).filename().string();
+  }
+  options.suite_tokens = a.suite_tokens;
+  options.decode = a.decode;
   for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
     const std::string form(qhx::npu_form_name(r.form));
     if (r.contexts == 0) {
       std::fprintf(stderr, "v%d %s: %lld graphs, compiled where they run (no binary); %s\n", r.arch,
                    form.c_str(), static_cast<long long>(r.graphs), r.gate.c_str());
-      continue;
+    } else {
+      std::fprintf(stderr,
+                   "v%d %s: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
+                   r.arch, form.c_str(), static_cast<long long>(r.graphs),
+                   static_cast<long long>(r.contexts), static_cast<double>(r.bytes) / 1e6,
+                   static_cast<double>(r.const_bytes) / 1e6, r.gate.c_str());
     }
-    std::fprintf(stderr,
-                 "v%d %s: %lld graphs in %lld context(s), %.1f MB (%.1f MB of constants); %s\n",
-                 r.arch, form.c_str(), static_cast<long long>(r.graphs),
-                 static_cast<long long>(r.contexts), static_cast<double>(r.bytes) / 1e6,
-                 static_cast<double>(r.const_bytes) / 1e6, r.gate.c_str());
+    for (const qhx::NpuAcceptance& accepted : r.acceptance) {
+      std::fprintf(stderr, "  %s\n", qhx::describe_acceptance(accepted).c_str());
+    }
   }
-  std::fprintf(stderr, "wrote %s\n", a.out.c_str());
+  std::fprintf(stderr, "wrote %s (README.md: the pack's card)\n", a.out.c_str());
   return 0;
 }
 

@@ -278,6 +278,15 @@ int main(int argc, char** argv) {
   npu->add_option("--calibrate-tokens", npu_args.calibrate_tokens,
                   "The most calibration tokens read")
       ->check(CLI::PositiveNumber);
+  npu->add_option("--suite", npu_args.suite,
+                  "Prompts whose greedy continuations are compared with the CPU's into the "
+                  "pack's acceptance (one per line, or a JSON string per line)")
+      ->check(CLI::ExistingFile);
+  npu->add_option("--suite-tokens", npu_args.suite_tokens, "Greedy tokens followed per prompt")
+      ->check(CLI::PositiveNumber);
+  npu->add_flag("--decode", npu_args.decode,
+                "Measure the acceptance with the replies decoded on the NPU too "
+                "(--decode-device hexagon)");
   npu->add_flag("--force", npu_args.force, "Replace an existing pack");
 
   qhx::cli::DraftVocabArgs draft_vocab_args;

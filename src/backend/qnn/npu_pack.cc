@@ -53,6 +53,57 @@ bool is_pack_format(const Json& m) {
   return m.is_object() && m.contains("format") && m.at("format") == kFormat;
 }
 
+NpuAcceptance parse_acceptance(const Json& a, const std::string& where) {
+  NpuAcceptance out;
+  const Json& replies = require_field(a, "replies_on_npu", where);
+  if (!replies.is_boolean()) fail(field(where, "replies_on_npu"), "expected true or false");
+  out.replies = replies.get<bool>();
+  const Json& passed = require_field(a, "passed", where);
+  if (!passed.is_boolean()) fail(field(where, "passed"), "expected true or false");
+  out.passed = passed.get<bool>();
+  out.suite = require_string(a, "suite", where);
+  out.prompts = require_int(a, "prompts", where);
+  out.greedy_tokens = require_int(a, "greedy_tokens", where);
+  out.greedy_identical = require_int(a, "greedy_identical", where);
+  if (out.prompts < 0 || out.greedy_tokens < 0 || out.greedy_identical < 0 ||
+      out.greedy_identical > out.prompts) {
+    fail(where,
+         "prompts, greedy_tokens and greedy_identical must be counts (identical <= prompts)");
+  }
+  for (const auto& [name, value] :
+       {std::pair{"top1", &out.top1}, std::pair{"top5", &out.top5},
+        std::pair{"pearson_min", &out.pearson_min}, std::pair{"kl_mean", &out.kl_mean}}) {
+    *value = require_number(a, name, where);
+    if (!std::isfinite(*value)) fail(field(where, name), "not a finite number");
+  }
+  const Json& divergence = require_field(a, "first_divergence", where);
+  const std::string dw = field(where, "first_divergence");
+  if (!divergence.is_array() || static_cast<int64_t>(divergence.size()) != out.prompts) {
+    fail(dw, "expected one token index per prompt");
+  }
+  for (const Json& d : divergence) {
+    if (!d.is_number_integer() || d.get<int64_t>() < -1 || d.get<int64_t>() >= out.greedy_tokens) {
+      fail(dw, "expected token indices (-1: identical)");
+    }
+    out.first_divergence.push_back(d.get<int64_t>());
+  }
+  return out;
+}
+
+Json acceptance_json(const NpuAcceptance& a) {
+  return {{"replies_on_npu", a.replies},
+          {"suite", a.suite},
+          {"prompts", a.prompts},
+          {"greedy_tokens", a.greedy_tokens},
+          {"greedy_identical", a.greedy_identical},
+          {"top1", a.top1},
+          {"top5", a.top5},
+          {"pearson_min", a.pearson_min},
+          {"kl_mean", a.kl_mean},
+          {"first_divergence", a.first_divergence},
+          {"passed", a.passed}};
+}
+
 }  // namespace
 
 int64_t NpuPackChip::bytes() const {
@@ -143,6 +194,14 @@ NpuPackManifest parse_npu_pack_manifest(const Json& m, const std::string& where)
     if (soc < 0 || soc > UINT32_MAX) fail(field(cw, "soc"), "not a SoC model");
     chip.soc = static_cast<uint32_t>(soc);
     chip.gate = require_string(chips[c], "gate", cw);
+    if (chips[c].contains("acceptance")) {  // (packs made before forge npu measured it lack it)
+      const Json& acceptance = chips[c].at("acceptance");
+      if (!acceptance.is_array()) fail(field(cw, "acceptance"), "expected an array");
+      for (size_t i = 0; i < acceptance.size(); ++i) {
+        chip.acceptance.push_back(
+            parse_acceptance(acceptance[i], cw + ": acceptance[" + std::to_string(i) + "]"));
+      }
+    }
     const Json& files = require_field(chips[c], "files", cw);
     if (!files.is_array()) fail(field(cw, "files"), "expected an array");
     for (size_t i = 0; i < files.size(); ++i) {
@@ -191,10 +250,13 @@ void write_npu_pack_manifest(const fs::path& dir, const NpuPackManifest& m) {
       files.push_back(
           {{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"graphs", graphs}});
     }
+    Json acceptance = Json::array();
+    for (const NpuAcceptance& a : chip.acceptance) acceptance.push_back(acceptance_json(a));
     chips.push_back({{"arch", chip.arch},
                      {"soc", chip.soc},
                      {"bytes", chip.bytes()},
                      {"gate", chip.gate},
+                     {"acceptance", acceptance},
                      {"files", files}});
   }
   Json manifest = {{"format", kFormat},

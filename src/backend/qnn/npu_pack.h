@@ -40,11 +40,24 @@ struct NpuPackFile {
   std::vector<NpuPackGraph> graphs;
 };
 
+// How the NPU compared with the CPU (the base bundle alone) on one suite of prompts when the
+// pack was made: the gate's measures (runtime/gate.h) over teacher-forced positions, and greedy
+// continuations followed token by token — what a user reads before shipping the pack.
+struct NpuAcceptance {
+  bool replies = false;  // the replies were decoded on the NPU too (--decode-device hexagon)
+  std::string suite;     // "probes" (the check before use's) or the prompt file's name
+  int64_t prompts = 0, greedy_tokens = 0, greedy_identical = 0;
+  double top1 = 0, top5 = 0, pearson_min = 0, kl_mean = 0;
+  std::vector<int64_t> first_divergence;  // per prompt: the first differing token, -1 if none
+  bool passed = false;                    // within the check before use's thresholds (docs/gate.md)
+};
+
 struct NpuPackChip {
   int arch = 0;
   uint32_t soc = 0;
   std::vector<NpuPackFile> files;
   std::string gate;  // how the NPU compared with the CPU when the pack was made (one line)
+  std::vector<NpuAcceptance> acceptance;
   int64_t bytes() const;
 };
 
