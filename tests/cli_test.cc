@@ -562,6 +562,26 @@ TEST(CliForge, GateOnAPromptFileReportsJson) {
                     {"quoted.txt:2", "one JSON string"});
 }
 
+TEST(Cli, BenchContextSweep) {
+  const std::string held_out = (test::source_dir() / "models/qwen3.5-kjv/held_out.txt").string();
+  const CliRun r = qhx("bench " + kDefaultModel.string() + " --context-sweep --prompt-file " +
+                       held_out + " --sweep-depths 64,200 --sweep-tokens 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  ASSERT_EQ(j["sweep"].size(), 2u) << r.out;
+  EXPECT_EQ(j["sweep"][1]["depth"], 200);
+  EXPECT_EQ(j["sweep"][1]["first_departure"], -1);  // the model against itself on the CPU
+  EXPECT_TRUE(j["sweep"][1]["coherent"].get<bool>());
+  const CliRun table = qhx("bench " + kDefaultModel.string() + " --context-sweep --prompt-file " +
+                           held_out + " --sweep-depths 64 --sweep-tokens 2");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("never departs from the reference; coherent through depth 64"),
+            std::string::npos)
+      << table.out;
+  expect_user_error(qhx("bench " + kDefaultModel.string() + " --context-sweep"),
+                    {"--context-sweep", "--prompt-file"});
+}
+
 TEST(Cli, PerplexityOfATextFile) {
   test::TempDir dir;
   const fs::path text = dir.path() / "text.txt";

@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "qhx_version.h"
 #include "runtime/bench.h"
+#include "runtime/context_sweep.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/json_file.h"
@@ -134,6 +135,80 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
 
 // Speculative decoding on one task: decode speed with and without drafts, their acceptance, and
 // the cost of a verify pass of k drafts in decode steps.
+int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
+                      const std::shared_ptr<qhx::CpuContext>& context, const std::string& weights,
+                      const qhx::OpenedDevices& devices) {
+  if (args.prompt_file.empty()) qhx::fail("--context-sweep", "needs --prompt-file");
+  std::ifstream in(args.prompt_file, std::ios::binary);
+  if (!in) qhx::fail(args.prompt_file, "cannot be read");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> ids = qhx::Tokenizer::load(dir).encode(text, args.prompt_file);
+  const std::vector<int64_t> depths =
+      args.sweep_depths.empty()
+          ? qhx::default_sweep_depths(model.config().max_position_embeddings, args.sweep_tokens)
+          : parse_count_list("--sweep-depths", args.sweep_depths);
+  const std::string reference_dir = args.reference.empty() ? dir.string() : args.reference;
+  const auto reference = qhx::load_model(reference_dir, {.context = context});
+  if (reference->config().vocab_size != model.config().vocab_size) {
+    qhx::fail("--reference", reference_dir + " has another vocabulary than " + dir.string());
+  }
+  const std::vector<qhx::SweepPoint> points =
+      qhx::context_sweep(model, *reference, ids, depths, args.sweep_tokens);
+  int64_t departs = -1, coherent_to = 0;  // the shallowest departure; coherent from the start
+  for (const qhx::SweepPoint& p : points) {
+    if (departs < 0 && p.first_departure >= 0) departs = p.depth;
+  }
+  for (const qhx::SweepPoint& p : points) {
+    if (!p.coherent) break;
+    coherent_to = p.depth;
+  }
+  qhx::Json rows = qhx::Json::array();
+  for (const qhx::SweepPoint& p : points) {
+    rows.push_back({{"depth", p.depth},
+                    {"first_departure", p.first_departure},
+                    {"length", p.length},
+                    {"reference_length", p.reference_length},
+                    {"nll", p.nll},
+                    {"reference_nll", p.reference_nll},
+                    {"coherent", p.coherent}});
+  }
+  if (args.json) {
+    std::cout << qhx::Json{{"model", args.model},
+                           {"weights", weights},
+                           {"prompts_on", devices.prefill.text()},
+                           {"replies_on", devices.decode.text()},
+                           {"reference", reference_dir},
+                           {"text", args.prompt_file},
+                           {"reply_tokens", args.sweep_tokens},
+                           {"sweep", rows},
+                           {"commit", QHX_GIT_COMMIT}}
+                     .dump()
+              << "\n";
+    return 0;
+  }
+  std::printf(
+      "context sweep of %s (weights %s; prompts on %s, replies on %s) against %s on the CPU: "
+      "replies of up to %lld tokens after the first tokens of %s (%zu tokens)\n",
+      args.model.c_str(), weights.c_str(), devices.prefill.text().c_str(),
+      devices.decode.text().c_str(), reference_dir.c_str(),
+      static_cast<long long>(args.sweep_tokens), args.prompt_file.c_str(), ids.size());
+  std::printf("%8s %11s %7s %11s %8s %8s %9s\n", "depth", "departs at", "length", "ref length",
+              "NLL", "ref NLL", "coherent");
+  for (const qhx::SweepPoint& p : points) {
+    const std::string at = p.first_departure < 0 ? "-" : std::to_string(p.first_departure);
+    std::printf("%8lld %11s %7lld %11lld %8.3f %8.3f %9s\n", static_cast<long long>(p.depth),
+                at.c_str(), static_cast<long long>(p.length),
+                static_cast<long long>(p.reference_length), p.nll, p.reference_nll,
+                p.coherent ? "yes" : "no");
+  }
+  std::printf(
+      "%s; coherent %s\n",
+      departs < 0 ? "never departs from the reference"
+                  : ("first departs at depth " + std::to_string(departs)).c_str(),
+      coherent_to == 0 ? "at no depth" : ("through depth " + std::to_string(coherent_to)).c_str());
+  return 0;
+}
+
 int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
                           const std::shared_ptr<qhx::CpuContext>& context,
                           const std::string& weights) {
@@ -250,6 +325,9 @@ int run_bench(const BenchArgs& args) {
   const int threads = model->context().threads();
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
   if (args.speculative.on()) return run_speculative_bench(args, dir, *model, context, weights);
+  if (args.context_sweep) {
+    return run_context_sweep(args, dir, *model, context, weights, devices);
+  }
   if (!args.json) {
     std::printf(
         "model %s | weights %s, %.1f MB | threads %d | kernels %s | load %.2f s | CPU %s | "

@@ -123,6 +123,11 @@ struct BenchArgs {
   // Not "none": the speculative-decoding benchmark instead, on the text of prompt_file.
   SpeculativeArgs speculative;
   std::string prompt_file;
+  // The context sweep instead (runtime/context_sweep.h): replies of sweep_tokens tokens after
+  // growing depths of prompt_file's text, against the reference (default: the CPU alone).
+  bool context_sweep = false;
+  std::string sweep_depths, reference;
+  int64_t sweep_tokens = 32;
 };
 
 // qhx bench: prefill and decode speed, TTFT and memory; with --turns, the multi-turn chat bench.

@@ -325,7 +325,16 @@ int main(int argc, char** argv) {
                           "text, with and without drafts (ngram or draft:DIR), and what a verify "
                           "pass costs");
   bench->add_option("--prompt-file", bench_args.prompt_file,
-                    "With --speculative: the prompt, a UTF-8 text file");
+                    "With --speculative: the prompt; with --context-sweep: the text read (UTF-8)");
+  bench->add_flag("--context-sweep", bench_args.context_sweep,
+                  "Instead: greedy replies after growing depths of --prompt-file's text, where "
+                  "they first depart from the reference's and whether they stay coherent");
+  bench->add_option("--sweep-depths", bench_args.sweep_depths,
+                    "Depths, comma-separated (default: 128, 256, ... to the model's context)");
+  bench->add_option("--sweep-tokens", bench_args.sweep_tokens, "Reply tokens per depth")
+      ->transform(kPositive);
+  bench->add_option("--reference", bench_args.reference,
+                    "The sweep's reference model, on the CPU (default: the model, CPU alone)");
   add_threads_option(bench, bench_args.threads);
   add_device_options(bench, bench_args.devices);
 

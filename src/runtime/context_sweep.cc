@@ -1,0 +1,95 @@
+#include "runtime/context_sweep.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "runtime/session.h"
+#include "util/error.h"
+
+namespace qhx {
+namespace {
+
+std::vector<int32_t> greedy_reply(const Model& model, std::span<const int32_t> prompt,
+                                  int64_t tokens) {
+  Session session(model);
+  TurnOptions options;
+  options.max_new_tokens = tokens;
+  options.stop_ids = model.config().eos_token_ids;
+  std::vector<int32_t> out;
+  session.generate({prompt.begin(), prompt.end()}, options, [&](int32_t id) {
+    out.push_back(id);
+    return true;
+  });
+  // The end-of-sequence token ends the reply; it is not part of it.
+  if (!out.empty() && std::ranges::find(options.stop_ids, out.back()) != options.stop_ids.end()) {
+    out.pop_back();
+  }
+  return out;
+}
+
+// Mean NLL per token of `reply` read after the state `after_prompt` left (`logits`: what that
+// state gave for the reply's first token).
+double mean_nll(const Model& model, const ModelState& after_prompt, std::vector<float> logits,
+                std::span<const int32_t> reply) {
+  if (reply.empty()) return 0;
+  auto state = model.new_state();
+  state->restore(after_prompt);
+  double total = 0;
+  for (size_t i = 0; i < reply.size(); ++i) {
+    if (i > 0) model.forward(reply.subspan(i - 1, 1), *state, LogitsFor::kLastToken, logits);
+    const float top = *std::ranges::max_element(logits);
+    double sum = 0;
+    for (const float v : logits) sum += std::exp(static_cast<double>(v - top));
+    total += std::log(sum) - static_cast<double>(logits[static_cast<size_t>(reply[i])] - top);
+  }
+  return total / static_cast<double>(reply.size());
+}
+
+}  // namespace
+
+std::vector<SweepPoint> context_sweep(const Model& model, const Model& reference,
+                                      std::span<const int32_t> text,
+                                      std::span<const int64_t> depths, int64_t tokens) {
+  const int64_t context = model.config().max_position_embeddings;
+  std::vector<SweepPoint> out;
+  for (const int64_t depth : depths) {
+    if (depth < 1 || depth > static_cast<int64_t>(text.size())) {
+      fail("context sweep", "depth " + std::to_string(depth) + " needs that many tokens of text (" +
+                                std::to_string(text.size()) + " given)");
+    }
+    if (depth + tokens > context) {
+      fail("context sweep", "depth " + std::to_string(depth) + " and " + std::to_string(tokens) +
+                                " reply tokens pass the model's " + std::to_string(context) +
+                                " positions");
+    }
+    const std::span<const int32_t> prompt = text.first(static_cast<size_t>(depth));
+    SweepPoint p;
+    p.depth = depth;
+    const std::vector<int32_t> reply = greedy_reply(model, prompt, tokens);
+    const std::vector<int32_t> expected = greedy_reply(reference, prompt, tokens);
+    p.length = static_cast<int64_t>(reply.size());
+    p.reference_length = static_cast<int64_t>(expected.size());
+    const auto [a, b] = std::ranges::mismatch(reply, expected);
+    if (a != reply.end() || b != expected.end()) p.first_departure = a - reply.begin();
+    auto after_prompt = reference.new_state();
+    std::vector<float> logits;
+    reference.forward(prompt, *after_prompt, LogitsFor::kLastToken, logits);
+    p.nll = mean_nll(reference, *after_prompt, logits, reply);
+    p.reference_nll = mean_nll(reference, *after_prompt, logits, expected);
+    p.coherent =
+        (!reply.empty() || expected.empty()) && p.nll <= p.reference_nll + kCoherentNllMargin;
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<int64_t> default_sweep_depths(int64_t max_context, int64_t tokens) {
+  std::vector<int64_t> depths;
+  const int64_t deepest = max_context - tokens;
+  for (int64_t d = 128; d < deepest; d *= 2) depths.push_back(d);
+  if (deepest >= 1) depths.push_back(deepest);
+  return depths;
+}
+
+}  // namespace qhx
