@@ -428,6 +428,45 @@ TEST(Hexagon, DecodeStepsRunOnTheNpuWithTheCpusTokens) {
   }
 }
 
+// Decoding, a step's graphs share their weights with the prompt graphs of the same layers (HTP's
+// weight sharing, by content within a context): what the contexts hold grows by the lm-head and
+// little else, not by a second copy of every layer — and the tokens are the CPU's.
+TEST(Hexagon, DecodeGraphsShareThePromptGraphsWeights) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const auto device = HexagonDevice::open(library, *hexagon_chip("v81"));
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const auto cpu = load_model(fixture(name));
+    const ModelConfig& c = cpu->config();
+    const std::vector<int32_t> prompt = long_prompt(130, c.vocab_size);
+    const std::vector<int32_t> want = greedy_reply(*cpu, prompt, 4);
+    int64_t bytes[2] = {};
+    for (const bool decode : {false, true}) {
+      HexagonBackendOptions options;
+      options.decode = decode;
+      const auto backend = std::make_shared<HexagonBackend>(device, options);
+      const auto model = load_model(fixture(name), {.devices = {backend}});
+      EXPECT_EQ(greedy_reply(*model, prompt, 4), want);
+      EXPECT_EQ(backend->chunks_run(), 1);
+      EXPECT_EQ(backend->decode_steps(), decode ? 3 : 0);
+      for (const NpuPackContext& context : backend->export_contexts()) {
+        int64_t shared = 0;  // the context's one buffer of shared weights, as each graph says
+        for (const auto& g : read_binary_info(*library, context.binary).graphs) {
+          bytes[decode] += g.const_bytes;
+          shared = std::max(shared, g.shared_weight_bytes);
+        }
+        bytes[decode] += shared;
+      }
+    }
+    // (Measured: 143,360 bytes of constants, 158,464 with the decode graphs; 1,155,072 and
+    // 1,183,744 — a second copy would add as much again.)
+    const int64_t lm_head = c.vocab_size * c.hidden_size * 2;  // fp16
+    EXPECT_LT(bytes[1] - bytes[0], lm_head + bytes[0] / 4)
+        << bytes[0] << " bytes of constants in the prompt graphs, " << bytes[1]
+        << " with the decode graphs";
+  }
+}
+
 // Shards: the same decode graphs cut into many contexts by a small per-context budget (as a model
 // too large for one context is cut, in layer order: each context holds the graphs of a range of
 // layers, the residual stream passing between them through the host) give the logits of one

@@ -129,7 +129,9 @@ std::string render_npu_pack_card(const NpuPackManifest& m) {
       md << row;
     }
   }
-  if (!any) md << "\nNot measured: the pack was made before forge npu recorded acceptance.\n";
+  if (!any) md << "| (none recorded) | | | | | | | | | |\n";
+  md << "\n";
+  for (const NpuPackChip& chip : m.chips) md << "- v" << chip.arch << ": " << chip.gate << "\n";
   md << "\nThe check before use (`--device-check`) runs the probes again on the user's machine and "
         "holds them to the thresholds; a suite's figures are recorded, not judged.\n";
   return md.str();

@@ -194,6 +194,10 @@ int run_forge_npu(const NpuPackArgs& a) {
   }
   options.suite_tokens = a.suite_tokens;
   options.decode = a.decode;
+  options.check = !a.no_check;
+  if (a.no_check && (a.decode || !a.suite.empty())) {
+    qhx::fail("--no-check", "measures nothing: --decode and --suite need the comparison");
+  }
   for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
     const std::string form(qhx::npu_form_name(r.form));
     if (r.contexts == 0) {

@@ -287,6 +287,9 @@ int main(int argc, char** argv) {
   npu->add_flag("--decode", npu_args.decode,
                 "Measure the acceptance with the replies decoded on the NPU too "
                 "(--decode-device hexagon)");
+  npu->add_flag("--no-check", npu_args.no_check,
+                "Publish without comparing the NPU with the CPU (layout and size runs on random "
+                "weights; the manifest and card say so)");
   npu->add_flag("--force", npu_args.force, "Replace an existing pack");
 
   qhx::cli::DraftVocabArgs draft_vocab_args;

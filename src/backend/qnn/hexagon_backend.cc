@@ -263,16 +263,50 @@ HexagonBackend::~HexagonBackend() {
   contexts_.clear();
 }
 
-HexagonContext& HexagonBackend::context_for(int64_t bytes) {
-  if (contexts_.empty() || contexts_.back()->from_pack || contexts_.back()->retired ||
-      (!contexts_.back()->keys.empty() &&
-       contexts_.back()->const_estimate + bytes > options_.context_budget_bytes)) {
-    auto context = std::make_unique<Context>();
-    context->handle = std::make_unique<HexagonContext>(device_);  // may throw: nothing added
-    contexts_.push_back(std::move(context));
+bool HexagonBackend::shares_weights() const {
+  if (!options_.decode) return false;
+  for (const auto& c : contexts_) {
+    if (c->from_pack) return false;
   }
-  contexts_.back()->const_estimate += bytes;
-  return *contexts_.back()->handle;
+  return true;
+}
+
+HexagonBackend::Context& HexagonBackend::context_for(const GraphWeights& weights, int64_t bytes) {
+  const bool sharing = shares_weights();
+  const auto new_bytes = [&](const Context& c) {
+    if (!sharing) return bytes;
+    int64_t unseen = 0;
+    for (const auto& [name, size] : weights) unseen += c.weights.contains(name) ? 0 : size;
+    return unseen;
+  };
+  const auto open = [&](const Context& c) { return !c.from_pack && !c.retired; };
+  Context* chosen = nullptr;
+  if (sharing) {
+    int64_t most = 0;
+    for (const auto& c : contexts_) {
+      if (!open(*c)) continue;
+      const int64_t held = bytes - new_bytes(*c);
+      if (held > most && c->const_estimate + new_bytes(*c) <= options_.context_budget_bytes) {
+        most = held;
+        chosen = c.get();
+      }
+    }
+  }
+  if (chosen == nullptr) {
+    if (contexts_.empty() || !open(*contexts_.back()) ||
+        (!contexts_.back()->keys.empty() &&
+         contexts_.back()->const_estimate + new_bytes(*contexts_.back()) >
+             options_.context_budget_bytes)) {
+      auto context = std::make_unique<Context>();
+      // (May throw: nothing is added.)
+      context->handle = std::make_unique<HexagonContext>(device_, sharing);
+      contexts_.push_back(std::move(context));
+    }
+    chosen = contexts_.back().get();
+  }
+  chosen->const_estimate += new_bytes(*chosen);
+  for (const auto& [name, size] : weights) chosen->weights.insert(name);
+  return *chosen;
 }
 
 std::vector<NpuPackContext> HexagonBackend::export_contexts() const {
@@ -329,13 +363,13 @@ void HexagonBackend::prepare_weights(const WeightList& weights) {
   const double bytes_per_weight = options_.form == NpuForm::kF16     ? 2.0
                                   : options_.form == NpuForm::kW8A16 ? 1.0
                                                                      : 0.5;
-  // The layers' matrices are constants of the prompt graphs, and again of the decode graphs
-  // when it decodes (graphs of 128 and of 1 row do not share their weights yet); the lm-head
-  // (the largest) is a graph of its own only when it decodes.
+  // The layers' matrices are constants of the prompt graphs, shared by the decode graphs when it
+  // decodes — unless the prompt graphs came from a pack: then the decode graphs hold them again;
+  // the lm-head (the largest) is a graph of its own only when it decodes.
+  const double layer_copies = options_.decode && !shares_weights() ? 2 : 1;
   double bytes = 0;
   for (const MatrixRef* m : matrices) {
-    const double copies =
-        m->rows == vocabulary ? (options_.decode ? 1 : 0) : (options_.decode ? 2 : 1);
+    const double copies = m->rows == vocabulary ? (options_.decode ? 1 : 0) : layer_copies;
     bytes += copies * static_cast<double>(m->rows * m->cols) * bytes_per_weight;
   }
   expected_constant_bytes_ = static_cast<int64_t>(bytes);
@@ -460,6 +494,7 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
   };
   std::string key = "rows " + std::to_string(R);
   int64_t constant_bytes = 0;  // about what the graph's constants take (fp16 weights)
+  GraphWeights weights;
   for (const Node& n : nodes) {
     if (n.rows != rows) cannot("nodes of different row counts in one run");
     key += '|';
@@ -494,18 +529,21 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
       }
       key += ":" + std::to_string(m.rows) + "x" + std::to_string(m.cols) + ":" +
              std::string(dtype_name(m.dtype));
-      if (const MatmulRanges* r = quantized(m); r != nullptr) {
+      const size_t weight_begin = key.rfind(" w");
+      const MatmulRanges* r = quantized(m);
+      const int64_t bytes = r != nullptr ? m.rows * m.cols : m.rows * m.cols * 2;
+      weights.emplace_back(key.substr(weight_begin + 1) + (r != nullptr ? " q" : " h"), bytes);
+      constant_bytes += bytes;
+      if (r != nullptr) {
         Sha256 hash;  // the ranges its activations are encoded over
         hash.update(std::as_bytes(std::span(r, 1)));
         key += " " + std::string(npu_form_name(options_.form)) + " a" + hash.hex().substr(0, 12);
-        constant_bytes += m.rows * m.cols;
-      } else {
-        constant_bytes += m.rows * m.cols * 2;
       }
     }
     for (const WeightVector* v : {n.vector, n.vector2}) {  // a norm's, conv's, gates' weights
       if (v == nullptr) continue;
       key += " v" + weight_name(*v);
+      weights.emplace_back("v" + weight_name(*v), v->size() * 4);
       constant_bytes += v->size() * 4;
     }
     if (n.op == Op::kRmsNorm) {
@@ -554,12 +592,10 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
   std::shared_ptr<Graph>& graph = graphs_[key];
   if (graph == nullptr) {
     try {
+      Context& context = context_for(weights, constant_bytes);
       graph = std::make_shared<Graph>(Graph{
-          QnnGraph(context_for(constant_bytes), "qhx_graph_" + std::to_string(graph_names_++)),
-          {},
-          {},
-          {}});
-      contexts_.back()->keys.push_back(key);
+          QnnGraph(*context.handle, "qhx_graph_" + std::to_string(graph_names_++)), {}, {}, {}});
+      context.keys.push_back(key);
       QnnGraph& g = graph->graph;
       // Each value's latest tensor in the graph; the last write of a value that leaves is an
       // output.
@@ -801,10 +837,10 @@ void HexagonBackend::compile_failed(const std::string& key, const std::exception
   // tried again: the scheduler runs it on the CPU, whatever the reason.
   graphs_.erase(key);
   failed_keys_.insert(key);
-  if (!contexts_.empty() && !contexts_.back()->keys.empty() &&
-      contexts_.back()->keys.back() == key) {
-    contexts_.back()->keys.pop_back();
-    contexts_.back()->retired = true;
+  for (const auto& c : contexts_) {
+    if (c->keys.empty() || c->keys.back() != key) continue;
+    c->keys.pop_back();
+    c->retired = true;
   }
   compile_failures_.push_back(e.what());
   const auto* error = dynamic_cast<const Error*>(&e);
@@ -917,9 +953,10 @@ HexagonBackend::Graph& HexagonBackend::state_graph(const Node& n, int64_t length
   std::shared_ptr<Graph>& graph = graphs_[key];
   if (graph != nullptr) return *graph;
   try {
-    graph = std::make_shared<Graph>(
-        Graph{QnnGraph(context_for(0), "qhx_graph_" + std::to_string(graph_names_++)), {}, {}, {}});
-    contexts_.back()->keys.push_back(key);
+    Context& context = context_for({}, 0);
+    graph = std::make_shared<Graph>(Graph{
+        QnnGraph(*context.handle, "qhx_graph_" + std::to_string(graph_names_++)), {}, {}, {}});
+    context.keys.push_back(key);
     QnnGraph& g = graph->graph;
     if (n.op == Op::kConvSilu) {
       build_conv(g, n, length);

@@ -55,7 +55,8 @@ struct HexagonBackendOptions {
   NpuForm form = NpuForm::kF16;
   ActivationRanges ranges;
   // Single-token steps run here too (--decode-device hexagon): every node but the embedding, in
-  // graphs of one row, the states from the host's memory, the lm-head as a graph of its own.
+  // graphs of one row, the states from the host's memory, the lm-head as a graph of its own;
+  // compiled here, they share their weights with the prompt graphs (HexagonContext).
   bool decode = false;
   // The pack its graphs came from (the start of its MANIFEST.json's sha256), in its name: the
   // check before use is remembered per chip, QNN build and pack.
@@ -130,9 +131,18 @@ class HexagonBackend final : public Backend {
     int64_t const_estimate = 0;     // compiled here: its graphs' constants, about
     int64_t binary_bytes = 0;       // from a pack: its binary's size
     std::vector<std::string> keys;  // its graphs
+    std::set<std::string> weights;  // its graphs' weights (by name), held once when it shares
   };
-  // The context a new graph of about `bytes` of constants goes into, within the budget.
-  HexagonContext& context_for(int64_t bytes);
+  // A graph's weights by name, each with about what its constant takes.
+  using GraphWeights = std::vector<std::pair<std::string, int64_t>>;
+  // Whether its contexts share weights: decoding, a step's graphs hold the weights the prompt
+  // graphs of the same layers hold, unless those came from a pack (its binaries cannot be
+  // given more graphs).
+  bool shares_weights() const;
+  // The context a new graph goes into, within the budget: decoding, the one that already holds
+  // the most of its weights (they cost nothing again there), else the latest. `bytes`: what its
+  // constants take when none is shared.
+  Context& context_for(const GraphWeights& weights, int64_t bytes);
   std::vector<std::unique_ptr<Context>> contexts_;
   // A decode step's node that carries state (attention over the KV cache, the conv, the delta
   // rule), its state read from (and written back to) the host's memory.

@@ -59,10 +59,17 @@ std::string HexagonDevice::describe() const {
          library_->describe();
 }
 
-HexagonContext::HexagonContext(std::shared_ptr<HexagonDevice> device) : device_(std::move(device)) {
+HexagonContext::HexagonContext(std::shared_ptr<HexagonDevice> device, bool weight_sharing)
+    : device_(std::move(device)) {
   const QnnLibrary& lib = device_->library();
-  lib.check("QNN context",
-            lib.api().context_create(device_->backend(), device_->device(), nullptr, &context_));
+  qnn::HtpContextConfig sharing;
+  sharing.option = qnn::kHtpWeightSharing;
+  sharing.b8 = 1;
+  qnn::Config sharing_config;
+  sharing_config.custom = &sharing;
+  const qnn::Config* configs[] = {&sharing_config, nullptr};
+  lib.check("QNN context", lib.api().context_create(device_->backend(), device_->device(),
+                                                    weight_sharing ? configs : nullptr, &context_));
 }
 
 HexagonContext::HexagonContext(std::shared_ptr<HexagonDevice> device,

@@ -45,7 +45,11 @@ class QnnGraph;
 // graphs are then retrieved by name.
 class HexagonContext {
  public:
-  explicit HexagonContext(std::shared_ptr<HexagonDevice> device);
+  // weight_sharing: its graphs hold each constant of the same bytes once (HTP's
+  // WEIGHT_SHARING_ENABLED: a prompt chunk's graph and a decode step's share their weights). The
+  // simulator cannot load such a context's binary again (QNN error 1000, "Shared weights buffer
+  // isn't supported on this platform"): packs are made without.
+  explicit HexagonContext(std::shared_ptr<HexagonDevice> device, bool weight_sharing = false);
   HexagonContext(std::shared_ptr<HexagonDevice> device, std::span<const unsigned char> binary);
   ~HexagonContext();
   HexagonContext(const HexagonContext&) = delete;
