@@ -42,8 +42,9 @@ struct NpuPackOptions {
   std::string suite_name;
   int64_t suite_tokens = 32;
   bool decode = false;
-  // Publish without comparing the NPU with the CPU (--no-check): for layout and size runs on
-  // random weights, or models too large to run on the simulator; the manifest says so.
+  // Publish without comparing the NPU with the CPU (--no-check): the graphs are compiled and not
+  // run — layout and size runs on random weights, or models too large to run on the simulator;
+  // the manifest says so.
   bool check = true;
 };
 

@@ -826,8 +826,7 @@ void HexagonBackend::run(const Plan& plan, std::span<const Node> nodes, const No
     for (size_t i = 0; i < compiled->inputs.size(); ++i)
       in[tables + i] = slice(compiled->inputs[i]);
     for (size_t o = 0; o < out.size(); ++o) out[o] = slice(compiled->outputs[o]);
-    count_execution();
-    graph.graph.execute(in, out);
+    execute(graph, in, out);
     if (compiled->first_run) ++(R == 1 ? steps_ : chunks_);
   }
 }
@@ -848,12 +847,14 @@ void HexagonBackend::compile_failed(const std::string& key, const std::exception
   throw Error(std::string("hexagon: ") + e.what(), ErrorKind::kDeviceFailed);
 }
 
-void HexagonBackend::count_execution() {
+void HexagonBackend::execute(Graph& graph, std::span<const std::span<const float>> in,
+                             std::span<const std::span<float>> out) {
   if (++executions_ == options_.fail_execution) {
     throw Error("hexagon: graph execution " + std::to_string(executions_) +
                     " failed (QHX_HEXAGON_FAIL_EXECUTION)",
                 ErrorKind::kDeviceFailed);
   }
+  if (!options_.compile_only) graph.graph.execute(in, out);
 }
 
 void HexagonBackend::run_with_state(const Node& n, const NodeArgs& args) {
@@ -872,8 +873,7 @@ void HexagonBackend::run_with_state(const Node& n, const NodeArgs& args) {
       const float* x = args.at(n.in[0]);
       const std::span<const float> in[] = {{x, static_cast<size_t>(channels)}, state.host_span()};
       const std::span<float> out[] = {{args.at(n.out), static_cast<size_t>(channels)}};
-      count_execution();
-      graph.graph.execute(in, out);
+      execute(graph, in, out);
       float* rows = state.data();
       std::copy(rows + channels, rows + history * channels, rows);
       std::copy_n(x, channels, rows + (history - 1) * channels);
@@ -895,8 +895,7 @@ void HexagonBackend::run_with_state(const Node& n, const NodeArgs& args) {
                                            span_of(n.in[3]), span_of(n.in[4]), state.host_span()};
       const std::span<float> out[] = {state_out_,
                                       {args.at(n.out), static_cast<size_t>(h.n_v_heads * h.v_dim)}};
-      count_execution();
-      graph.graph.execute(in, out);
+      execute(graph, in, out);
       std::copy(state_out_.begin(), state_out_.end(), state.data());
       return;
     }
@@ -926,8 +925,7 @@ void HexagonBackend::run_attention(const Node& n, const NodeArgs& args) {
   const std::span<const float> in[] = {
       {args.at(n.in[0]), q}, {cache.keys.data(), cached}, {cache.values.data(), cached}, mask_};
   const std::span<float> out[] = {{args.at(n.out), q}};
-  count_execution();
-  graph.graph.execute(in, out);
+  execute(graph, in, out);
 }
 
 HexagonBackend::Graph& HexagonBackend::state_graph(const Node& n, int64_t length) {

@@ -46,6 +46,9 @@ struct HexagonBackendOptions {
   // the output of every node of one op kind (op_name, e.g. "silu_mul") is perturbed ("": none).
   int64_t fail_execution = 0;
   std::string perturb_op;
+  // Graphs are compiled and never run, their outputs left as they were (forge npu --no-check,
+  // which runs nothing on the NPU: the layout of a model too large for the simulator to run).
+  bool compile_only = false;
   int64_t context_budget_bytes = kDefaultContextBudget;
   // The constants' bytes of graphs by key, as a binary reported them (forge npu's second pass):
   // used instead of the estimate when grouping graphs into contexts.
@@ -159,7 +162,9 @@ class HexagonBackend final : public Backend {
   std::vector<float> state_out_;  // a delta rule graph's new state, before it is written back
   // Notes a graph that did not compile (its run goes to the CPU) and throws kDeviceFailed.
   [[noreturn]] void compile_failed(const std::string& key, const std::exception& e);
-  void count_execution();  // and the fault-injection switch
+  // Runs a graph (counted; the fault-injection switch; not with compile_only).
+  void execute(Graph& graph, std::span<const std::span<const float>> in,
+               std::span<const std::span<float>> out);
   // The calibrated ranges of a matmul computing in a 16-bit form, or null (fp16).
   const MatmulRanges* quantized(const MatrixRef& w) const;
   std::map<std::string, std::shared_ptr<Graph>> graphs_;  // by what they compute
