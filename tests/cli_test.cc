@@ -537,7 +537,7 @@ TEST(CliForge, GateOnAPromptFileReportsJson) {
           .exit_code,
       0);
   std::ofstream(dir.path() / "prompts.txt")
-      << "In the beginning\n\n  \nAnd it came to pass\n\"Two\\nlines\"\n";
+      << "In the beginning\n\n  \nAnd it came to pass\n\"Two\\nlines\"\n\"Said,\" he said\n";
   const CliRun r =
       qhx("forge gate " + b + " --reference " + kDefaultModel.string() + " --gate-prompt-file " +
           (dir.path() / "prompts.txt").string() +
@@ -545,7 +545,8 @@ TEST(CliForge, GateOnAPromptFileReportsJson) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("line1"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("line4"), std::string::npos) << "blank lines are skipped: " << r.err;
-  EXPECT_NE(r.out.find("\"prompts\":3"), std::string::npos) << r.out;  // a JSON string's too
+  // A JSON string's line, and a line that only starts with a quote (read as it is).
+  EXPECT_NE(r.out.find("\"prompts\":4"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"per_prompt\""), std::string::npos) << r.out;
 
   std::ofstream(dir.path() / "empty.txt") << "\n \n";
@@ -556,10 +557,10 @@ TEST(CliForge, GateOnAPromptFileReportsJson) {
   expect_user_error(qhx("forge gate " + b + " --reference " + kDefaultModel.string() +
                         " --gate-prompt-file " + (dir.path() / "bad.txt").string()),
                     {"bad.txt:2", "UTF-8"});
-  std::ofstream(dir.path() / "quoted.txt") << "fine\n\"unterminated\n";
+  std::ofstream(dir.path() / "quoted.txt") << "fine\n\"\"\n";
   expect_user_error(qhx("forge gate " + b + " --reference " + kDefaultModel.string() +
                         " --gate-prompt-file " + (dir.path() / "quoted.txt").string()),
-                    {"quoted.txt:2", "one JSON string"});
+                    {"quoted.txt:2", "an empty prompt"});
 }
 
 TEST(Cli, BenchContextSweep) {

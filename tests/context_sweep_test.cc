@@ -63,10 +63,13 @@ TEST(ContextSweep, AModelAgreesWithItselfAndAnotherDepartsLessLikely) {
 }
 
 TEST(ContextSweep, DefaultDepthsArePowersOfTwoThenTheDeepestThatFits) {
-  EXPECT_EQ(default_sweep_depths(4096, 32),
+  EXPECT_EQ(default_sweep_depths(4096, 20000, 32),
             (std::vector<int64_t>{128, 256, 512, 1024, 2048, 4064}));
-  EXPECT_EQ(default_sweep_depths(1024, 1), (std::vector<int64_t>{128, 256, 512, 1023}));
-  EXPECT_EQ(default_sweep_depths(100, 4), (std::vector<int64_t>{96}));
+  EXPECT_EQ(default_sweep_depths(1024, 5000, 1), (std::vector<int64_t>{128, 256, 512, 1023}));
+  EXPECT_EQ(default_sweep_depths(100, 5000, 4), (std::vector<int64_t>{96}));
+  // A text shorter than the context: the deepest is the whole text.
+  EXPECT_EQ(default_sweep_depths(262144, 700, 32), (std::vector<int64_t>{128, 256, 512, 700}));
+  EXPECT_EQ(default_sweep_depths(4096, 0, 32), (std::vector<int64_t>{}));
 }
 
 }  // namespace

@@ -758,6 +758,9 @@ TEST(HexagonPack, TheAcceptanceOfEachWayItRunsIsInTheManifestAndTheCard) {
   }
 
   Json manifest = read_json_file(packed.pack / "MANIFEST.json");
+  manifest["chips"][0]["acceptance"][3]["kl_mean"] = nullptr;  // as a non-finite KL is written
+  std::ofstream(packed.pack / "MANIFEST.json") << manifest.dump();
+  EXPECT_TRUE(std::isnan(read_npu_pack(packed.pack).chips[0].acceptance[3].kl_mean));
   manifest["chips"][0]["acceptance"][1]["greedy_identical"] = 3;  // of 2 prompts
   std::ofstream(packed.pack / "MANIFEST.json") << manifest.dump();
   try {
@@ -766,6 +769,26 @@ TEST(HexagonPack, TheAcceptanceOfEachWayItRunsIsInTheManifestAndTheCard) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("chips[0]: acceptance[1]"), std::string::npos) << e.what();
   }
+}
+
+// forge npu --no-check compiles the graphs without running them (a layout run): the manifest
+// says it was not compared and records no acceptance, and the graphs are the real ones.
+TEST(HexagonPack, UncheckedPacksAreCompiledNotRunAndSaySo) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  NpuPackOptions options;
+  options.check = false;
+  const PackedFixture packed(kFixtures[0], 0, {"v81"}, options);
+  const NpuPackManifest m = read_npu_pack(packed.pack);
+  EXPECT_NE(m.chips[0].gate.find("never run (forge npu --no-check)"), std::string::npos)
+      << m.chips[0].gate;
+  EXPECT_TRUE(m.chips[0].acceptance.empty());
+  const auto cpu = load_model(packed.bundle);
+  const std::vector<int32_t> prompt = long_prompt(260, cpu->config().vocab_size);
+  const auto backend = from_pack(library, packed.pack, packed.bundle, 81);
+  EXPECT_EQ(greedy_reply(*load_model(packed.bundle, {.devices = {backend}}), prompt, 4),
+            greedy_reply(*cpu, prompt, 4));
+  EXPECT_EQ(backend->graphs_compiled(), 0);
+  EXPECT_EQ(backend->chunks_run(), 2);
 }
 
 // qhx forge npu: a pack for two chips whose graphs load instead of compiling, with the tokens of

@@ -45,14 +45,15 @@ std::string divergences(const NpuAcceptance& a) {
 }  // namespace
 
 std::string describe_acceptance(const NpuAcceptance& a) {
-  char line[320];
-  std::snprintf(line, sizeof line,
-                "%s on the NPU, %s: top-1 %.4f, top-5 %.4f, Pearson r (min) %.6f, KL %.3g; "
-                "greedy %lld/%lld identical (%lld tokens)",
-                a.replies ? "prompts and replies" : "prompts", a.suite.c_str(), a.top1, a.top5,
-                a.pearson_min, a.kl_mean, static_cast<long long>(a.greedy_identical),
-                static_cast<long long>(a.prompts), static_cast<long long>(a.greedy_tokens));
-  return line;
+  char figures[200];
+  std::snprintf(figures, sizeof figures,
+                "top-1 %.4f, top-5 %.4f, Pearson r (min) %.6f, KL %.3g; greedy %lld/%lld "
+                "identical (%lld tokens)",
+                a.top1, a.top5, a.pearson_min, a.kl_mean,
+                static_cast<long long>(a.greedy_identical), static_cast<long long>(a.prompts),
+                static_cast<long long>(a.greedy_tokens));
+  return std::string(a.replies ? "prompts and replies" : "prompts") + " on the NPU, " + a.suite +
+         ": " + figures;
 }
 
 std::string render_npu_pack_card(const NpuPackManifest& m) {
@@ -75,8 +76,10 @@ std::string render_npu_pack_card(const NpuPackManifest& m) {
      << "| prompt attention over the KV cache, Gated DeltaNet conv and delta rule, a prompt's "
         "last tokens short of a chunk, the lm-head | host CPU |\n"
      << "| replies (one token per step) | host CPU; with `--decode-device hexagon` every "
-        "step's layers and the lm-head on the NPU in one-row graphs compiled at load (their "
-        "weights held a second time), the KV cache and recurrent states in host memory |\n\n"
+        "step's layers and the lm-head on the NPU in one-row graphs compiled at load (beside "
+        "this pack's prompt graphs they hold the layers' weights a second time; beside prompt "
+        "graphs compiled at load they share them), the KV cache and recurrent states in host "
+        "memory |\n\n"
      << "## Precision\n\n";
   if (m.form == NpuForm::kF16) {
     md << "fp16: the matmuls' weights and activations in half precision.\n\n";
@@ -117,16 +120,14 @@ std::string render_npu_pack_card(const NpuPackManifest& m) {
   for (const NpuPackChip& chip : m.chips) {
     for (const NpuAcceptance& a : chip.acceptance) {
       any = true;
-      char row[400];
-      std::snprintf(
-          row, sizeof row,
-          "| v%d | %s | %s (%lld) | %.4f | %.4f | %.6f | %.3g | %lld/%lld (%lld tokens) | "
-          "%s | %s |\n",
-          chip.arch, a.replies ? "prompts and replies" : "prompts", a.suite.c_str(),
-          static_cast<long long>(a.prompts), a.top1, a.top5, a.pearson_min, a.kl_mean,
-          static_cast<long long>(a.greedy_identical), static_cast<long long>(a.prompts),
-          static_cast<long long>(a.greedy_tokens), divergences(a).c_str(), a.passed ? "yes" : "no");
-      md << row;
+      char figures[200];
+      std::snprintf(figures, sizeof figures, "%.4f | %.4f | %.6f | %.3g | %lld/%lld (%lld tokens)",
+                    a.top1, a.top5, a.pearson_min, a.kl_mean,
+                    static_cast<long long>(a.greedy_identical), static_cast<long long>(a.prompts),
+                    static_cast<long long>(a.greedy_tokens));
+      md << "| v" << chip.arch << " | " << (a.replies ? "prompts and replies" : "prompts") << " | "
+         << a.suite << " (" << a.prompts << ") | " << figures << " | " << divergences(a) << " | "
+         << (a.passed ? "yes" : "no") << " |\n";
     }
   }
   if (!any) md << "| (none recorded) | | | | | | | | | |\n";

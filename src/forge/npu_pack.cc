@@ -55,21 +55,31 @@ NpuAcceptance acceptance_of(const GateReport& r, bool replies, std::string suite
 }
 
 // The acceptance of `model` (a chip's backend: prompts on the NPU, with `replies` the replies
-// too): the check before use's probes, then the suite against the CPU alone.
+// too): the check before use's probes, then the suite against the CPU alone. A suite that could
+// not be measured on the NPU (the device failed part-way and the CPU finished: its figures would
+// be the CPU's) is not recorded; `note` says why.
 std::vector<NpuAcceptance> measure_acceptance(Model& model, const std::string& device,
                                               const Model* reference, bool replies,
                                               const Tokenizer* tokenizer,
                                               const DeviceCheckOptions& check,
                                               const NpuPackOptions& options,
-                                              DeviceCheckResult& probes) {
+                                              DeviceCheckResult& probes, std::string& note) {
   probes = check_devices(model, device, tokenizer, check);
   if (!probes.checked || probes.report.prompts.empty()) return {};  // no figures to record
   std::vector<NpuAcceptance> out = {
       acceptance_of(probes.report, replies, "probes", check.greedy_tokens)};
   if (reference != nullptr && probes.passed) {
-    const GateReport r = run_gate(model, *reference, options.suite, options.suite_tokens,
-                                  device_check_thresholds(check.weights));
-    out.push_back(acceptance_of(r, replies, options.suite_name, options.suite_tokens));
+    try {
+      const GateReport r = run_gate(model, *reference, options.suite, options.suite_tokens,
+                                    device_check_thresholds(check.weights));
+      if (model.device_failures() > 0) {
+        note = "the suite was not measured (" + model.device_failure() + ")";
+      } else {
+        out.push_back(acceptance_of(r, replies, options.suite_name, options.suite_tokens));
+      }
+    } catch (const Error& e) {
+      note = std::string("the suite was not measured (") + e.what() + ")";
+    }
   }
   return out;
 }
@@ -169,6 +179,9 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
       // crashes executing some of them loaded from a context binary (docs/hexagon.md).
       if (form == NpuForm::kW4A16) break;
       contexts = backend->export_contexts();
+      for (const NpuPackContext& c : contexts) {
+        if (c.shares_weights) fail("forge npu", "a context that shares weights cannot be packed");
+      }
       bool over = false;
       for (const NpuPackContext& c : contexts) {
         int64_t bytes = 0;
@@ -221,10 +234,14 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     DeviceCheckResult r;
     if (!options.check) {
       r.passed = true;
-      r.summary = backend->name() + " not compared with the CPU: its graphs were compiled, never run (forge npu --no-check)";
+      r.summary =
+          backend->name() +
+          " not compared with the CPU: its graphs were compiled, never run (forge npu --no-check)";
     } else {
-      packed.acceptance = measure_acceptance(*model, backend->name(), reference.get(), false,
-                                             words, check, options, r);
+      std::string note;
+      packed.acceptance = measure_acceptance(*model, backend->name(), reference.get(), false, words,
+                                             check, options, r, note);
+      if (!note.empty()) r.summary += "; " + note;
     }
     report.gate = r.summary;
     report.gate_passed = r.passed;
@@ -239,11 +256,15 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
       const auto decoder = std::make_shared<HexagonBackend>(device, decoding, contexts);
       model = load_model(bundle, {.devices = {decoder}});
       DeviceCheckResult decoded;
+      std::string note;
       for (NpuAcceptance& a : measure_acceptance(*model, decoder->name(), reference.get(), true,
-                                                 words, check, options, decoded)) {
+                                                 words, check, options, decoded, note)) {
         packed.acceptance.push_back(std::move(a));
       }
-      if (!decoded.passed) report.gate += "; decoding: " + decoded.summary;
+      if (!decoded.passed || !note.empty()) {
+        packed.gate += "; decoding: " + (decoded.passed ? note : decoded.summary);
+        report.gate = packed.gate;
+      }
     }
     report.acceptance = packed.acceptance;
     reports.push_back(report);

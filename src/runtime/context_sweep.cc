@@ -51,7 +51,8 @@ double mean_nll(const Model& model, const ModelState& after_prompt, std::vector<
 std::vector<SweepPoint> context_sweep(const Model& model, const Model& reference,
                                       std::span<const int32_t> text,
                                       std::span<const int64_t> depths, int64_t tokens) {
-  const int64_t context = model.config().max_position_embeddings;
+  const int64_t context =
+      std::min(model.config().max_position_embeddings, reference.config().max_position_embeddings);
   std::vector<SweepPoint> out;
   for (const int64_t depth : depths) {
     if (depth < 1 || depth > static_cast<int64_t>(text.size())) {
@@ -61,7 +62,7 @@ std::vector<SweepPoint> context_sweep(const Model& model, const Model& reference
     if (depth + tokens > context) {
       fail("context sweep", "depth " + std::to_string(depth) + " and " + std::to_string(tokens) +
                                 " reply tokens pass the model's " + std::to_string(context) +
-                                " positions");
+                                " positions of the models");
     }
     const std::span<const int32_t> prompt = text.first(static_cast<size_t>(depth));
     SweepPoint p;
@@ -74,7 +75,12 @@ std::vector<SweepPoint> context_sweep(const Model& model, const Model& reference
     if (a != reply.end() || b != expected.end()) p.first_departure = a - reply.begin();
     auto after_prompt = reference.new_state();
     std::vector<float> logits;
-    reference.forward(prompt, *after_prompt, LogitsFor::kLastToken, logits);
+    // In chunks, as a session reads a prompt: a deep prompt's activations at once would be large.
+    constexpr size_t kChunk = 512;
+    for (size_t at = 0; at < prompt.size(); at += kChunk) {
+      reference.forward(prompt.subspan(at, std::min(kChunk, prompt.size() - at)), *after_prompt,
+                        LogitsFor::kLastToken, logits);
+    }
     p.nll = mean_nll(reference, *after_prompt, logits, reply);
     p.reference_nll = mean_nll(reference, *after_prompt, logits, expected);
     p.coherent =
@@ -84,9 +90,10 @@ std::vector<SweepPoint> context_sweep(const Model& model, const Model& reference
   return out;
 }
 
-std::vector<int64_t> default_sweep_depths(int64_t max_context, int64_t tokens) {
+std::vector<int64_t> default_sweep_depths(int64_t max_context, int64_t text_tokens,
+                                          int64_t tokens) {
   std::vector<int64_t> depths;
-  const int64_t deepest = max_context - tokens;
+  const int64_t deepest = std::min(max_context - tokens, text_tokens);
   for (int64_t d = 128; d < deepest; d *= 2) depths.push_back(d);
   if (deepest >= 1) depths.push_back(deepest);
   return depths;

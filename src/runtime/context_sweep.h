@@ -28,14 +28,15 @@ struct SweepPoint {
 // the reference is within this many nats of the reference's own.
 inline constexpr double kCoherentNllMargin = 1.0;
 
-// The sweep over `depths` (each at most text.size(), and depth + tokens within the model's
-// context), replies of at most `tokens` tokens ending at the model's end-of-sequence ids.
+// The sweep over `depths` (each at most text.size(), and depth + tokens within both models'
+// contexts), replies of at most `tokens` tokens ending at the model's end-of-sequence ids.
 std::vector<SweepPoint> context_sweep(const Model& model, const Model& reference,
                                       std::span<const int32_t> text,
                                       std::span<const int64_t> depths, int64_t tokens);
 
-// The default depths for a model of `max_context` positions: powers of two from 128 while a
-// reply of `tokens` still fits, then the deepest that fits.
-std::vector<int64_t> default_sweep_depths(int64_t max_context, int64_t tokens);
+// The default depths for a model of `max_context` positions and a text of `text_tokens`: powers
+// of two from 128 while a reply of `tokens` still fits, then the deepest that fits (empty when
+// none does).
+std::vector<int64_t> default_sweep_depths(int64_t max_context, int64_t text_tokens, int64_t tokens);
 
 }  // namespace qhx

@@ -160,10 +160,11 @@ std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = file.string() + ":" + std::to_string(number);
     std::string text = line;
-    if (line.front() == '"') {  // a JSON string: a prompt that holds newlines
-      const Json quoted = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (!quoted.is_string()) fail(where, "a line starting with '\"' must be one JSON string");
+    // A line that is one JSON string holds a prompt with newlines; any other line is the text.
+    if (const Json quoted = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+        line.front() == '"' && quoted.is_string()) {
       text = quoted.get<std::string>();
+      if (text.empty()) fail(where, "an empty prompt");
     }
     suite.push_back({"line" + std::to_string(number), tokenizer.encode(text, where)});
   }

@@ -45,8 +45,8 @@ std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vo
                                           int64_t n_prompts);
 
 // A suite read from a file: one prompt per non-empty line (a domain-specific suite, e.g. text in
-// the style the model was trained on); a line that starts with '"' is a JSON string, for prompts
-// that hold newlines. Errors name the file and line.
+// the style the model was trained on); a line that is one JSON string is that string, for
+// prompts that hold newlines. Errors name the file and line.
 std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
                                                     const std::filesystem::path& file);
 

@@ -133,8 +133,7 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
   return 0;
 }
 
-// Speculative decoding on one task: decode speed with and without drafts, their acceptance, and
-// the cost of a verify pass of k drafts in decode steps.
+// The context sweep (runtime/context_sweep.h): a table, or one JSON object.
 int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
                       const std::shared_ptr<qhx::CpuContext>& context, const std::string& weights,
                       const qhx::OpenedDevices& devices) {
@@ -143,17 +142,25 @@ int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Mod
   if (!in) qhx::fail(args.prompt_file, "cannot be read");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::vector<int32_t> ids = qhx::Tokenizer::load(dir).encode(text, args.prompt_file);
-  const std::vector<int64_t> depths =
-      args.sweep_depths.empty()
-          ? qhx::default_sweep_depths(model.config().max_position_embeddings, args.sweep_tokens)
-          : parse_count_list("--sweep-depths", args.sweep_depths);
   const std::string reference_dir = args.reference.empty() ? dir.string() : args.reference;
   const auto reference = qhx::load_model(reference_dir, {.context = context});
   if (reference->config().vocab_size != model.config().vocab_size) {
     qhx::fail("--reference", reference_dir + " has another vocabulary than " + dir.string());
   }
+  const int64_t positions =
+      std::min(model.config().max_position_embeddings, reference->config().max_position_embeddings);
+  const std::vector<int64_t> depths =
+      args.sweep_depths.empty()
+          ? qhx::default_sweep_depths(positions, static_cast<int64_t>(ids.size()),
+                                      args.sweep_tokens)
+          : parse_count_list("--sweep-depths", args.sweep_depths);
+  if (depths.empty()) {
+    qhx::fail(args.prompt_file, "too short to sweep (" + std::to_string(ids.size()) + " tokens)");
+  }
   const std::vector<qhx::SweepPoint> points =
       qhx::context_sweep(model, *reference, ids, depths, args.sweep_tokens);
+  // A device that failed part-way left the rest to the CPU: say so, the figures are not its.
+  const std::string failure = model.device_failures() > 0 ? model.device_failure() : std::string();
   int64_t departs = -1, coherent_to = 0;  // the shallowest departure; coherent from the start
   for (const qhx::SweepPoint& p : points) {
     if (departs < 0 && p.first_departure >= 0) departs = p.depth;
@@ -181,6 +188,7 @@ int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Mod
                            {"text", args.prompt_file},
                            {"reply_tokens", args.sweep_tokens},
                            {"sweep", rows},
+                           {"device_failure", failure},
                            {"commit", QHX_GIT_COMMIT}}
                      .dump()
               << "\n";
@@ -201,6 +209,9 @@ int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Mod
                 static_cast<long long>(p.reference_length), p.nll, p.reference_nll,
                 p.coherent ? "yes" : "no");
   }
+  if (!failure.empty()) {
+    std::printf("the device failed part-way (%s): what followed ran on the CPU\n", failure.c_str());
+  }
   std::printf(
       "%s; coherent %s\n",
       departs < 0 ? "never departs from the reference"
@@ -209,6 +220,8 @@ int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Mod
   return 0;
 }
 
+// Speculative decoding on one task: decode speed with and without drafts, their acceptance, and
+// the cost of a verify pass of k drafts in decode steps.
 int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
                           const std::shared_ptr<qhx::CpuContext>& context,
                           const std::string& weights) {

@@ -264,7 +264,7 @@ HexagonBackend::~HexagonBackend() {
 }
 
 bool HexagonBackend::shares_weights() const {
-  if (!options_.decode) return false;
+  if (!options_.decode || sharing_refused_) return false;
   for (const auto& c : contexts_) {
     if (c->from_pack) return false;
   }
@@ -298,8 +298,15 @@ HexagonBackend::Context& HexagonBackend::context_for(const GraphWeights& weights
          contexts_.back()->const_estimate + new_bytes(*contexts_.back()) >
              options_.context_budget_bytes)) {
       auto context = std::make_unique<Context>();
-      // (May throw: nothing is added.)
-      context->handle = std::make_unique<HexagonContext>(device_, sharing);
+      try {
+        context->handle = std::make_unique<HexagonContext>(device_, sharing);
+        context->shares = sharing;
+      } catch (const Error&) {
+        if (!sharing) throw;  // (nothing was added)
+        // An HTP that will not share weights still runs the graphs, each with its own.
+        sharing_refused_ = true;
+        context->handle = std::make_unique<HexagonContext>(device_);
+      }
       contexts_.push_back(std::move(context));
     }
     chosen = contexts_.back().get();
@@ -315,6 +322,7 @@ std::vector<NpuPackContext> HexagonBackend::export_contexts() const {
   for (const auto& context : contexts_) {
     if (context->from_pack || context->keys.empty()) continue;
     NpuPackContext& c = out.emplace_back();
+    c.shares_weights = context->shares;
     c.binary = context->handle->binary();
     const HexagonBinaryInfo info = read_binary_info(lib, c.binary);
     for (const std::string& key : context->keys) {

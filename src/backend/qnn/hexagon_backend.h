@@ -119,7 +119,7 @@ class HexagonBackend final : public Backend {
   // Why each run that did not compile did not (its runs went to the CPU).
   const std::vector<std::string>& compile_failures() const { return compile_failures_; }
   // The contexts it compiled graphs into, serialized, each with its graphs as the binary
-  // describes them (what qhx forge npu writes into a pack).
+  // describes them (what qhx forge npu writes into a pack, unless they share weights).
   std::vector<NpuPackContext> export_contexts() const;
 
  private:
@@ -135,7 +135,9 @@ class HexagonBackend final : public Backend {
     int64_t binary_bytes = 0;       // from a pack: its binary's size
     std::vector<std::string> keys;  // its graphs
     std::set<std::string> weights;  // its graphs' weights (by name), held once when it shares
+    bool shares = false;            // made with weight sharing
   };
+  bool sharing_refused_ = false;  // the HTP would not make a context that shares weights
   // A graph's weights by name, each with about what its constant takes.
   using GraphWeights = std::vector<std::pair<std::string, int64_t>>;
   // Whether its contexts share weights: decoding, a step's graphs hold the weights the prompt

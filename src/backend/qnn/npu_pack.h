@@ -47,7 +47,7 @@ struct NpuAcceptance {
   bool replies = false;  // the replies were decoded on the NPU too (--decode-device hexagon)
   std::string suite;     // "probes" (the check before use's) or the prompt file's name
   int64_t prompts = 0, greedy_tokens = 0, greedy_identical = 0;
-  double top1 = 0, top5 = 0, pearson_min = 0, kl_mean = 0;
+  double top1 = 0, top5 = 0, pearson_min = 0, kl_mean = 0;  // NaN: not finite when measured
   std::vector<int64_t> first_divergence;  // per prompt: the first differing token, -1 if none
   bool passed = false;                    // within the check before use's thresholds (docs/gate.md)
 };
@@ -88,6 +88,9 @@ std::string npu_pack_base_id(const std::filesystem::path& bundle);
 struct NpuPackContext {
   std::vector<unsigned char> binary;
   std::vector<NpuPackGraph> graphs;
+  // Made with weight sharing (a decoding backend's): the simulator cannot load such a binary
+  // again (HexagonContext), so no pack holds one.
+  bool shares_weights = false;
 };
 // The contexts of chip `arch` in `pack`, for the base bundle `base`. Error (one line) when the
 // pack was made from another base, has no folder for this chip, or a file differs from the
