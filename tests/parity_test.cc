@@ -20,6 +20,7 @@
 #include "runtime/session.h"
 #include "support/expect_error.h"
 #include "support/fixtures.h"
+#include "support/hexagon_device.h"
 #include "support/raw_safetensors.h"
 #include "support/vulkan_device.h"
 #include "tokenizer/tokenizer.h"
@@ -458,6 +459,59 @@ TEST_P(VulkanParity, DevicePrefillWithCpuDecodeGivesTheCpusTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VulkanParity, ::testing::ValuesIn(fixture_names()), test_name);
+#endif
+
+#if QHX_HAVE_HEXAGON
+// The NPU in fp16 decoding every reply token (the simulator; the golden prompts are shorter than
+// a 128-row chunk, so the CPU reads them): Hugging Face's greedy continuations, token for token —
+// except where the reference's own two best tokens lie closer than fp16 can tell apart (these
+// random fixtures' margins go down to 0.014 of logits up to 7.6): there the NPU may take the
+// other, and the test says where. The two fixtures the Hexagon tests use.
+class HexagonParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HexagonParity, RepliesDecodedInFp16OnTheNpuAreTheReferences) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const Golden golden = load_golden(GetParam());
+  HexagonBackendOptions options;
+  options.decode = true;
+  const auto backend =
+      std::make_shared<HexagonBackend>(HexagonDevice::open(library, *hexagon_chip("v81")), options);
+  const auto model = load_model(golden.checkpoint, {.devices = {backend}});
+  const auto cpu = load_model(golden.checkpoint);
+  int64_t identical = 0;
+  for (const GoldenPrompt& p : golden.prompts) {
+    const std::vector<int32_t> got = greedy_continuation(*model, p);
+    ASSERT_EQ(got.size(), p.greedy.size());
+    const auto departs = std::ranges::mismatch(got, p.greedy).in1 - got.begin();
+    if (departs == static_cast<int64_t>(got.size())) {
+      ++identical;
+      continue;
+    }
+    // The reference's logits where the NPU departed: its choice and the NPU's within 1% of the
+    // largest logit (fp16's error through the layers), or the NPU is wrong.
+    std::vector<int32_t> read = p.ids;
+    read.insert(read.end(), p.greedy.begin(), p.greedy.begin() + departs);
+    auto state = cpu->new_state();
+    std::vector<float> logits;
+    cpu->forward(read, *state, LogitsFor::kLastToken, logits);
+    const float margin =
+        logits[static_cast<size_t>(p.greedy[departs])] - logits[static_cast<size_t>(got[departs])];
+    std::printf(
+        "%s prompt %s: the NPU departs at token %lld, where the reference's margin is "
+        "%.4f of max |logit| %.2f\n",
+        GetParam().c_str(), p.name.c_str(), static_cast<long long>(departs), margin,
+        max_abs(logits));
+    EXPECT_LT(margin, 1e-2f * max_abs(logits)) << "prompt " << p.name << " token " << departs;
+  }
+  EXPECT_GE(identical * 2, static_cast<int64_t>(golden.prompts.size()));
+  // Every reply token but each last (its step is not taken); a one-token prompt is a step too.
+  EXPECT_GE(backend->decode_steps(),
+            static_cast<int64_t>(golden.prompts.size() * (golden.prompts[0].greedy.size() - 1)));
+  EXPECT_EQ(model->device_failures(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HexagonParity,
+                         ::testing::Values("qwen3/gqa2_f16", "qwen3_5/gva2_tied"), test_name);
 #endif
 
 }  // namespace
