@@ -313,19 +313,6 @@ std::vector<int32_t> long_prompt(int64_t n, int64_t vocab) {
   return ids;
 }
 
-std::vector<int32_t> greedy_reply(const Model& model, const std::vector<int32_t>& prompt,
-                                  int64_t n) {
-  Session session(model);
-  TurnOptions options;
-  options.max_new_tokens = n;
-  std::vector<int32_t> reply;
-  session.generate(prompt, options, [&](int32_t id) {
-    reply.push_back(id);
-    return true;
-  });
-  return reply;
-}
-
 // A prompt of two chunks and a tail: the chunks' row-wise work runs on the NPU (compiled once per
 // graph, run per chunk), the rest and the reply on the CPU, with the CPU's greedy tokens and
 // logits within fp16's reach of the CPU's.

@@ -4,29 +4,12 @@
 #include <cmath>
 #include <string>
 
+#include "runtime/perplexity.h"
 #include "runtime/session.h"
 #include "util/error.h"
 
 namespace qhx {
 namespace {
-
-std::vector<int32_t> greedy_reply(const Model& model, std::span<const int32_t> prompt,
-                                  int64_t tokens) {
-  Session session(model);
-  TurnOptions options;
-  options.max_new_tokens = tokens;
-  options.stop_ids = model.config().eos_token_ids;
-  std::vector<int32_t> out;
-  session.generate({prompt.begin(), prompt.end()}, options, [&](int32_t id) {
-    out.push_back(id);
-    return true;
-  });
-  // The end-of-sequence token ends the reply; it is not part of it.
-  if (!out.empty() && std::ranges::find(options.stop_ids, out.back()) != options.stop_ids.end()) {
-    out.pop_back();
-  }
-  return out;
-}
 
 // Mean NLL per token of `reply` read after the state `after_prompt` left (`logits`: what that
 // state gave for the reply's first token).
@@ -38,10 +21,7 @@ double mean_nll(const Model& model, const ModelState& after_prompt, std::vector<
   double total = 0;
   for (size_t i = 0; i < reply.size(); ++i) {
     if (i > 0) model.forward(reply.subspan(i - 1, 1), *state, LogitsFor::kLastToken, logits);
-    const float top = *std::ranges::max_element(logits);
-    double sum = 0;
-    for (const float v : logits) sum += std::exp(static_cast<double>(v - top));
-    total += std::log(sum) - static_cast<double>(logits[static_cast<size_t>(reply[i])] - top);
+    total += negative_log_likelihood(logits, reply[i]);
   }
   return total / static_cast<double>(reply.size());
 }
@@ -61,14 +41,16 @@ std::vector<SweepPoint> context_sweep(const Model& model, const Model& reference
     }
     if (depth + tokens > context) {
       fail("context sweep", "depth " + std::to_string(depth) + " and " + std::to_string(tokens) +
-                                " reply tokens pass the model's " + std::to_string(context) +
-                                " positions of the models");
+                                " reply tokens pass the models' context of " +
+                                std::to_string(context) + " positions");
     }
     const std::span<const int32_t> prompt = text.first(static_cast<size_t>(depth));
     SweepPoint p;
     p.depth = depth;
-    const std::vector<int32_t> reply = greedy_reply(model, prompt, tokens);
-    const std::vector<int32_t> expected = greedy_reply(reference, prompt, tokens);
+    const std::vector<int32_t> reply =
+        greedy_reply(model, prompt, tokens, model.config().eos_token_ids);
+    const std::vector<int32_t> expected =
+        greedy_reply(reference, prompt, tokens, reference.config().eos_token_ids);
     p.length = static_cast<int64_t>(reply.size());
     p.reference_length = static_cast<int64_t>(expected.size());
     const auto [a, b] = std::ranges::mismatch(reply, expected);

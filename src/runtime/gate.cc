@@ -31,18 +31,6 @@ const char* const kTextPrompts[] = {
     "// Copyright 2026 The qhx Authors.\n#include <vector>\n",
 };
 
-std::vector<int32_t> greedy(const Model& model, const std::vector<int32_t>& prompt, int64_t n) {
-  Session session(model);
-  TurnOptions options;
-  options.max_new_tokens = n;
-  std::vector<int32_t> out;
-  session.generate(prompt, options, [&](int32_t id) {
-    out.push_back(id);
-    return true;
-  });
-  return out;
-}
-
 // The last positions a model with devices reads one token at a time: a device that decodes is
 // compared on its decode steps too.
 constexpr int64_t kDecodeSteps = 8;
@@ -184,8 +172,8 @@ GateReport run_gate(const Model& candidate, const Model& reference,
     GatePromptResult r;
     r.name = prompt.name;
     // Teacher-forced: both models read the prompt and the reference's own continuation.
-    const std::vector<int32_t> ref_greedy = greedy(reference, prompt.ids, n_greedy);
-    const std::vector<int32_t> cand_greedy = greedy(candidate, prompt.ids, n_greedy);
+    const std::vector<int32_t> ref_greedy = greedy_reply(reference, prompt.ids, n_greedy);
+    const std::vector<int32_t> cand_greedy = greedy_reply(candidate, prompt.ids, n_greedy);
     r.greedy_match = ref_greedy == cand_greedy;
     for (size_t i = 0; i < ref_greedy.size() && i < cand_greedy.size(); ++i) {
       if (ref_greedy[i] != cand_greedy[i]) {

@@ -610,4 +610,21 @@ int64_t PrefixCache::entries() const {
   return static_cast<int64_t>(entries_.size());
 }
 
+std::vector<int32_t> greedy_reply(const Model& model, std::span<const int32_t> prompt, int64_t n,
+                                  std::span<const int32_t> stop_ids) {
+  Session session(model);
+  TurnOptions options;
+  options.max_new_tokens = n;
+  options.stop_ids.assign(stop_ids.begin(), stop_ids.end());
+  std::vector<int32_t> out;
+  session.generate({prompt.begin(), prompt.end()}, options, [&](int32_t id) {
+    out.push_back(id);
+    return true;
+  });
+  if (!out.empty() && std::find(stop_ids.begin(), stop_ids.end(), out.back()) != stop_ids.end()) {
+    out.pop_back();  // the stop token ended the reply
+  }
+  return out;
+}
+
 }  // namespace qhx

@@ -192,4 +192,9 @@ class PrefixCache {
   std::vector<Entry> entries_;
 };
 
+// The model's greedy reply to `prompt` in a fresh session: at most `n` tokens, ending before the
+// first of `stop_ids` (which is not part of it).
+std::vector<int32_t> greedy_reply(const Model& model, std::span<const int32_t> prompt, int64_t n,
+                                  std::span<const int32_t> stop_ids = {});
+
 }  // namespace qhx

@@ -133,15 +133,20 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
   return 0;
 }
 
+// --prompt-file's text in the model's tokens (`flag`: the mode that needs it).
+std::vector<int32_t> prompt_file_ids(const BenchArgs& args, const fs::path& dir, const char* flag) {
+  if (args.prompt_file.empty()) qhx::fail(flag, "needs --prompt-file");
+  std::ifstream in(args.prompt_file, std::ios::binary);
+  if (!in) qhx::fail(args.prompt_file, "cannot be read");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return qhx::Tokenizer::load(dir).encode(text, args.prompt_file);
+}
+
 // The context sweep (runtime/context_sweep.h): a table, or one JSON object.
 int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
                       const std::shared_ptr<qhx::CpuContext>& context, const std::string& weights,
                       const qhx::OpenedDevices& devices) {
-  if (args.prompt_file.empty()) qhx::fail("--context-sweep", "needs --prompt-file");
-  std::ifstream in(args.prompt_file, std::ios::binary);
-  if (!in) qhx::fail(args.prompt_file, "cannot be read");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::vector<int32_t> ids = qhx::Tokenizer::load(dir).encode(text, args.prompt_file);
+  const std::vector<int32_t> ids = prompt_file_ids(args, dir, "--context-sweep");
   const std::string reference_dir = args.reference.empty() ? dir.string() : args.reference;
   const auto reference = qhx::load_model(reference_dir, {.context = context});
   if (reference->config().vocab_size != model.config().vocab_size) {
@@ -225,12 +230,8 @@ int run_context_sweep(const BenchArgs& args, const fs::path& dir, const qhx::Mod
 int run_speculative_bench(const BenchArgs& args, const fs::path& dir, const qhx::Model& model,
                           const std::shared_ptr<qhx::CpuContext>& context,
                           const std::string& weights) {
-  if (args.prompt_file.empty()) qhx::fail("--speculative", "needs --prompt-file");
-  std::ifstream in(args.prompt_file, std::ios::binary);
-  if (!in) qhx::fail(args.prompt_file, "cannot be read");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   qhx::SpeculativeBenchConfig config;
-  config.prompt = qhx::Tokenizer::load(dir).encode(text);
+  config.prompt = prompt_file_ids(args, dir, "--speculative");
   config.n_gen = args.n_gen;
   config.repetitions = args.repetitions;
   config.speculative.kind = qhx::parse_draft_kind(args.speculative.kind(), "--speculative");
