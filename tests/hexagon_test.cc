@@ -636,14 +636,16 @@ struct PackedFixture {
 };
 
 std::shared_ptr<HexagonBackend> from_pack(const std::shared_ptr<const QnnLibrary>& library,
-                                          const fs::path& pack, const fs::path& base, int arch) {
+                                          const fs::path& pack, const fs::path& base, int arch,
+                                          bool decode = false) {
   const NpuPackManifest m = read_npu_pack(pack);
   HexagonBackendOptions options;  // the pack's form and ranges, as hexagon_factory.cc sets them
   options.form = m.form;
   options.ranges = m.ranges;
+  options.decode = decode;
   return std::make_shared<HexagonBackend>(
       HexagonDevice::open(library, *hexagon_chip(std::to_string(arch))), options,
-      load_npu_pack_chip(pack, base, arch));
+      load_npu_pack_chip(pack, base, arch, decode));
 }
 
 // The 16-bit forms: packs calibrated on token sequences (the fixtures have no tokenizer), gated
@@ -813,6 +815,57 @@ TEST(HexagonPack, LoadsInsteadOfCompilingAndGivesTheSameTokens) {
       EXPECT_EQ(backend->chunks_run(), 2);
       EXPECT_EQ(backend->graphs_compiled(), 0) << "a prompt graph was not in the pack";
     }
+  }
+}
+
+// forge npu --decode packs the decode steps' graphs in contexts of their own: a run decoding on
+// the NPU loads them and compiles nothing (attention's graphs of every cache length up to
+// --decode-context among them), with the tokens of decode graphs compiled at load; a run whose
+// CPU decodes leaves them unloaded. On both fixtures: attention, and the conv and delta rule.
+TEST(HexagonPack, DecodeGraphsComeFromThePackAndLoadOnlyToDecode) {
+  QHX_QNN_LIBRARY_OR_SKIP(library);
+  const auto device = HexagonDevice::open(library, *hexagon_chip("v81"));
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    NpuPackOptions options;
+    options.decode = true;
+    options.decode_context = 512;
+    options.check = false;  // (the acceptance with replies is HexagonPack.TheAcceptance...'s)
+    const PackedFixture packed(name, 0, {"v81"}, options);
+    const NpuPackManifest m = read_npu_pack(packed.pack);
+    ASSERT_EQ(m.chips.size(), 1u);
+    int64_t decode_files = 0, attention_lengths = 0;
+    for (const NpuPackFile& f : m.chips[0].files) {
+      if (!f.decode) continue;
+      ++decode_files;
+      EXPECT_NE(f.path.find("/decode_"), std::string::npos) << f.path;
+      for (const NpuPackGraph& g : f.graphs) attention_lengths += g.key.starts_with("attention");
+    }
+    EXPECT_EQ(decode_files, packed.reports[0].decode_contexts);
+    ASSERT_GT(decode_files, 0);
+    EXPECT_EQ(attention_lengths, 3);  // 128, 256, 512 (one attention shape per fixture)
+    EXPECT_EQ(
+        static_cast<int64_t>(load_npu_pack_chip(packed.pack, packed.bundle, 81, false).size()),
+        packed.reports[0].contexts);
+
+    const auto cpu = load_model(packed.bundle);
+    const std::vector<int32_t> prompt = long_prompt(300, cpu->config().vocab_size);
+    HexagonBackendOptions decoding;
+    decoding.decode = true;
+    const auto compiled = std::make_shared<HexagonBackend>(device, decoding);
+    const std::vector<int32_t> want =
+        greedy_reply(*load_model(packed.bundle, {.devices = {compiled}}), prompt, 6);
+    EXPECT_EQ(want, greedy_reply(*cpu, prompt, 6));
+    const auto backend = from_pack(library, packed.pack, packed.bundle, 81, true);
+    EXPECT_EQ(backend->contexts(), packed.reports[0].contexts + decode_files);
+    const auto npu = load_model(packed.bundle, {.devices = {backend}});
+    EXPECT_EQ(greedy_reply(*npu, prompt, 6), want);
+    EXPECT_EQ(backend->decode_steps(), 5);
+    EXPECT_EQ(backend->chunks_run(), 2);
+    EXPECT_EQ(npu->device_failures(), 0);
+    EXPECT_EQ(backend->graphs_compiled(), 0) << "a decode graph was not in the pack";
+    // Memory admission: both sets of binaries (the decode graphs hold the layers again).
+    EXPECT_EQ(backend->weight_memory().host_copied_bytes, m.chips[0].bytes());
   }
 }
 

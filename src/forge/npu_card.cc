@@ -16,11 +16,13 @@ std::string megabytes(int64_t bytes) {
   return text;
 }
 
-// What a chip's graphs hold on the NPU while loaded: their constants, and per context the
-// largest graph's spill-fill and I/O buffers (a context runs one graph at a time).
-int64_t loaded_bytes(const NpuPackChip& chip) {
+// What a chip's graphs hold on the NPU while loaded (with the decode graphs or without): their
+// constants, and per context the largest graph's spill-fill and I/O buffers (a context runs one
+// graph at a time).
+int64_t loaded_bytes(const NpuPackChip& chip, bool decode) {
   int64_t total = 0;
   for (const NpuPackFile& f : chip.files) {
+    if (f.decode && !decode) continue;
     int64_t spill = 0, io = 0;
     for (const NpuPackGraph& g : f.graphs) {
       total += g.const_bytes;
@@ -58,6 +60,10 @@ std::string describe_acceptance(const NpuAcceptance& a) {
 
 std::string render_npu_pack_card(const NpuPackManifest& m) {
   std::ostringstream md;
+  const bool decode_graphs = std::any_of(m.chips.begin(), m.chips.end(), [](const auto& chip) {
+    return std::any_of(chip.files.begin(), chip.files.end(),
+                       [](const auto& f) { return f.decode; });
+  });
   const std::string form(npu_form_name(m.form));
   md << "# NPU pack for `" << m.base_name << "` (" << form << ")\n\n"
      << "Made by `qhx forge npu` with QNN `" << m.qnn_build << "` for ";
@@ -76,10 +82,13 @@ std::string render_npu_pack_card(const NpuPackManifest& m) {
      << "| prompt attention over the KV cache, Gated DeltaNet conv and delta rule, a prompt's "
         "last tokens short of a chunk, the lm-head | host CPU |\n"
      << "| replies (one token per step) | host CPU; with `--decode-device hexagon` every "
-        "step's layers and the lm-head on the NPU in one-row graphs compiled at load (beside "
-        "this pack's prompt graphs they hold the layers' weights a second time; beside prompt "
-        "graphs compiled at load they share them), the KV cache and recurrent states in host "
-        "memory |\n\n"
+        "step's layers and the lm-head on the NPU in one-row graphs "
+     << (decode_graphs ? "from this pack's decode files (contexts of their own: they hold the "
+                         "layers' weights a second time, and load only when the NPU decodes)"
+                       : "compiled at load (beside this pack's prompt graphs they hold the "
+                         "layers' weights a second time; beside prompt graphs compiled at load "
+                         "they share them)")
+     << ", the KV cache and recurrent states in host memory |\n\n"
      << "## Precision\n\n";
   if (m.form == NpuForm::kF16) {
     md << "fp16: the matmuls' weights and activations in half precision.\n\n";
@@ -90,21 +99,32 @@ std::string render_npu_pack_card(const NpuPackManifest& m) {
        << m.calibration_tokens << " tokens of calibration text (" << m.ranges.size()
        << " matrices); the norms and adds in fp16.\n\n";
   }
-  md << "## Files\n\n| file | bytes | graphs | constants | sha256 |\n|---|---:|---:|---:|---|\n";
+  md << "## Files\n\n| file | graphs for | bytes | graphs | constants | sha256 |\n"
+        "|---|---|---:|---:|---:|---|\n";
   for (const NpuPackChip& chip : m.chips) {
     for (const NpuPackFile& f : chip.files) {
       int64_t constants = 0;
       for (const NpuPackGraph& g : f.graphs) constants += g.const_bytes;
-      md << "| " << f.path << " | " << f.bytes << " | " << f.graphs.size() << " | " << constants
-         << " | `" << f.sha256 << "` |\n";
+      md << "| " << f.path << " | " << (f.decode ? "decode steps" : "prompt chunks") << " | "
+         << f.bytes << " | " << f.graphs.size() << " | " << constants << " | `" << f.sha256
+         << "` |\n";
     }
   }
   md << "\n## Memory while loaded\n\n"
-     << "| chip | files | contexts | NPU memory (constants, spill-fill, I/O) |\n"
-        "|---|---:|---:|---:|\n";
+     << "| chip | decoding on the NPU | files | contexts | NPU memory (constants, spill-fill, I/O) "
+        "|\n|---|---|---:|---:|---:|\n";
   for (const NpuPackChip& chip : m.chips) {
-    md << "| v" << chip.arch << " | " << megabytes(chip.bytes()) << " | " << chip.files.size()
-       << " | " << megabytes(loaded_bytes(chip)) << " |\n";
+    for (const bool decode : {false, true}) {
+      if (decode && !decode_graphs) continue;
+      int64_t bytes = 0, contexts = 0;
+      for (const NpuPackFile& f : chip.files) {
+        if (f.decode && !decode) continue;
+        bytes += f.bytes;
+        ++contexts;
+      }
+      md << "| v" << chip.arch << " | " << (decode ? "yes" : "no") << " | " << megabytes(bytes)
+         << " | " << contexts << " | " << megabytes(loaded_bytes(chip, decode)) << " |\n";
+    }
   }
   md << "\nEach context stays under the budget of " << megabytes(m.context_budget_bytes)
      << " of constants (an NPU process maps about 3.5 GB in all). The base bundle's memory comes "

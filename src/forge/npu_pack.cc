@@ -1,6 +1,8 @@
 #include "forge/npu_pack.h"
 
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include "backend/qnn/hexagon_backend.h"
@@ -35,6 +37,69 @@ void run_prompt_plans(const Model& model, int64_t rows) {
       model.forward(ids, *state, which, logits, &hidden);
     }
   }
+}
+
+// The plans of a reply decoded on the NPU: a prompt's last-row lm-head after a chunk, and a
+// step, so that every one-row graph of a step is compiled (attention's first length among them).
+void run_decode_plans(const Model& model) {
+  std::vector<int32_t> ids(4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int32_t>((i * 7919 + 13) % model.config().vocab_size);
+  }
+  std::vector<float> logits;
+  auto state = model.new_state();
+  model.forward(ids, *state, LogitsFor::kLastToken, logits);
+  model.forward(std::span(ids).first(1), *state, LogitsFor::kLastToken, logits);
+}
+
+// Whether any context holds more constants than the budget (as its binary reports them), each
+// graph's size noted in `known` for a second grouping.
+bool over_budget(const std::vector<NpuPackContext>& contexts, int64_t budget,
+                 std::map<std::string, int64_t>& known) {
+  bool over = false;
+  for (const NpuPackContext& c : contexts) {
+    int64_t bytes = 0;
+    for (const NpuPackGraph& g : c.graphs) {
+      bytes += g.const_bytes;
+      known[g.key] = g.const_bytes;
+    }
+    over = over || bytes > budget;
+  }
+  return over;
+}
+
+// Writes a chip's contexts as `<folder>/<stem>_<i>.bin` into the pack being made, each checked
+// against the budget, and lists them in `chip`; returns their constants' bytes.
+int64_t write_contexts(const fs::path& pack, const std::string& folder, const std::string& stem,
+                       const std::vector<NpuPackContext>& contexts, bool decode, int64_t budget,
+                       NpuPackChip& chip) {
+  int64_t total = 0;
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    const NpuPackContext& c = contexts[i];
+    if (c.shares_weights) fail("forge npu", "a context that shares weights cannot be packed");
+    int64_t const_bytes = 0;
+    for (const NpuPackGraph& g : c.graphs) const_bytes += g.const_bytes;
+    const std::string name = stem + "_" + std::to_string(i) + ".bin";
+    if (const_bytes > budget) {
+      fail(folder + "/" + name,
+           std::to_string(const_bytes) + " bytes of constants, over the budget of " +
+               std::to_string(budget) +
+               (c.graphs.size() == 1 ? " (one graph: raise --context-budget)" : ""));
+    }
+    NpuPackFile& f = chip.files.emplace_back();
+    f.path = folder + "/" + name;
+    f.decode = decode;
+    std::ofstream file(pack / f.path, std::ios::binary);
+    file.write(reinterpret_cast<const char*>(c.binary.data()),
+               static_cast<std::streamsize>(c.binary.size()));
+    file.close();
+    if (!file) fail((pack / f.path).string(), "could not be written");
+    f.bytes = static_cast<int64_t>(c.binary.size());
+    f.sha256 = sha256_file(pack / f.path);
+    f.graphs = c.graphs;
+    total += const_bytes;
+  }
+  return total;
 }
 
 NpuAcceptance acceptance_of(const GateReport& r, bool replies, std::string suite,
@@ -179,19 +244,10 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
       // crashes executing some of them loaded from a context binary (docs/hexagon.md).
       if (form == NpuForm::kW4A16) break;
       contexts = backend->export_contexts();
-      for (const NpuPackContext& c : contexts) {
-        if (c.shares_weights) fail("forge npu", "a context that shares weights cannot be packed");
+      if (!over_budget(contexts, backend_options.context_budget_bytes,
+                       chip_options.known_constant_bytes)) {
+        break;
       }
-      bool over = false;
-      for (const NpuPackContext& c : contexts) {
-        int64_t bytes = 0;
-        for (const NpuPackGraph& g : c.graphs) {
-          bytes += g.const_bytes;
-          chip_options.known_constant_bytes[g.key] = g.const_bytes;
-        }
-        over = over || bytes > backend_options.context_budget_bytes;
-      }
-      if (!over) break;
     }
     NpuPackChipReport report;
     report.arch = chip->arch;
@@ -200,30 +256,11 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     NpuPackChip& packed = manifest.chips.emplace_back();
     packed.arch = chip->arch;
     packed.soc = chip->soc;
-    const std::string folder = "v" + std::to_string(chip->arch);
+    std::string folder = "v";  // (not "v" + string: g++ 12's -Wrestrict)
+    folder += std::to_string(chip->arch);
     fs::create_directories(temp / folder);
-    for (size_t i = 0; i < contexts.size(); ++i) {
-      const NpuPackContext& c = contexts[i];
-      int64_t const_bytes = 0;
-      for (const NpuPackGraph& g : c.graphs) const_bytes += g.const_bytes;
-      if (const_bytes > backend_options.context_budget_bytes) {
-        fail(folder + " context " + std::to_string(i),
-             std::to_string(const_bytes) + " bytes of constants, over the budget of " +
-                 std::to_string(backend_options.context_budget_bytes) +
-                 (c.graphs.size() == 1 ? " (one graph: raise --context-budget)" : ""));
-      }
-      NpuPackFile& f = packed.files.emplace_back();
-      f.path = folder + "/context_" + std::to_string(i) + ".bin";
-      std::ofstream file(temp / f.path, std::ios::binary);
-      file.write(reinterpret_cast<const char*>(c.binary.data()),
-                 static_cast<std::streamsize>(c.binary.size()));
-      file.close();
-      if (!file) fail((temp / f.path).string(), "could not be written");
-      f.bytes = static_cast<int64_t>(c.binary.size());
-      f.sha256 = sha256_file(temp / f.path);
-      f.graphs = c.graphs;
-      report.const_bytes += const_bytes;
-    }
+    report.const_bytes = write_contexts(temp, folder, "context", contexts, false,
+                                        backend_options.context_budget_bytes, packed);
     report.contexts = static_cast<int64_t>(contexts.size());
     report.bytes = packed.bytes();
     // The NPU against the CPU, as a user's first run checks it, and on the suite.
@@ -247,23 +284,65 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     report.gate_passed = r.passed;
     if (!r.passed) fail(folder, r.summary);
     packed.gate = r.summary;
-    if (options.decode && options.check) {
-      // As a user decoding on the NPU runs it: the pack's contexts, the decode graphs compiled
-      // at load. Recorded whatever it measures (the pack's prompt graphs passed).
-      model.reset();
+    if (options.decode) {
+      // The decode steps' graphs, as a user's --decode-device hexagon run compiles them beside
+      // the pack's prompt graphs: a step's runs and lm-head, the state ops' graphs, attention's
+      // for every cache length up to the context; in contexts of their own, which hold the
+      // layers' weights again (the simulator cannot load a context whose graphs share them:
+      // docs/hexagon.md). w4a16 compiles them where it runs, as it does its prompt graphs.
       HexagonBackendOptions decoding = chip_options;
       decoding.decode = true;
-      const auto decoder = std::make_shared<HexagonBackend>(device, decoding, contexts);
-      model = load_model(bundle, {.devices = {decoder}});
-      DeviceCheckResult decoded;
-      std::string note;
-      for (NpuAcceptance& a : measure_acceptance(*model, decoder->name(), reference.get(), true,
-                                                 words, check, options, decoded, note)) {
-        packed.acceptance.push_back(std::move(a));
+      std::vector<NpuPackContext> loaded = contexts;  // what a decoding run loads
+      if (form != NpuForm::kW4A16) {
+        const int64_t context = options.decode_context > 0
+                                    ? options.decode_context
+                                    : model->config().max_position_embeddings;
+        std::vector<NpuPackContext> decode_contexts;
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          model.reset();
+          const auto decoder = std::make_shared<HexagonBackend>(device, decoding, contexts);
+          model = load_model(bundle, {.devices = {decoder}});
+          run_decode_plans(*model);
+          try {
+            decoder->compile_attention_lengths(context);
+          } catch (const Error&) {  // (its reason is the compile failure's)
+          }
+          if (!decoder->compile_failures().empty()) {
+            fail(folder, "a decode graph did not compile: " + decoder->compile_failures().front());
+          }
+          report.decode_graphs = decoder->graphs_compiled();
+          decode_contexts = decoder->export_contexts();
+          if (!over_budget(decode_contexts, backend_options.context_budget_bytes,
+                           decoding.known_constant_bytes)) {
+            break;
+          }
+        }
+        report.const_bytes += write_contexts(temp, folder, "decode", decode_contexts, true,
+                                             backend_options.context_budget_bytes, packed);
+        report.decode_contexts = static_cast<int64_t>(decode_contexts.size());
+        report.bytes = packed.bytes();
+        for (NpuPackContext& c : decode_contexts) {
+          c.decode = true;
+          loaded.push_back(std::move(c));
+        }
       }
-      if (!decoded.passed || !note.empty()) {
-        packed.gate += "; decoding: " + (decoded.passed ? note : decoded.summary);
-        report.gate = packed.gate;
+      if (options.check) {
+        // As a user decoding on the NPU runs it: the pack's prompt and decode graphs, loaded
+        // from their binaries. Recorded whatever it measures (the prompt graphs passed).
+        model.reset();
+        const auto decoder = std::make_shared<HexagonBackend>(device, decoding, std::move(loaded));
+        model = load_model(bundle, {.devices = {decoder}});
+        DeviceCheckResult decoded;
+        std::string note;
+        for (NpuAcceptance& a : measure_acceptance(*model, decoder->name(), reference.get(), true,
+                                                   words, check, options, decoded, note)) {
+          packed.acceptance.push_back(std::move(a));
+        }
+        if (!decoded.passed || !note.empty()) {
+          packed.gate += "; decoding: " + (decoded.passed ? note : decoded.summary);
+          report.gate = packed.gate;
+        }
+        report.decode_graphs_compiled_at_use = decoder->graphs_compiled();
       }
     }
     report.acceptance = packed.acceptance;

@@ -7,7 +7,8 @@
 // into contexts under the per-context budget, serialized, and their sizes read back from the
 // binaries' own fields; then the NPU is compared with the CPU by the gate's measures on probe
 // prompts that reach it, and the result recorded per chip with the acceptance (NpuAcceptance) on
-// the probes and on a prompt suite, prompts on the NPU and, with decode, replies too. The card
+// the probes and on a prompt suite, prompts on the NPU and, with decode, replies too (the decode
+// graphs packed as well, in contexts of their own). The card
 // (forge/npu_card.h) is rendered from the manifest into README.md.
 #pragma once
 
@@ -37,11 +38,15 @@ struct NpuPackOptions {
   // Acceptance, measured per chip into the manifest and card: the check before use's probes
   // always; this suite too when given (its prompts followed greedily for suite_tokens tokens,
   // e.g. tools/train/kjv_prompts.txt's openings, --suite FILE), and with decode both again with
-  // the replies decoded on the NPU (--decode-device hexagon's graphs, compiled here).
+  // the replies decoded on the NPU (--decode-device hexagon, with the pack's decode graphs).
   std::vector<GatePrompt> suite;
   std::string suite_name;
   int64_t suite_tokens = 32;
+  // decode: the decode steps' graphs go into the pack too (files of their own, loaded only when
+  // the NPU decodes), attention's for every cache length up to decode_context rows (0: the
+  // model's max_position_embeddings); and the acceptance is measured with them when checked.
   bool decode = false;
+  int64_t decode_context = 0;
   // Publish without comparing the NPU with the CPU (--no-check): the graphs are compiled and not
   // run — layout and size runs on random weights, or models too large to run on the simulator;
   // the manifest says so.
@@ -51,6 +56,9 @@ struct NpuPackOptions {
 struct NpuPackChipReport {
   int arch = 0;
   int64_t graphs = 0, contexts = 0, bytes = 0, const_bytes = 0;
+  // With decode: the decode graphs packed, their contexts, and how many graphs a decoding run
+  // from the pack still compiled as it measured the acceptance (0: the pack held all it used).
+  int64_t decode_graphs = 0, decode_contexts = 0, decode_graphs_compiled_at_use = 0;
   NpuForm form = NpuForm::kF16;
   std::string gate;  // the gate's one-line summary
   bool gate_passed = false;

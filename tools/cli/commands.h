@@ -78,6 +78,7 @@ struct NpuPackArgs {
   std::vector<std::string> calibrate;
   int64_t calibrate_tokens = 4096, suite_tokens = 32;
   uint64_t context_budget = 0;
+  uint64_t decode_context = 0;  // 0: the model's
   bool force = false, decode = false, no_check = false;
 };
 int run_forge_npu(const NpuPackArgs& a);

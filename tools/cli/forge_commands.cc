@@ -194,9 +194,11 @@ int run_forge_npu(const NpuPackArgs& a) {
   }
   options.suite_tokens = a.suite_tokens;
   options.decode = a.decode;
+  options.decode_context = static_cast<int64_t>(a.decode_context);
+  if (a.decode_context > 0 && !a.decode) qhx::fail("--decode-context", "needs --decode");
   options.check = !a.no_check;
-  if (a.no_check && (a.decode || !a.suite.empty())) {
-    qhx::fail("--no-check", "measures nothing: --decode and --suite need the comparison");
+  if (a.no_check && !a.suite.empty()) {
+    qhx::fail("--no-check", "measures nothing: --suite needs the comparison");
   }
   for (const qhx::NpuPackChipReport& r : qhx::forge_npu_pack(a.bundle, a.out, options)) {
     const std::string form(qhx::npu_form_name(r.form));
@@ -209,6 +211,15 @@ int run_forge_npu(const NpuPackArgs& a) {
                    r.arch, form.c_str(), static_cast<long long>(r.graphs),
                    static_cast<long long>(r.contexts), static_cast<double>(r.bytes) / 1e6,
                    static_cast<double>(r.const_bytes) / 1e6, r.gate.c_str());
+    }
+    if (r.decode_contexts > 0) {
+      const std::string more = r.decode_graphs_compiled_at_use == 0
+                                   ? ""
+                                   : ", " + std::to_string(r.decode_graphs_compiled_at_use) +
+                                         " more compiled as the acceptance decoded";
+      std::fprintf(stderr, "  decode steps: %lld graphs in %lld context(s) of their own%s\n",
+                   static_cast<long long>(r.decode_graphs),
+                   static_cast<long long>(r.decode_contexts), more.c_str());
     }
     for (const qhx::NpuAcceptance& accepted : r.acceptance) {
       std::fprintf(stderr, "  %s\n", qhx::describe_acceptance(accepted).c_str());

@@ -285,8 +285,13 @@ int main(int argc, char** argv) {
   npu->add_option("--suite-tokens", npu_args.suite_tokens, "Greedy tokens followed per prompt")
       ->check(CLI::PositiveNumber);
   npu->add_flag("--decode", npu_args.decode,
-                "Measure the acceptance with the replies decoded on the NPU too "
-                "(--decode-device hexagon)");
+                "Pack the decode steps' graphs too (--decode-device hexagon loads them; they hold "
+                "the layers' weights a second time) and measure the acceptance with the replies "
+                "decoded on the NPU");
+  npu->add_option("--decode-context", npu_args.decode_context,
+                  "The longest KV cache the packed attention graphs cover (default: the model's "
+                  "max_position_embeddings; longer caches compile their graph on first use)")
+      ->check(CLI::PositiveNumber);
   npu->add_flag("--no-check", npu_args.no_check,
                 "Publish without comparing the NPU with the CPU (layout and size runs on random "
                 "weights; the manifest and card say so)");

@@ -45,6 +45,15 @@ bool carries_state(Op op) {
   return op == Op::kAttention || op == Op::kConvSilu || op == Op::kDeltaRule;
 }
 
+// Whether a graph's key (state_graph's: the op's name first) is a state op's.
+bool carries_state_key(std::string_view key) {
+  const std::string_view op = key.substr(0, key.find(' '));
+  for (const Op state : {Op::kAttention, Op::kConvSilu, Op::kDeltaRule}) {
+    if (op == op_name(state)) return true;
+  }
+  return false;
+}
+
 // The rows of a run's graph: a prompt chunk's, or a decode step's one.
 int64_t graph_rows(int64_t rows) {
   return rows == 1 ? 1 : kRows;
@@ -236,22 +245,41 @@ HexagonBackend::HexagonBackend(std::shared_ptr<HexagonDevice> device, HexagonBac
       if (described == info.graphs.end()) {
         fail("NPU pack", "graph " + g.name + " is not in its context binary");
       }
-      // Its inputs and outputs as the binary has them: one per value the manifest names, each
-      // a chunk of rows, no value named twice.
-      std::set<size_t> inputs(g.inputs.begin(), g.inputs.end()),
-          outputs(g.outputs.begin(), g.outputs.end());
-      bool fits = g.inputs.size() == described->inputs.size() &&
-                  g.outputs.size() == described->outputs.size() &&
-                  inputs.size() == g.inputs.size() && outputs.size() == g.outputs.size() &&
-                  graphs_.count(g.key) == 0;
-      for (const auto* tensors : {&described->inputs, &described->outputs}) {
-        for (const HexagonBinaryInfo::Tensor& t : *tensors) {
-          fits = fits && t.dims.size() == 2 && t.dims[0] == kRows;
+      // A run's graph ("rows R|op ...|op ..."): its inputs as the binary has them are two RoPE
+      // tables per RoPE node of the run, then one per value the manifest names, each R rows, no
+      // value named twice. A state op's graph (attention's per cache length, the conv's, the
+      // delta rule's) is bound by position, not by value.
+      std::vector<size_t> rope_nodes;
+      if (g.key.starts_with("rows ")) {
+        const int64_t rows = std::atoll(g.key.c_str() + 5);
+        size_t node = 0;
+        for (size_t bar = g.key.find('|'); bar != std::string::npos;
+             bar = g.key.find('|', bar + 1), ++node) {
+          if (g.key.compare(bar + 1, 5, "rope ") == 0) rope_nodes.push_back(node);
         }
+        const size_t tables = 2 * rope_nodes.size();
+        std::set<size_t> inputs(g.inputs.begin(), g.inputs.end()),
+            outputs(g.outputs.begin(), g.outputs.end());
+        bool fits = (rows == 1 || rows == kRows) &&
+                    tables + g.inputs.size() == described->inputs.size() &&
+                    g.outputs.size() == described->outputs.size() &&
+                    inputs.size() == g.inputs.size() && outputs.size() == g.outputs.size();
+        for (size_t i = 0; i < described->inputs.size() + described->outputs.size(); ++i) {
+          const bool input = i < described->inputs.size();
+          const HexagonBinaryInfo::Tensor& t =
+              input ? described->inputs[i] : described->outputs[i - described->inputs.size()];
+          const bool table = input && i < tables;  // [rows · heads, head width]
+          fits = fits && t.dims.size() == 2 &&
+                 (table ? t.dims[0] % rows == 0 : t.dims[0] == static_cast<uint32_t>(rows));
+        }
+        if (!fits) fail("NPU pack", "graph " + g.name + " does not match its context binary");
+      } else if (!g.inputs.empty() || !g.outputs.empty() || !carries_state_key(g.key)) {
+        fail("NPU pack", "graph " + g.name + " is neither a run's nor a state op's");
       }
-      if (!fits) fail("NPU pack", "graph " + g.name + " does not match its context binary");
-      graphs_[g.key] = std::make_shared<Graph>(
-          Graph{QnnGraph::retrieve(*context->handle, *described), g.inputs, g.outputs, {}});
+      if (graphs_.count(g.key) != 0) fail("NPU pack", "graph " + g.name + " twice");
+      graphs_[g.key] =
+          std::make_shared<Graph>(Graph{QnnGraph::retrieve(*context->handle, *described), g.inputs,
+                                        g.outputs, std::move(rope_nodes)});
       context->keys.push_back(g.key);
       ++graphs_from_pack_;
     }
@@ -340,6 +368,14 @@ std::vector<NpuPackContext> HexagonBackend::export_contexts() const {
   return out;
 }
 
+void HexagonBackend::compile_attention_lengths(int64_t context) {
+  for (const Node& n : attention_nodes_) {
+    for (int64_t length = kRows; length <= cache_bucket(context); length *= 2) {
+      state_graph(n, length);
+    }
+  }
+}
+
 std::string HexagonBackend::name() const {
   const QnnLibrary& lib = device_->library();
   return "hexagon:v" + std::to_string(device_->chip().arch) + " (QNN build " + lib.build_id() +
@@ -357,6 +393,7 @@ void HexagonBackend::release_weights(const WeightList&) {
   failed_keys_.clear();  // keys name weights by id: the next model's are other weights
   graphs_.clear();       // they hold those weights as constants
   contexts_.clear();
+  attention_nodes_.clear();
 }
 
 void HexagonBackend::prepare_weights(const WeightList& weights) {
@@ -478,6 +515,15 @@ std::shared_ptr<const CompiledRun> HexagonBackend::compile(const Plan& plan,
     // delta rule's graphs, and attention's first length (longer ones compile as the cache
     // reaches them; one that fails then is the device failing, and the CPU takes over).
     state_graph(n, n.op == Op::kConvSilu ? plan.values[n.out.value].cols : kRows);
+    const auto same_shape = [&](const Node& seen) {
+      return seen.attention.n_heads == n.attention.n_heads &&
+             seen.attention.n_kv_heads == n.attention.n_kv_heads &&
+             seen.attention.head_dim == n.attention.head_dim && seen.scale == n.scale;
+    };
+    if (n.op == Op::kAttention &&
+        std::none_of(attention_nodes_.begin(), attention_nodes_.end(), same_shape)) {
+      attention_nodes_.push_back(n);
+    }
     auto compiled = std::make_shared<CompiledGraph>();
     compiled->rows = 1;
     return compiled;

@@ -121,6 +121,10 @@ class HexagonBackend final : public Backend {
   // The contexts it compiled graphs into, serialized, each with its graphs as the binary
   // describes them (what qhx forge npu writes into a pack, unless they share weights).
   std::vector<NpuPackContext> export_contexts() const;
+  // Decoding: compiles the attention graphs of every cache length up to `context` rows for the
+  // attention shapes its schedules have met (forge npu --decode, so that a pack holds every graph
+  // a decode step needs). Error kDeviceFailed when one does not compile.
+  void compile_attention_lengths(int64_t context);
 
  private:
   std::shared_ptr<HexagonDevice> device_;
@@ -160,8 +164,9 @@ class HexagonBackend final : public Backend {
   void build_delta_rule(QnnGraph& g, const Node& node) const;
   void emit(QnnGraph& g, const Node& node, QnnGraph::TensorId result,
             std::vector<uint32_t> dims) const;
-  std::vector<float> mask_;       // an attention graph's mask, as it last ran
-  std::vector<float> state_out_;  // a delta rule graph's new state, before it is written back
+  std::vector<Node> attention_nodes_;  // one per attention shape compiled (no weights)
+  std::vector<float> mask_;            // an attention graph's mask, as it last ran
+  std::vector<float> state_out_;       // a delta rule graph's new state, before it is written back
   // Notes a graph that did not compile (its run goes to the CPU) and throws kDeviceFailed.
   [[noreturn]] void compile_failed(const std::string& key, const std::exception& e);
   // Runs a graph (counted; the fault-injection switch; not with compile_only).

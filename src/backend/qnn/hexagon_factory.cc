@@ -107,7 +107,7 @@ class HexagonFactory final : public DeviceFactory {
           fail(where, "compiled by QNN " + m.qnn_build + ", this library is " +
                           library->build_id() + " (make the pack with it, or give --qnn-lib)");
         }
-        pack = load_npu_pack_chip(p->second, model->second, chip->arch);
+        pack = load_npu_pack_chip(p->second, model->second, chip->arch, options.decode);
       } catch (const Error& e) {
         throw DeviceSettingError(e.what());
       }
@@ -120,6 +120,8 @@ class HexagonFactory final : public DeviceFactory {
                                      std::string(npu_form_name(options.form));
       options.pack_id = sha256_file(fs::path(p->second) / "MANIFEST.json").substr(0, 12);
     }
+    const bool packed_decode =
+        std::any_of(pack.begin(), pack.end(), [](const NpuPackContext& c) { return c.decode; });
     const auto device = HexagonDevice::open(library, *chip);
     OpenedDevice out;
     if (pack.empty()) {
@@ -134,7 +136,9 @@ class HexagonFactory final : public DeviceFactory {
     out.decodes = options.decode;
     out.summary = device->describe() + " reads prompts in chunks of " +
                   std::to_string(HexagonBackend::kChunkRows) + " tokens" + pack_note +
-                  (options.decode ? "; it decodes too" : "; the CPU decodes");
+                  (!options.decode ? "; the CPU decodes"
+                   : packed_decode ? "; it decodes too, with the pack's decode graphs"
+                                   : "; it decodes too, its decode graphs compiled at load");
     return out;
   }
 

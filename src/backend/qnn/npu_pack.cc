@@ -139,7 +139,8 @@ NpuPackManifest parse_npu_pack_manifest(const Json& m, const std::string& where)
     fail(where + ": format", "not an NPU pack (qhx forge npu makes them)");
   }
   const int64_t version = require_int(m, "format_version", where);
-  if (version < kNpuPackFormatVersion) {  // its graphs are named otherwise: none would be found
+  if (version <
+      kNpuPackOldestFormatVersion) {  // its graphs are named otherwise: none would be found
     fail(where + ": format_version", "a pack made by an older qhx (version " +
                                          std::to_string(version) +
                                          "): make it again with qhx forge npu");
@@ -217,6 +218,11 @@ NpuPackManifest parse_npu_pack_manifest(const Json& m, const std::string& where)
       f.sha256 = require_string(files[i], "sha256", fw);
       f.bytes = require_int(files[i], "bytes", fw);
       if (f.bytes < 0) fail(field(fw, "bytes"), "negative");
+      if (files[i].contains("decode")) {
+        const Json& decode = files[i].at("decode");
+        if (!decode.is_boolean()) fail(field(fw, "decode"), "expected true or false");
+        f.decode = decode.get<bool>();
+      }
       const Json& graphs = require_field(files[i], "graphs", fw);
       if (!graphs.is_array()) fail(field(fw, "graphs"), "expected an array");
       for (size_t g = 0; g < graphs.size(); ++g) {
@@ -253,8 +259,11 @@ void write_npu_pack_manifest(const fs::path& dir, const NpuPackManifest& m) {
                           {"io_bytes", g.io_bytes},
                           {"spill_fill_bytes", g.spill_fill_bytes}});
       }
-      files.push_back(
-          {{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"graphs", graphs}});
+      files.push_back({{"path", f.path},
+                       {"sha256", f.sha256},
+                       {"bytes", f.bytes},
+                       {"decode", f.decode},
+                       {"graphs", graphs}});
     }
     Json acceptance = Json::array();
     for (const NpuAcceptance& a : chip.acceptance) acceptance.push_back(acceptance_json(a));
@@ -298,8 +307,8 @@ std::string npu_pack_base_id(const fs::path& bundle) {
   return sha256_file(manifest);
 }
 
-std::vector<NpuPackContext> load_npu_pack_chip(const fs::path& pack, const fs::path& base,
-                                               int arch) {
+std::vector<NpuPackContext> load_npu_pack_chip(const fs::path& pack, const fs::path& base, int arch,
+                                               bool decode) {
   const NpuPackManifest m = read_npu_pack(pack);
   if (npu_pack_base_id(base) != m.base_manifest_sha256) {
     fail(pack.string(), "made from another base bundle ('" + m.base_name + "'), not " +
@@ -311,6 +320,7 @@ std::vector<NpuPackContext> load_npu_pack_chip(const fs::path& pack, const fs::p
     if (chip.arch != arch) continue;
     std::vector<NpuPackContext> out;
     for (const NpuPackFile& f : chip.files) {
+      if (f.decode && !decode) continue;  // (memory the run would not use)
       // Read once, and checked as read: what loads is what was checked.
       const fs::path file = pack / f.path;
       std::error_code ec;
@@ -332,6 +342,7 @@ std::vector<NpuPackContext> load_npu_pack_chip(const fs::path& pack, const fs::p
              "sha256 differs from MANIFEST.json: the file is corrupt or was changed");
       }
       c.graphs = f.graphs;
+      c.decode = f.decode;
     }
     return out;
   }

@@ -5,11 +5,14 @@
 //                             its manifest.json, which lists every file's), the QNN build, and
 //                             per chip every file with its size, sha256 and graphs
 //   <pack>/v75/context_0.bin  one or more contexts per chip, each under the context budget
+//   <pack>/v75/decode_0.bin   the decode steps' graphs (forge npu --decode), loaded only when the
+//                             NPU decodes
 //   <pack>/v81/...
 //
-// A pack carries no embeddings or lm-head: the reply always comes from the base model, which
-// the CPU decodes. A run picks its chip's folder only, checks the sha256 of what it loads, and
-// refuses in one line a pack for another base, an absent chip, a tampered binary.
+// A pack carries no embeddings; unless it holds decode graphs, no lm-head either: the reply
+// comes from the base model, which the CPU decodes. A run picks its chip's folder only, checks the
+// sha256 of what it loads, and refuses in one line a pack for another base, an absent chip, a
+// tampered binary.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +25,10 @@
 
 namespace qhx {
 
-// 2: graphs name their norm vectors by weight id (1: by their bytes).
-inline constexpr int64_t kNpuPackFormatVersion = 2;
+// 2: graphs name their norm vectors by weight id (1: by their bytes). 3: files may hold decode
+// graphs (a qhx reading 2 would load them as prompt graphs); 2 is read as 3 without them.
+inline constexpr int64_t kNpuPackFormatVersion = 3;
+inline constexpr int64_t kNpuPackOldestFormatVersion = 2;
 
 // One graph of a context binary: its name there, what it computes (the backend's key), and which
 // of the run's values its inputs and outputs are (in the order of first use within the run).
@@ -37,6 +42,9 @@ struct NpuPackFile {
   std::string path;  // relative to the pack
   std::string sha256;
   int64_t bytes = 0;
+  // Its graphs are a decode step's (one row, the lm-head, the state ops' and attention's per
+  // cache length): loaded only when the NPU decodes (--decode-device hexagon).
+  bool decode = false;
   std::vector<NpuPackGraph> graphs;
 };
 
@@ -88,15 +96,17 @@ std::string npu_pack_base_id(const std::filesystem::path& bundle);
 struct NpuPackContext {
   std::vector<unsigned char> binary;
   std::vector<NpuPackGraph> graphs;
+  bool decode = false;  // a decode step's graphs (NpuPackFile::decode)
   // Made with weight sharing (a decoding backend's): the simulator cannot load such a binary
   // again (HexagonContext), so no pack holds one.
   bool shares_weights = false;
 };
-// The contexts of chip `arch` in `pack`, for the base bundle `base`. Error (one line) when the
-// pack was made from another base, has no folder for this chip, or a file differs from the
-// manifest (missing, resized, tampered).
+// The contexts of chip `arch` in `pack`, for the base bundle `base`: the prompt graphs', and the
+// decode graphs' too when `decode`. Error (one line) when the pack was made from another base,
+// has no folder for this chip, or a file differs from the manifest (missing, resized, tampered).
 std::vector<NpuPackContext> load_npu_pack_chip(const std::filesystem::path& pack,
-                                               const std::filesystem::path& base, int arch);
+                                               const std::filesystem::path& base, int arch,
+                                               bool decode = false);
 // Checks every file of every chip against the manifest (qhx verify); returns the files checked.
 int64_t verify_npu_pack(const std::filesystem::path& pack);
 
