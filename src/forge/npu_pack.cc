@@ -317,10 +317,10 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
             break;
           }
         }
-        report.const_bytes += write_contexts(temp, folder, "decode", decode_contexts, true,
-                                             backend_options.context_budget_bytes, packed);
+        report.decode_const_bytes = write_contexts(temp, folder, "decode", decode_contexts, true,
+                                                   backend_options.context_budget_bytes, packed);
         report.decode_contexts = static_cast<int64_t>(decode_contexts.size());
-        report.bytes = packed.bytes();
+        report.decode_bytes = packed.bytes() - report.bytes;
         for (NpuPackContext& c : decode_contexts) {
           c.decode = true;
           loaded.push_back(std::move(c));

@@ -56,9 +56,11 @@ struct NpuPackOptions {
 struct NpuPackChipReport {
   int arch = 0;
   int64_t graphs = 0, contexts = 0, bytes = 0, const_bytes = 0;
-  // With decode: the decode graphs packed, their contexts, and how many graphs a decoding run
-  // from the pack still compiled as it measured the acceptance (0: the pack held all it used).
-  int64_t decode_graphs = 0, decode_contexts = 0, decode_graphs_compiled_at_use = 0;
+  // With decode: the decode graphs packed, their contexts, files' and constants' bytes, and how
+  // many graphs a decoding run from the pack still compiled as it measured the acceptance (0:
+  // the pack held all it used). The figures above are the prompt graphs'.
+  int64_t decode_graphs = 0, decode_contexts = 0, decode_bytes = 0, decode_const_bytes = 0,
+          decode_graphs_compiled_at_use = 0;
   NpuForm form = NpuForm::kF16;
   std::string gate;  // the gate's one-line summary
   bool gate_passed = false;

@@ -217,9 +217,13 @@ int run_forge_npu(const NpuPackArgs& a) {
                                    ? ""
                                    : ", " + std::to_string(r.decode_graphs_compiled_at_use) +
                                          " more compiled as the acceptance decoded";
-      std::fprintf(stderr, "  decode steps: %lld graphs in %lld context(s) of their own%s\n",
+      std::fprintf(stderr,
+                   "  decode steps: %lld graphs in %lld context(s) of their own, %.1f MB (%.1f MB "
+                   "of constants)%s\n",
                    static_cast<long long>(r.decode_graphs),
-                   static_cast<long long>(r.decode_contexts), more.c_str());
+                   static_cast<long long>(r.decode_contexts),
+                   static_cast<double>(r.decode_bytes) / 1e6,
+                   static_cast<double>(r.decode_const_bytes) / 1e6, more.c_str());
     }
     for (const qhx::NpuAcceptance& accepted : r.acceptance) {
       std::fprintf(stderr, "  %s\n", qhx::describe_acceptance(accepted).c_str());
