@@ -1,6 +1,5 @@
 #include "forge/npu_pack.h"
 
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -39,8 +38,8 @@ void run_prompt_plans(const Model& model, int64_t rows) {
   }
 }
 
-// The plans of a reply decoded on the NPU: a prompt's last-row lm-head after a chunk, and a
-// step, so that every one-row graph of a step is compiled (attention's first length among them).
+// The plans of a reply decoded on the NPU: a short prompt's last-row lm-head, and a step, so that
+// every one-row graph of a step is compiled (attention's first length among them).
 void run_decode_plans(const Model& model) {
   std::vector<int32_t> ids(4);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -66,6 +65,22 @@ bool over_budget(const std::vector<NpuPackContext>& contexts, int64_t budget,
     over = over || bytes > budget;
   }
   return over;
+}
+
+// Compiles a chip's graphs (`compile`: a backend made with `options`, the plans run on it) and
+// exports its contexts; when one passes the budget, compiles them again grouped by the sizes the
+// binaries reported. Without `export_binaries` (w4a16: compiled where it runs), compiles once.
+template <class Compile>
+std::vector<NpuPackContext> compile_within_budget(HexagonBackendOptions& options,
+                                                  bool export_binaries, const Compile& compile) {
+  std::vector<NpuPackContext> contexts;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const std::shared_ptr<HexagonBackend> backend = compile(options);
+    if (!export_binaries) break;
+    contexts = backend->export_contexts();
+    if (!over_budget(contexts, options.context_budget_bytes, options.known_constant_bytes)) break;
+  }
+  return contexts;
 }
 
 // Writes a chip's contexts as `<folder>/<stem>_<i>.bin` into the pack being made, each checked
@@ -226,29 +241,24 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
     const auto device = HexagonDevice::open(library, *chip);
     std::shared_ptr<HexagonBackend> backend;
     std::unique_ptr<Model> model;
-    std::vector<NpuPackContext> contexts;
     HexagonBackendOptions chip_options = backend_options;
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      model.reset();
-      backend = std::make_shared<HexagonBackend>(device, chip_options);
-      model = load_model(bundle, {.devices = {backend}});
-      run_prompt_plans(*model, HexagonBackend::kChunkRows);
-      if (!backend->compile_failures().empty()) {  // a pack whose runs fall back is no pack
-        fail("v" + std::to_string(chip->arch),
-             "a graph did not compile: " + backend->compile_failures().front());
-      }
-      if (backend->graphs_compiled() == 0) {
-        fail(bundle.string(), "no prompt work of this model runs on the NPU");
-      }
-      // w4a16 graphs are compiled where they run, from the pack's ranges: QNN 2.51's HTP
-      // crashes executing some of them loaded from a context binary (docs/hexagon.md).
-      if (form == NpuForm::kW4A16) break;
-      contexts = backend->export_contexts();
-      if (!over_budget(contexts, backend_options.context_budget_bytes,
-                       chip_options.known_constant_bytes)) {
-        break;
-      }
-    }
+    // w4a16 graphs are compiled where they run, from the pack's ranges: QNN 2.51's HTP crashes
+    // executing some of them loaded from a context binary (docs/hexagon.md).
+    const std::vector<NpuPackContext> contexts = compile_within_budget(
+        chip_options, form != NpuForm::kW4A16, [&](const HexagonBackendOptions& o) {
+          model.reset();
+          backend = std::make_shared<HexagonBackend>(device, o);
+          model = load_model(bundle, {.devices = {backend}});
+          run_prompt_plans(*model, HexagonBackend::kChunkRows);
+          if (!backend->compile_failures().empty()) {  // a pack whose runs fall back is no pack
+            fail("v" + std::to_string(chip->arch),
+                 "a graph did not compile: " + backend->compile_failures().front());
+          }
+          if (backend->graphs_compiled() == 0) {
+            fail(bundle.string(), "no prompt work of this model runs on the NPU");
+          }
+          return backend;
+        });
     NpuPackChipReport report;
     report.arch = chip->arch;
     report.form = form;
@@ -297,26 +307,24 @@ std::vector<NpuPackChipReport> forge_npu_pack(const fs::path& bundle, const fs::
         const int64_t context = options.decode_context > 0
                                     ? options.decode_context
                                     : model->config().max_position_embeddings;
-        std::vector<NpuPackContext> decode_contexts;
-        for (int attempt = 0; attempt < 2; ++attempt) {
-          model.reset();
-          const auto decoder = std::make_shared<HexagonBackend>(device, decoding, contexts);
-          model = load_model(bundle, {.devices = {decoder}});
-          run_decode_plans(*model);
-          try {
-            decoder->compile_attention_lengths(context);
-          } catch (const Error&) {  // (its reason is the compile failure's)
-          }
-          if (!decoder->compile_failures().empty()) {
-            fail(folder, "a decode graph did not compile: " + decoder->compile_failures().front());
-          }
-          report.decode_graphs = decoder->graphs_compiled();
-          decode_contexts = decoder->export_contexts();
-          if (!over_budget(decode_contexts, backend_options.context_budget_bytes,
-                           decoding.known_constant_bytes)) {
-            break;
-          }
-        }
+        std::vector<NpuPackContext> decode_contexts =
+            compile_within_budget(decoding, true, [&](const HexagonBackendOptions& o) {
+              model.reset();
+              const auto decoder = std::make_shared<HexagonBackend>(device, o, contexts);
+              model = load_model(bundle, {.devices = {decoder}});
+              run_decode_plans(*model);
+              try {
+                decoder->compile_attention_lengths(context);
+              } catch (const Error& e) {
+                fail(folder, std::string("an attention graph did not compile: ") + e.what());
+              }
+              if (!decoder->compile_failures().empty()) {
+                fail(folder,
+                     "a decode graph did not compile: " + decoder->compile_failures().front());
+              }
+              report.decode_graphs = decoder->graphs_compiled();
+              return decoder;
+            });
         report.decode_const_bytes = write_contexts(temp, folder, "decode", decode_contexts, true,
                                                    backend_options.context_budget_bytes, packed);
         report.decode_contexts = static_cast<int64_t>(decode_contexts.size());

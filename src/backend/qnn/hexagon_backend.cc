@@ -41,17 +41,16 @@ bool decode_op(Op op) {
 // The ops that carry a sequence's state (attention over the KV cache, the Gated DeltaNet's conv
 // and delta rule): runs of their own, with the state as graph input (and output) from the
 // host's memory.
+constexpr Op kStateOps[] = {Op::kAttention, Op::kConvSilu, Op::kDeltaRule};
 bool carries_state(Op op) {
-  return op == Op::kAttention || op == Op::kConvSilu || op == Op::kDeltaRule;
+  return std::find(std::begin(kStateOps), std::end(kStateOps), op) != std::end(kStateOps);
 }
 
 // Whether a graph's key (state_graph's: the op's name first) is a state op's.
 bool carries_state_key(std::string_view key) {
-  const std::string_view op = key.substr(0, key.find(' '));
-  for (const Op state : {Op::kAttention, Op::kConvSilu, Op::kDeltaRule}) {
-    if (op == op_name(state)) return true;
-  }
-  return false;
+  const std::string_view name = key.substr(0, key.find(' '));
+  return std::any_of(std::begin(kStateOps), std::end(kStateOps),
+                     [&](Op op) { return name == op_name(op); });
 }
 
 // The rows of a run's graph: a prompt chunk's, or a decode step's one.
