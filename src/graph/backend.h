@@ -8,10 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "graph/cost.h"
 #include "graph/plan.h"
 #include "util/error.h"
 
@@ -46,6 +49,40 @@ struct WeightMemory {
   // Of the copies, those the host's RAM holds (an NPU's graph constants, the copies of a GPU that
   // shares the host's memory): what memory admission counts besides the model's own weights.
   int64_t host_copied_bytes = 0;
+};
+
+// Where a device's time went (Backend::take_profile): per kind of work, nodes of one op kind
+// over one weight type and one number of rows, the device's time on the commands it ran for
+// them, timed on the device itself, with what they had to do (node_cost).
+struct OpTime {
+  std::string op;       // op_name, or "state write-back" (commands outside any node)
+  std::string weights;  // a matmul's or embedding's weight type (dtype_name), else ""
+  int64_t rows = 0;     // the nodes' rows (tokens)
+  int64_t nodes = 0;
+  double seconds = 0;
+  NodeCost cost;  // summed over the nodes
+  struct Kernel {
+    double seconds = 0;
+    std::string arithmetic;  // what it computes with (DevicePeaks::ops_per_s's key), "" nothing
+  };
+  std::map<std::string, Kernel> kernels;  // its share of `seconds`, by shader name (or "copy")
+  // The arithmetic of the longest of its kernels that computes, "" if none does.
+  std::string arithmetic() const;
+};
+
+struct DeviceProfile {
+  std::vector<OpTime> ops;
+  int64_t submissions = 0;
+  double seconds = 0;  // all of its commands'
+  DeviceProfile& operator+=(const DeviceProfile& o);
+};
+
+// What a device reaches at best, measured on it (Backend::measure_peaks): bytes read per second
+// from its memory, and operations per second in each arithmetic its kernels use ("fp32 FMA",
+// "int8 dot", "int8 matrix", "f16 matrix"; a multiply-add counts two).
+struct DevicePeaks {
+  double read_bytes_per_s = 0;
+  std::map<std::string, double> ops_per_s;
 };
 
 class Backend {
@@ -117,6 +154,13 @@ class Backend {
   // Brings the host memory of those of `states` that are behind their copies here up to date,
   // all or none: when it throws (kDeviceFailed), that memory is as it was.
   virtual void write_back_states(std::span<const StateBuffer* const> /*states*/) {}
+
+  // Profiling (a device opened to profile: qhx bench --profile): whether it times its commands,
+  // what it timed since the last call (empty when it does not), and its peaks measured now
+  // (Error when it does not profile).
+  virtual bool profiles() const { return false; }
+  virtual DeviceProfile take_profile() { return {}; }
+  virtual DevicePeaks measure_peaks();
 };
 
 }  // namespace qhx

@@ -55,6 +55,15 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
   result.config = config;
   std::vector<double> prefill, ttft, decode, first_step;
   std::vector<float> logits;
+  // The profiles of the timed runs: what the devices did before each is dropped.
+  result.prefill_profiles.resize(config.profiled.size());
+  result.decode_profiles.resize(config.profiled.size());
+  const auto drop_profiles = [&] {
+    for (Backend* b : config.profiled) b->take_profile();
+  };
+  const auto add_profiles = [&](std::vector<DeviceProfile>& to) {
+    for (size_t i = 0; i < config.profiled.size(); ++i) to[i] += config.profiled[i]->take_profile();
+  };
   const auto state = model.new_state();
   state->reserve(std::max(config.n_prompt, config.depth + config.n_gen));
   // Warm-up, untimed, as llama-bench's: a prompt of the timed length sizes the scratch buffers
@@ -72,9 +81,11 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
       const std::vector<int32_t> prompt = random_ids(config.n_prompt, vocab, rng);
       state->reset();
       const DeviceTraffic before = model.device_traffic();
+      drop_profiles();
       const auto start = Clock::now();
       model.forward(prompt, *state, LogitsFor::kLastToken, logits);
       const double prefill_s = seconds_since(start);
+      add_profiles(result.prefill_profiles);
       int32_t token = argmax(logits);
       ttft.push_back(seconds_since(start) * 1e3);
       prefill.push_back(static_cast<double>(config.n_prompt) / prefill_s);
@@ -93,12 +104,14 @@ BenchResult run_bench(const Model& model, const BenchConfig& config) {
       }
       int32_t token = random_ids(1, vocab, rng)[0];
       const DeviceTraffic before = model.device_traffic();
+      drop_profiles();
       const auto start = Clock::now();
       for (int64_t i = 0; i < config.n_gen; ++i) {  // greedy: each step feeds the last pick
         model.forward(std::span<const int32_t>(&token, 1), *state, LogitsFor::kLastToken, logits);
         token = argmax(logits);
       }
       decode.push_back(static_cast<double>(config.n_gen) / seconds_since(start));
+      add_profiles(result.decode_profiles);
       result.decode_traffic += model.device_traffic() - before;
       result.decode_steps += config.n_gen;
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "graph/backend.h"
 #include "models/model.h"
 #include "runtime/speculative.h"
 
@@ -18,6 +19,9 @@ struct BenchConfig {
   int64_t depth = 0;       // tokens already in the context before the decode is timed
   int64_t repetitions = 5;
   uint64_t seed = 1;
+  // Devices opened to profile (Backend::profiles) whose profiles of the timed runs it collects:
+  // the prompt passes' and the decode steps' apart.
+  std::vector<Backend*> profiled;
 };
 
 // Summary of one quantity over the repetitions.
@@ -41,6 +45,8 @@ struct BenchResult {
   int64_t state_bytes = 0;  // the sequence state (KV caches, recurrent states) the runs used
   // What a decoded token reads at the decode's mean context (Model::decode_step_bytes).
   int64_t decode_step_bytes = 0;
+  // [i]: config.profiled[i]'s, over the prefill_passes timed prompts and the decode_steps steps.
+  std::vector<DeviceProfile> prefill_profiles, decode_profiles;
 };
 
 BenchResult run_bench(const Model& model, const BenchConfig& config);

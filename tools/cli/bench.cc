@@ -21,6 +21,7 @@
 #include "qhx_version.h"
 #include "runtime/bench.h"
 #include "runtime/context_sweep.h"
+#include "runtime/profile_report.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/json_file.h"
@@ -90,6 +91,33 @@ double weight_file_mb(const fs::path& dir) {
     }
   }
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
+// A device's profile of one configuration (qhx bench --profile): its peaks, then where its time
+// went in a prompt pass and in a decode step.
+void print_profile(const qhx::Json& p, int64_t n_prompt, int64_t depth, int64_t n_gen) {
+  const qhx::Json& peaks = p["peaks"];
+  std::string rates;
+  for (const auto& [arithmetic, rate] : peaks["ops_per_s"].items()) {
+    char cell[64];
+    std::snprintf(cell, sizeof cell, ", %s %.1f Gop/s", arithmetic.c_str(),
+                  rate.get<double>() * 1e-9);
+    rates += cell;
+  }
+  std::printf("%8s %s peaks measured: read %.1f GB/s%s\n", "",
+              p["device"].get<std::string>().c_str(), peaks["read_gb_s"].get<double>(),
+              rates.c_str());
+  char title[160];
+  if (p.contains("prefill")) {
+    std::snprintf(title, sizeof title, "%8s profile of a prompt pass of %lld tokens", "",
+                  static_cast<long long>(n_prompt));
+    std::fputs(qhx::profile_table(title, p["prefill"]).c_str(), stdout);
+  }
+  if (p.contains("decode")) {
+    std::snprintf(title, sizeof title, "%8s profile of a decode step (%lld steps after depth %lld)",
+                  "", static_cast<long long>(n_gen), static_cast<long long>(depth));
+    std::fputs(qhx::profile_table(title, p["decode"]).c_str(), stdout);
+  }
 }
 
 // llama-bench-like: one record per (prompt length, depth) configuration.
@@ -337,6 +365,25 @@ int run_bench(const BenchArgs& args) {
   const std::string kernel_path = kernels.describe() + "; attention " +
                                   qhx::attention_kernel_path(kernels, model->config().head_dim);
   const int threads = model->context().threads();
+  // --profile: the devices that time their work, and their peaks, measured before the runs.
+  std::vector<qhx::Backend*> profiled;
+  std::vector<qhx::DevicePeaks> peaks;
+  if (args.devices.profile) {
+    if (args.turns > 0 || args.speculative.on() || args.context_sweep) {
+      qhx::fail("--profile",
+                "profiles the prefill and decode runs only (not --turns, "
+                "--speculative or --context-sweep)");
+    }
+    for (const auto& b : devices.backends) {
+      if (b->profiles()) profiled.push_back(b.get());
+    }
+    if (profiled.empty()) {
+      qhx::fail("--profile",
+                "no device here times its work: it takes a Vulkan device that "
+                "opened (--device vulkan; `qhx devices` lists them)");
+    }
+    for (qhx::Backend* b : profiled) peaks.push_back(b->measure_peaks());
+  }
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
   if (args.speculative.on()) return run_speculative_bench(args, dir, *model, context, weights);
   if (args.context_sweep) {
@@ -359,7 +406,23 @@ int run_bench(const BenchArgs& args) {
       config.n_gen = args.n_gen;
       config.depth = depth;
       config.repetitions = args.repetitions;
+      config.profiled = profiled;
       const qhx::BenchResult r = qhx::run_bench(*model, config);
+      // Per device: where its time went in a prompt pass and in a decode step.
+      qhx::Json profiles = nullptr;
+      if (!profiled.empty()) {
+        profiles = qhx::Json::array();
+        for (size_t i = 0; i < profiled.size(); ++i) {
+          qhx::Json p = {{"device", profiled[i]->name()}, {"peaks", qhx::peaks_json(peaks[i])}};
+          if (r.prefill_passes > 0) {
+            p["prefill"] = qhx::profile_json(r.prefill_profiles[i], peaks[i], r.prefill_passes);
+          }
+          if (r.decode_steps > 0) {
+            p["decode"] = qhx::profile_json(r.decode_profiles[i], peaks[i], r.decode_steps);
+          }
+          profiles.push_back(p);
+        }
+      }
       // Per prefill pass and per decode step: what ran on the device and crossed between
       // backends, and the first step's time after the prompt.
       const auto per = [](const qhx::DeviceTraffic& t, int64_t n) {
@@ -409,7 +472,8 @@ int run_bench(const BenchArgs& args) {
             {"device_weights_mb", device_weights},
             {"commit", QHX_GIT_COMMIT},
             {"date", utc_date()},
-            {"gate", gate}};
+            {"gate", gate},
+            {"profile", profiles}};
         results.emplace_back(r, record);
       } else {
         const auto cell = [](const qhx::Spread& s) {
@@ -432,6 +496,9 @@ int run_bench(const BenchArgs& args) {
               p["device_passes"].get<double>(), d["copies"].get<double>(),
               d["copied_kb"].get<double>(), r.first_step_ms.mean,
               handoff["decode_step_ms"].get<double>());
+        }
+        for (const qhx::Json& p : profiles.is_null() ? qhx::Json::array() : profiles) {
+          print_profile(p, n_prompt, depth, args.n_gen);
         }
         std::fflush(stdout);
         results.emplace_back(r, qhx::Json());

@@ -69,6 +69,7 @@ qhx::OpenedDevices open_devices(const DeviceArgs& args, const std::filesystem::p
     }
     choice.settings["npu_pack"] = args.npu_pack;
   }
+  if (args.profile) choice.settings.emplace("profile", "on");
   choice.settings["model"] = model_dir.string();
   qhx::OpenedDevices opened = qhx::open_devices(choice);
   if (!opened.note.empty()) std::fprintf(stderr, "qhx: %s\n", opened.note.c_str());

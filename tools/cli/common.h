@@ -38,6 +38,7 @@ struct DeviceArgs {
   std::string device_check = "once";
   std::string qnn_lib;   // empty: QNN's libraries where qhx looks by default
   std::string npu_pack;  // empty: none (graphs compile on first use)
+  bool profile = false;  // the device times its work (qhx bench --profile)
   const char* decode_or_null() const {
     return decode_device.empty() ? nullptr : decode_device.c_str();
   }

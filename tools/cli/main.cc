@@ -328,6 +328,9 @@ int main(int argc, char** argv) {
                    "TTFT with the state kept vs. a fresh session")
       ->transform(kPositive);
   bench->add_flag("--json", bench_args.json, "One JSON object per configuration on stdout");
+  bench->add_flag("--profile", bench_args.devices.profile,
+                  "The device's time per op kind, weight type and kernel in the timed runs "
+                  "(timestamps on the device), against its peaks measured first (Vulkan)");
   add_speculative_options(bench, bench_args.speculative,
                           "Speculative decoding instead: -n greedy tokens after --prompt-file's "
                           "text, with and without drafts (ngram or draft:DIR), and what a verify "

@@ -11,6 +11,7 @@
 
 #include "backend/vulkan/vulkan_shaders.h"
 #include "core/dtype.h"
+#include "graph/cost.h"
 #include "kernels/kernels.h"
 #include "util/error.h"
 
@@ -18,6 +19,7 @@ namespace qhx {
 namespace {
 
 constexpr uint32_t kSetsPerSubmission = 1024;  // descriptor sets: one per dispatch
+constexpr uint32_t kTimestamps = 4096;         // per submission, when profiling
 constexpr uint32_t kWorkgroup = 64;            // every shader's local size
 constexpr uint32_t kMatmulTokens = 8;          // tokens per matmul workgroup (matmul*.comp)
 // matmul_coopmat.comp: weight rows and tokens per workgroup, and the tokens from which matmuls
@@ -44,6 +46,17 @@ uint32_t bits(float f) {
 }
 uint64_t groups_of(int64_t n) {
   return (static_cast<uint64_t>(n) + kWorkgroup - 1) / kWorkgroup;
+}
+
+// How dispatch lays out a grid of `groups` workgroups: wider than the 65535 every device allows
+// along x, it wraps into y (common.glsl flat_group), and x · y may then exceed `groups`.
+struct Grid {
+  uint32_t x, y;
+  uint64_t groups() const { return uint64_t{x} * y; }
+};
+Grid grid_of(uint64_t groups) {
+  const uint64_t x = std::min<uint64_t>(groups, 65535);
+  return {static_cast<uint32_t>(x), static_cast<uint32_t>((groups + x - 1) / x)};
 }
 
 // The shader name suffix of a weight type, or null where no shader reads it.
@@ -139,11 +152,26 @@ VulkanBackend::VulkanBackend(std::shared_ptr<VulkanDevice> device, VulkanBackend
            "creating a descriptor pool");
   sets_left_ = kSetsPerSubmission;
   ring_ = shared_memory_.allocate(size_t{1} << 20);
+  if (options_.profile) {
+    const VulkanDeviceInfo& i = device_->info();
+    if (i.timestamp_bits == 0 || i.timestamp_period_ns <= 0) {
+      vkDestroyDescriptorPool(d, descriptors_, nullptr);
+      vkDestroyFence(d, fence_, nullptr);
+      vkDestroyCommandPool(d, pool_, nullptr);
+      fail("vulkan:" + std::to_string(i.index),
+           i.name + " writes no timestamps on its compute queue: it cannot be profiled");
+    }
+    auto queries = vk_info<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
+    queries.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    queries.queryCount = kTimestamps;
+    vk_check(vkCreateQueryPool(d, &queries, nullptr, &timestamps_), "creating timestamp queries");
+  }
 }
 
 VulkanBackend::~VulkanBackend() {
   VkDevice d = device_->device();
   vkDeviceWaitIdle(d);
+  if (timestamps_ != VK_NULL_HANDLE) vkDestroyQueryPool(d, timestamps_, nullptr);
   vkDestroyDescriptorPool(d, descriptors_, nullptr);
   vkDestroyFence(d, fence_, nullptr);
   vkDestroyCommandPool(d, pool_, nullptr);
@@ -546,6 +574,7 @@ void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states
     total += (static_cast<size_t>(s->size()) * sizeof(float) + 15) / 16 * 16;
   }
   if (behind.empty()) return;
+  if (options_.profile) profiled_op_ = profiled_op("state write-back", "", 0);
   abandoning_on_failure([&] {
     if (write_back_ == nullptr || write_back_->bytes() < total) {
       write_back_.reset();
@@ -555,6 +584,7 @@ void VulkanBackend::write_back_states(std::span<const StateBuffer* const> states
     for (const auto& [s, at] : behind) {
       copy(*as_vulkan(s->shadow(), *device_), 0, through, at, s->size() * sizeof(float));
     }
+    profiled_op_ = -1;
     synchronize();
   });
   const auto& through = static_cast<const VulkanBuffer&>(*write_back_);
@@ -598,6 +628,24 @@ void VulkanBackend::begin() {
   info.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   vk_check(vkBeginCommandBuffer(commands_, &info), "recording commands");
   recording_ = true;
+  if (timestamps_ != VK_NULL_HANDLE) {
+    vkCmdResetQueryPool(commands_, timestamps_, 0, kTimestamps);
+    vkCmdWriteTimestamp(commands_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps_, 0);
+    timestamps_used_ = 1;
+  }
+}
+
+void VulkanBackend::make_room() {
+  const bool timestamps_full = timestamps_ != VK_NULL_HANDLE && timestamps_used_ >= kTimestamps;
+  if (recording_ && (sets_left_ == 0 || timestamps_full)) submit_recorded();
+}
+
+void VulkanBackend::timestamp(const std::string& kernel) {
+  if (timestamps_ == VK_NULL_HANDLE) return;
+  // When every command before it is done (each ends with a barrier: they run one at a time).
+  vkCmdWriteTimestamp(commands_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps_,
+                      timestamps_used_++);
+  timed_.push_back({profiled_op_, kernel});
 }
 
 void VulkanBackend::barrier() {
@@ -615,9 +663,10 @@ void VulkanBackend::dispatch(const char* shader, std::initializer_list<Binding> 
                              std::span<const uint32_t> push, uint64_t groups, uint32_t z) {
   if (push.size() > kPushConstantBytes / 4) fail("vulkan", "too many push constants");
   if (groups == 0 || z == 0) return;
-  if (sets_left_ == 0) synchronize();
+  make_room();
   begin();
-  const VkPipeline pipeline = device_->pipeline(this->shader(shader));
+  const std::string variant = this->shader(shader);
+  const VkPipeline pipeline = device_->pipeline(variant);
   VkDescriptorSetLayout layout = device_->set_layout();
   auto alloc = vk_info<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
   alloc.descriptorPool = descriptors_;
@@ -665,25 +714,32 @@ void VulkanBackend::dispatch(const char* shader, std::initializer_list<Binding> 
                           1, &set, 0, nullptr);
   vkCmdPushConstants(commands_, device_->pipeline_layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
                      sizeof words, words);
-  // Grids wider than the 65535 workgroups every device allows along x wrap into y
-  // (common.glsl flat_group).
-  const uint64_t x = std::min<uint64_t>(groups, 65535);
-  vkCmdDispatch(commands_, static_cast<uint32_t>(x), static_cast<uint32_t>((groups + x - 1) / x),
-                z);
+  const Grid grid = grid_of(groups);
+  vkCmdDispatch(commands_, grid.x, grid.y, z);
   barrier();
+  timestamp(variant);
 }
 
 void VulkanBackend::copy(const VulkanBuffer& from, size_t from_offset, const VulkanBuffer& to,
                          size_t to_offset, size_t bytes) {
   if (bytes == 0) return;
+  make_room();
   begin();
   const VkBufferCopy region{from_offset, to_offset, bytes};
   vkCmdCopyBuffer(commands_, from.handle(), to.handle(), 1, &region);
   barrier();
+  timestamp("copy");
 }
 
 void VulkanBackend::synchronize() {
   if (!recording_) return;
+  submit_recorded();
+  ring_used_ = 0;
+  retired_.clear();
+  shadowed_.clear();
+}
+
+void VulkanBackend::submit_recorded() {
   if (options_.fail_submission > 0 && submissions_ + 1 == options_.fail_submission) {
     abandon();
     ++submissions_;
@@ -704,13 +760,38 @@ void VulkanBackend::synchronize() {
     ++submissions_;
     device_->submit_and_wait(commands_, fence_, options_.fence_timeout_ms * 1000000,
                              "running a plan");
+    if (timestamps_ != VK_NULL_HANDLE) read_timestamps();
   });
   vkResetCommandBuffer(commands_, 0);
   vkResetDescriptorPool(device_->device(), descriptors_, 0);
   sets_left_ = kSetsPerSubmission;
-  ring_used_ = 0;
-  retired_.clear();
-  shadowed_.clear();
+}
+
+void VulkanBackend::read_timestamps() {
+  std::vector<uint64_t> ticks(timestamps_used_);
+  vk_check(vkGetQueryPoolResults(device_->device(), timestamps_, 0, timestamps_used_,
+                                 ticks.size() * sizeof(uint64_t), ticks.data(), sizeof(uint64_t),
+                                 VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+           "reading timestamps");
+  const VulkanDeviceInfo& info = device_->info();
+  const uint64_t mask =
+      info.timestamp_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << info.timestamp_bits) - 1;
+  last_intervals_.clear();
+  for (size_t i = 0; i < timed_.size(); ++i) {
+    const double seconds =
+        static_cast<double>((ticks[i + 1] - ticks[i]) & mask) * info.timestamp_period_ns * 1e-9;
+    last_intervals_.push_back(seconds);
+    if (timed_[i].op < 0) continue;
+    OpTime& op = profile_.ops[timed_[i].op];
+    op.seconds += seconds;
+    OpTime::Kernel& kernel = op.kernels[timed_[i].kernel];
+    kernel.seconds += seconds;
+    kernel.arithmetic = arithmetic(timed_[i].kernel);
+    profile_.seconds += seconds;
+  }
+  ++profile_.submissions;
+  timed_.clear();
+  timestamps_used_ = 0;
 }
 
 void VulkanBackend::abandon() {
@@ -721,6 +802,8 @@ void VulkanBackend::abandon() {
   // states' own memory next time.
   for (const StateBuffer* s : shadowed_) retired_.push_back(s->replace_shadow(nullptr));
   vkResetFences(device_->device(), 1, &fence_);
+  timed_.clear();  // their times are lost with them
+  timestamps_used_ = 0;
   vkResetCommandBuffer(commands_, 0);
   vkResetDescriptorPool(device_->device(), descriptors_, 0);
   sets_left_ = kSetsPerSubmission;
@@ -758,6 +841,15 @@ void VulkanBackend::grow_caches(std::span<const Node> nodes, const NodeArgs& arg
 void VulkanBackend::record_nodes(const Plan& plan, std::span<const Node> nodes,
                                  const NodeArgs& args) {
   for (const Node& node : nodes) {
+    if (options_.profile) {
+      profiled_op_ = profiled_op(
+          op_name(node.op),
+          node.matrix != nullptr ? std::string(dtype_name(node.matrix->dtype)) : std::string(),
+          node.rows);
+      OpTime& op = profile_.ops[profiled_op_];
+      ++op.nodes;
+      op.cost += node_cost(plan, node, args.inputs->first_pos);
+    }
     set_arena_window(plan, node, args);
     record(plan, node, args);
     if (!options_.perturb_op.empty() && options_.perturb_op == op_name(node.op)) {
@@ -773,6 +865,7 @@ void VulkanBackend::record_nodes(const Plan& plan, std::span<const Node> nodes,
       }
     }
   }
+  profiled_op_ = -1;
 }
 
 VulkanBackend::Binding VulkanBackend::arena_rows(size_t byte, size_t bytes, uint32_t& lead) const {
@@ -1061,6 +1154,102 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
     }
   }
   fail("vulkan backend", std::string("no implementation of ") + op_name(node.op));
+}
+
+int VulkanBackend::profiled_op(const std::string& op, const std::string& weights, int64_t rows) {
+  std::vector<OpTime>& ops = profile_.ops;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].op == op && ops[i].weights == weights && ops[i].rows == rows) {
+      return static_cast<int>(i);
+    }
+  }
+  OpTime& added = ops.emplace_back();
+  added.op = op;
+  added.weights = weights;
+  added.rows = rows;
+  return static_cast<int>(ops.size() - 1);
+}
+
+std::string VulkanBackend::arithmetic(const std::string& shader) const {
+  if (shader == "copy" || shader.starts_with("peak_")) return "";
+  if (shader.ends_with("_coopmat")) {
+    return shader.starts_with("matmul_q8_") ? "int8 matrix" : "f16 matrix";
+  }
+  if (shader.ends_with("_dot")) return "int8 dot";
+  return "fp32 FMA";  // the shader ALU's rate: float and integer scalar work alike
+}
+
+DeviceProfile VulkanBackend::take_profile() {
+  synchronize();
+  DeviceProfile taken = std::move(profile_);
+  profile_ = {};
+  return taken;
+}
+
+double VulkanBackend::time_alone(const char* shader, std::initializer_list<Binding> buffers,
+                                 std::initializer_list<uint32_t> push, uint64_t groups) {
+  synchronize();
+  dispatch(shader, buffers, push, groups);
+  synchronize();
+  return last_intervals_.empty() ? 0.0 : last_intervals_.back();
+}
+
+DevicePeaks VulkanBackend::measure_peaks() {
+  if (!options_.profile) fail(name(), "opened without profiling: it measures no peaks");
+  const VulkanDeviceInfo& info = device_->info();
+  DevicePeaks peaks;
+  constexpr uint64_t kOutWords = uint64_t{1} << 20;  // results, overwritten: kept so they count
+  const std::unique_ptr<Buffer> out = device_memory_.allocate(kOutWords * sizeof(uint32_t));
+  const auto* results = as_device(out);
+  // Bandwidth: a buffer far past any cache, read whole by every thread's share of it.
+  {
+    const uint64_t bytes = std::min<uint64_t>({uint64_t{256} << 20, range_bytes() / 16 * 16,
+                                               std::max<uint64_t>(info.memory_bytes / 8, 1 << 20)});
+    const std::unique_ptr<Buffer> data = device_memory_.allocate(bytes);
+    const uint32_t vectors = u32(static_cast<int64_t>(bytes / 16));
+    const uint64_t groups = std::max<uint64_t>(vectors / (kWorkgroup * 16), 1);
+    double best = 0;
+    for (int pass = 0; pass < 6; ++pass) {  // the first warms the caches of the pipeline
+      const double t = time_alone("peak_read", {as_device(data), results},
+                                  {vectors, u32(kOutWords - 1)}, groups);
+      if (pass > 0 && t > 0) best = best == 0 ? t : std::min(best, t);
+    }
+    peaks.read_bytes_per_s = best > 0 ? static_cast<double>(bytes) / best : 0.0;
+  }
+  // Arithmetic: each thread runs a fixed loop of independent chains; the grid doubles until one
+  // dispatch takes 2 ms, then the best of three at that size.
+  const auto rate = [&](const char* shader, double ops_per_group) {
+    constexpr uint64_t kMaxGroups = uint64_t{1} << 20;
+    uint64_t groups = 16;
+    double t = 0;
+    for (;;) {
+      t = time_alone(shader, {results, results}, {u32(kOutWords - 1)}, groups);
+      if (t >= 2e-3 || groups >= kMaxGroups) break;
+      groups *= 2;
+    }
+    for (int pass = 0; pass < 3; ++pass) {
+      const double again = time_alone(shader, {results, results}, {u32(kOutWords - 1)}, groups);
+      if (again > 0) t = std::min(t, again);
+    }
+    return t > 0 ? ops_per_group * static_cast<double>(grid_of(groups).groups()) / t : 0.0;
+  };
+  // (peak.comp: its loops' operations per workgroup)
+  constexpr double kThreads = kWorkgroup, kLoops = 1024;
+  peaks.ops_per_s["fp32 FMA"] = rate("peak_fma", kThreads * kLoops * 8 * 4 * 2);
+  if (int8_dot_) peaks.ops_per_s["int8 dot"] = rate("peak_dot", kThreads * kLoops * 8 * 8);
+  // A subgroup's loop: kMatrixLoops products of 4 accumulators, M·N·K multiply-adds each.
+  constexpr double kMatrixLoops = 256;
+  const auto matrix_ops = [&](const VulkanDeviceInfo::MatrixShape& m) {
+    const double subgroups = kThreads / std::max<uint32_t>(info.subgroup_size, 1);
+    return subgroups * kMatrixLoops * 4 * 2.0 * m.m * m.n * m.k;
+  };
+  if (int8_matrices_) {
+    peaks.ops_per_s["int8 matrix"] = rate("peak_int8_matrix", matrix_ops(info.int8_matrix));
+  }
+  if (f16_matrices_) {
+    peaks.ops_per_s["f16 matrix"] = rate("peak_f16_matrix", matrix_ops(info.f16_matrix));
+  }
+  return peaks;
 }
 
 }  // namespace qhx

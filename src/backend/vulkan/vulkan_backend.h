@@ -57,6 +57,9 @@ struct VulkanBackendOptions {
   // does (it would read host memory over PCIe); true makes any device do it
   // (QHX_VULKAN_PRIVATE_STATES=1, the tests of that path on lavapipe).
   bool private_states = false;
+  // A timestamp after every command it records (qhx bench --profile): the device's time per op
+  // kind, weight type and kernel (take_profile), and the device's peaks (measure_peaks).
+  bool profile = false;
 };
 
 class VulkanBackend final : public Backend {
@@ -81,6 +84,9 @@ class VulkanBackend final : public Backend {
   // Allocations of device memory attempted so far (the fail_allocation switch counts them).
   int64_t device_allocations() const { return device_memory_.allocations(); }
   WeightMemory weight_memory() const override;
+  bool profiles() const override { return options_.profile; }
+  DeviceProfile take_profile() override;
+  DevicePeaks measure_peaks() override;
 
  private:
   // A weight matrix on the device in parts of whole rows, each within one storage-buffer binding
@@ -157,6 +163,18 @@ class VulkanBackend final : public Backend {
   const VulkanBuffer* ring() const { return static_cast<const VulkanBuffer*>(ring_.get()); }
   const VulkanBuffer& scratch(std::unique_ptr<Buffer>& buffer, size_t bytes);
 
+  // Profiling: the entry of the ops its next commands run for (found or added), a timestamp
+  // after the command just recorded, and the device time of one dispatch measured alone.
+  int profiled_op(const std::string& op, const std::string& weights, int64_t rows);
+  void timestamp(const std::string& kernel);
+  double time_alone(const char* shader, std::initializer_list<Binding> buffers,
+                    std::initializer_list<uint32_t> push, uint64_t groups);
+  // What `shader` (a name as dispatched) computes with, as DevicePeaks names it; "" nothing.
+  std::string arithmetic(const std::string& shader) const;
+  // Room in this submission for one more command (its descriptor set, its timestamp), else the
+  // submission is made now.
+  void make_room();
+
   void begin();  // a command buffer to record into, if none is open
   void dispatch(const char* shader, std::initializer_list<Binding> buffers,
                 std::span<const uint32_t> push, uint64_t groups, uint32_t z = 1);
@@ -168,6 +186,11 @@ class VulkanBackend final : public Backend {
             size_t bytes);
   void barrier();
   void abandon();  // drops what was recorded (after an error)
+  // Submits what was recorded and waits for it; synchronize also frees what that work read (the
+  // upload ring, retired shadows), which a submission in the middle of a node (make_room) must
+  // not: the node's later commands may read them.
+  void submit_recorded();
+  void read_timestamps();  // of the submission just waited for, into profile_
 
   std::shared_ptr<VulkanDevice> device_;
   VulkanBackendOptions options_;
@@ -204,6 +227,19 @@ class VulkanBackend final : public Backend {
   uint32_t sets_left_ = 0;
   bool recording_ = false;
   int64_t submissions_ = 0;  // so far: the fault-injection switch counts them
+
+  // Profiling: timestamp 0 at the start of the command buffer, timestamp i + 1 after its
+  // command i, which ran for timed_[i] (an entry of profile_.ops, -1: none).
+  struct TimedCommand {
+    int op;
+    std::string kernel;
+  };
+  VkQueryPool timestamps_ = VK_NULL_HANDLE;
+  uint32_t timestamps_used_ = 0;
+  std::vector<TimedCommand> timed_;
+  int profiled_op_ = -1;
+  DeviceProfile profile_;               // since take_profile
+  std::vector<double> last_intervals_;  // of the last submission, in seconds
 };
 
 }  // namespace qhx

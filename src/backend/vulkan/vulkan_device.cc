@@ -237,6 +237,18 @@ VulkanDeviceInfo read_info(VkInstance instance, VkPhysicalDevice device, int ind
     find_matrix_shapes(instance, device, properties.properties, subgroup, info);
   }
 
+  // Timestamps on the compute queue (VulkanDevice::open takes the first family with compute).
+  uint32_t n_families = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &n_families, nullptr);
+  std::vector<VkQueueFamilyProperties> families(n_families);
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &n_families, families.data());
+  for (const VkQueueFamilyProperties& f : families) {
+    if ((f.queueFlags & VK_QUEUE_COMPUTE_BIT) == 0) continue;
+    info.timestamp_bits = f.timestampValidBits;
+    info.timestamp_period_ns = properties.properties.limits.timestampPeriod;
+    break;
+  }
+
   VkPhysicalDeviceMemoryProperties memory;
   vkGetPhysicalDeviceMemoryProperties(device, &memory);
   for (uint32_t h = 0; h < memory.memoryHeapCount; ++h) {

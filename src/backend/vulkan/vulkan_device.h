@@ -41,6 +41,9 @@ struct VulkanDeviceInfo {
   uint64_t max_storage_buffer_range = 0;  // bytes one storage buffer binding may span
   uint64_t storage_offset_alignment = 4;  // minStorageBufferOffsetAlignment of a binding's start
   bool discrete = false;
+  // Timestamps of its compute queue: valid bits (0: it writes none) and nanoseconds per tick.
+  uint32_t timestamp_bits = 0;
+  double timestamp_period_ns = 0;
   // VK_EXT_external_memory_host's minImportedHostPointerAlignment: host memory (a mapped weight
   // file) aligned so can be used by the device in place. 0: the device cannot import it.
   uint64_t host_import_alignment = 0;

@@ -65,11 +65,12 @@ class VulkanFactory final : public DeviceFactory {
   }
 
   OpenedDevice open(std::string_view param, std::optional<bool> decode,
-                    const DeviceSettings&) const override {
+                    const DeviceSettings& settings) const override {
     const int index = std::atoi(std::string(param).c_str());
     const std::shared_ptr<VulkanDevice> device = VulkanDevice::open(index, default_cache_dir());
     VulkanBackendOptions options = options_from_environment();
     options.decode = decode.value_or(decode_on_device(device->info()));
+    options.profile = settings.contains("profile");  // qhx bench --profile
     OpenedDevice out;
     out.backend = std::make_shared<VulkanBackend>(device, options);
     out.decodes = options.decode;

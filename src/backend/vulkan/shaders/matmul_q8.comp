@@ -1,13 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #if defined(INT8_DOT)
-#extension GL_EXT_spirv_intrinsics : require
-// OpSDot of SPV_KHR_integer_dot_product on two words of four signed bytes (packed vector format
-// 0): GL_EXT_integer_dot_product's dot4x8, which Debian 12's glslang predates.
-spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6018, 6019],
-                  id = 4450)
-int signed_dot_spirv(int a, int b, spirv_literal int packed_format);
-int dot4x8(int a, int b) { return signed_dot_spirv(a, b, 0); }
+#include "int8_dot.glsl"
 #endif
 // y[t, r] = Σ_b sw(r, b) · sx(t, b) · Σ_{c ∈ b} qw[r, c] · qx[t, c] for W8 (WEIGHT_W8) or W4
 // (WEIGHT_W4) weights and activations quantized by quantize_q8 (ref::matmul's int8 form): the
