@@ -645,6 +645,85 @@ TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
     }
   }
 }
+
+// A device opened to profile times every node it runs (qhx bench --profile): each op kind,
+// weight type and row count of the suite's cases gets its nodes, their cost (node_cost) and a
+// device time, made up of its kernels' times, summing to the device's time; its results stay the
+// reference's. It measures its peaks in every arithmetic its kernels use. A device opened
+// without it profiles nothing.
+TEST(BackendOps, AProfilingVulkanDeviceTimesEveryNodeAtItsCost) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  CpuContext reference_context(1, CpuKernels{});
+  CpuBackend reference(reference_context, /*fusion=*/false);
+  VulkanBackendOptions options;
+  options.decode = true;  // it takes the embedding too
+  options.profile = true;
+  VulkanBackend backend(device, options);
+  ASSERT_TRUE(backend.profiles());
+  std::set<Op> timed;
+  const ModelConfig config = load_model_config(test::fixture_checkpoints().front() / "config.json");
+  for (const OpCase& c : cases_for(config)) {
+    const PreparedWeights prepared(backend, c.weights);
+    expect_close(run_on(c, backend), run_on(c, reference), c.name);
+    const DeviceProfile profile = backend.take_profile();
+    std::map<std::tuple<std::string, std::string, int64_t>, std::pair<int64_t, NodeCost>> want;
+    for (const Node& n : c.plan.nodes) {
+      auto& [nodes, cost] = want[{
+          op_name(n.op),
+          n.matrix != nullptr ? std::string(dtype_name(n.matrix->dtype)) : std::string(), n.rows}];
+      ++nodes;
+      cost += node_cost(c.plan, n, c.first_pos);
+      timed.insert(n.op);
+    }
+    double sum = 0;
+    for (const OpTime& op : profile.ops) {
+      const std::string what = c.name + ": " + op.op + " " + op.weights;
+      const auto it = want.find({op.op, op.weights, op.rows});
+      ASSERT_NE(it, want.end()) << what << " is no node of the case";
+      EXPECT_EQ(op.nodes, it->second.first) << what;
+      EXPECT_DOUBLE_EQ(op.cost.bytes, it->second.second.bytes) << what;
+      EXPECT_DOUBLE_EQ(op.cost.flops, it->second.second.flops) << what;
+      EXPECT_GT(op.seconds, 0.0) << what;
+      EXPECT_FALSE(op.kernels.empty()) << what;
+      double kernels = 0;
+      for (const auto& [name, k] : op.kernels) kernels += k.seconds;
+      EXPECT_NEAR(kernels, op.seconds, 1e-9 + 1e-9 * op.seconds) << what;
+      sum += op.seconds;
+      want.erase(it);
+    }
+    EXPECT_TRUE(want.empty()) << c.name << ": " << want.size() << " kinds of its nodes untimed";
+    EXPECT_NEAR(sum, profile.seconds, 1e-9 + 1e-9 * sum) << c.name;
+    EXPECT_GE(profile.submissions, 1) << c.name;
+  }
+  EXPECT_EQ(timed.size(), static_cast<size_t>(kOpKinds));
+  EXPECT_TRUE(backend.take_profile().ops.empty()) << "taken twice";
+
+  const DevicePeaks peaks = backend.measure_peaks();
+  EXPECT_GT(peaks.read_bytes_per_s, 0.0);
+  EXPECT_GT(peaks.ops_per_s.at("fp32 FMA"), 0.0);
+  const bool has_matrices = find_shader("matmul_q8_w8_coopmat") != nullptr;
+  EXPECT_EQ(peaks.ops_per_s.contains("int8 dot"), device->info().int8_dot);
+  EXPECT_EQ(peaks.ops_per_s.contains("int8 matrix"),
+            has_matrices && device->info().int8_matrix.k > 0);
+  EXPECT_EQ(peaks.ops_per_s.contains("f16 matrix"),
+            has_matrices && device->info().f16_matrix.k > 0);
+  for (const auto& [arithmetic, rate] : peaks.ops_per_s) EXPECT_GT(rate, 0.0) << arithmetic;
+  std::printf("peaks of %s: read %.1f GB/s", device->info().name.c_str(),
+              peaks.read_bytes_per_s * 1e-9);
+  for (const auto& [arithmetic, rate] : peaks.ops_per_s) {
+    std::printf(", %s %.1f Gop/s", arithmetic.c_str(), rate * 1e-9);
+  }
+  std::printf("\n");
+
+  VulkanBackend plain(device);
+  EXPECT_FALSE(plain.profiles());
+  const std::deque<OpCase> cases = cases_for(config);
+  const OpCase& first = cases.front();
+  const PreparedWeights prepared(plain, first.weights);
+  run_on(first, plain);
+  EXPECT_TRUE(plain.take_profile().ops.empty());
+  EXPECT_THROW(plain.measure_peaks(), Error);
+}
 #endif
 
 // The fused runs are fused where the plan has them side by side.

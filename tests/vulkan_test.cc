@@ -23,6 +23,7 @@
 #include "support/raw_safetensors.h"
 #include "support/vulkan_device.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_file.h"
 
 namespace qhx {
 namespace {
@@ -375,6 +376,55 @@ TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
     EXPECT_EQ(refused.out, cpu.out);
     EXPECT_NE(refused.err.find("disagrees with the CPU"), std::string::npos) << refused.err;
   }
+  ::unsetenv("QHX_CACHE_DIR");
+}
+
+// qhx bench --profile: per device, its peaks and where its time went in a prompt pass and in a
+// decode step, as a table and in --json; it asks for a device that times its work and for the
+// runs it profiles.
+TEST(DeviceCli, BenchProfileSaysWhereTheDevicesTimeWent) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const test::TempDir cache;
+  ::setenv("QHX_CACHE_DIR", cache.path().c_str(), 1);
+  const std::string bench = "bench " + fixture("qwen3_5/gva2_tied").string() +
+                            " -p 16 -n 4 -r 2 --device vulkan --decode-device vulkan --profile";
+  const test::CliRun table = test::run_qhx(bench);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  for (const char* part :
+       {"peaks measured: read ", "fp32 FMA", "profile of a prompt pass of 16 tokens",
+        "profile of a decode step (4 steps after depth 0)", "delta_rule", "matmul", "of peak"}) {
+    EXPECT_NE(table.out.find(part), std::string::npos) << part << " in\n" << table.out;
+  }
+  const test::CliRun json = test::run_qhx(bench + " --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const Json record = Json::parse(json.out);  // one configuration: one line
+  ASSERT_EQ(record["profile"].size(), 1u) << json.out;
+  const Json& p = record["profile"][0];
+  EXPECT_GT(p["peaks"]["read_gb_s"].get<double>(), 0.0);
+  for (const char* phase : {"prefill", "decode"}) {
+    const Json& profile = p[phase];
+    ASSERT_FALSE(profile["ops"].empty()) << phase;
+    double ms = 0;
+    for (const Json& op : profile["ops"]) {
+      EXPECT_GT(op["ms"].get<double>(), 0.0) << op.dump();
+      EXPECT_GT(op["mb"].get<double>(), 0.0) << op.dump();
+      if (std::string(phase) == "decode") {
+        EXPECT_EQ(op["rows"].get<int64_t>(), 1) << op.dump();
+      }
+      ms += op["ms"].get<double>();
+    }
+    EXPECT_NEAR(ms, profile["device_ms"].get<double>(), 1e-6 * ms) << phase;
+    EXPECT_EQ(profile["passes"].get<int64_t>(), std::string(phase) == "decode" ? 8 : 2);
+  }
+  const test::CliRun cpu = test::run_qhx("bench " + fixture("qwen3_5/gva2_tied").string() +
+                                         " -p 16 -n 4 -r 1 --profile");
+  EXPECT_NE(cpu.exit_code, 0);
+  EXPECT_NE(cpu.err.find("--profile: no device here times its work"), std::string::npos) << cpu.err;
+  const test::CliRun turns = test::run_qhx(bench + " --turns 2");
+  EXPECT_NE(turns.exit_code, 0);
+  EXPECT_NE(turns.err.find("--profile: profiles the prefill and decode runs only"),
+            std::string::npos)
+      << turns.err;
   ::unsetenv("QHX_CACHE_DIR");
 }
 
