@@ -651,7 +651,7 @@ TEST(BackendOps, VulkanPromptMatmulsWithFloatActivationsKeepFloat32Precision) {
 // device time, made up of its kernels' times, summing to the device's time; its results stay the
 // reference's. It measures its peaks in every arithmetic its kernels use. A device opened
 // without it profiles nothing.
-TEST(BackendOps, AProfilingVulkanDeviceTimesEveryNodeAtItsCost) {
+TEST(BackendOps, VulkanProfilingTimesEveryNodeAtItsCost) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
