@@ -17,7 +17,9 @@ What it does, each step skipped when its output is already in the cache:
   4. Rounds of llama-bench (-p/-n/-t/-r, JSON) and `qhx bench --json`, alternating
      (llama.cpp, qhx, llama.cpp, qhx, ...), then a table of prefill and decode tok/s and the
      ratio qhx / llama.cpp (mean ± sample stddev over rounds, each round's figure being the mean
-     over -r repetitions).
+     over -r repetitions). -p takes several prompt lengths (-p 512,2048: rows pp512, pp2048 and
+     tg128); both tools time the decode from an empty context, qhx's figure being that of its
+     first prompt length's record.
 
 Examples (from the repository root, after `tools/setup.sh build`):
   python3 bench/compare_llama_cpp.py --preset qwen3-0.6b -p 64 -n 16 -r 1 --rounds 1   # smoke
@@ -305,30 +307,67 @@ class Models:
 # ---------------------------------------------------------------------------------------------
 # benchmarks
 
+def test_names(args) -> list[str]:
+    """The table's rows for one pair: pp<N> for each prompt length, then tg<n>."""
+    return [f"pp{n}" for n in args.n_prompt] + [f"tg{args.n_gen}"]
+
+
+def prompt_list(args) -> str:
+    return ",".join(str(n) for n in args.n_prompt)
+
+
 def llama_bench(llama: LlamaCpp, gguf: Path, args) -> dict:
-    cmd = [llama.bench, "-m", gguf, "-p", args.n_prompt, "-n", args.n_gen, "-t", args.threads,
+    """tok/s per test name (and its stddev over -r), from llama-bench's JSON records."""
+    cmd = [llama.bench, "-m", gguf, "-p", prompt_list(args), "-n", args.n_gen, "-t", args.threads,
            "-r", args.reps, "-o", "json", *(["-ngl", "99"] if args.vulkan else []),
            *args.llama_bench_args]
     records = json.loads(run(cmd, capture=True).stdout)
-    out = {"raw": records}
+    out = {"raw": records, "tok_s": {}, "sd": {}}
     for r in records:
         if r["n_prompt"] > 0 and r["n_gen"] == 0:
-            out["prefill"] = r["avg_ts"]
-            out["prefill_sd"] = r["stddev_ts"]
+            test = f"pp{r['n_prompt']}"
         elif r["n_gen"] > 0 and r["n_prompt"] == 0:
-            out["decode"] = r["avg_ts"]
-            out["decode_sd"] = r["stddev_ts"]
+            test = f"tg{r['n_gen']}"
+        else:
+            continue
+        out["tok_s"][test], out["sd"][test] = r["avg_ts"], r["stddev_ts"]
+    missing = [t for t in test_names(args) if t not in out["tok_s"]]
+    if missing:
+        die(f"llama-bench on {gguf}: no record for {', '.join(missing)}")
     return out
 
 
 def qhx_bench(qhx: Path, bundle: Path, args) -> dict:
-    cmd = [qhx, "bench", bundle, "-p", args.n_prompt, "-n", args.n_gen, "-t", args.threads,
+    """tok/s per test name from `qhx bench --json` (one record per prompt length)."""
+    cmd = [qhx, "bench", bundle, "-p", prompt_list(args), "-n", args.n_gen, "-t", args.threads,
            "-r", args.reps, "--json",
            *(["--device", "vulkan", "--decode-device", args.qhx_decode_device] if args.vulkan else [])]
-    record = json.loads(run(cmd, capture=True).stdout.strip().splitlines()[-1])
-    return {"raw": record, "prefill": record["prefill_tok_s"], "decode": record["decode_tok_s"],
-            "prefill_sd": record["spread"]["prefill_tok_s"]["stddev"],
-            "decode_sd": record["spread"]["decode_tok_s"]["stddev"]}
+    records = [json.loads(line) for line in run(cmd, capture=True).stdout.splitlines()
+               if line.startswith("{")]
+    by_prompt = {r["n_prompt"]: r for r in records}
+    missing = [n for n in args.n_prompt if n not in by_prompt]
+    if missing:
+        die(f"qhx bench on {bundle}: no record for -p {', '.join(map(str, missing))}")
+    out = {"raw": records, "tok_s": {}, "sd": {}}
+    for n in args.n_prompt:
+        r = by_prompt[n]
+        out["tok_s"][f"pp{n}"] = r["prefill_tok_s"]
+        out["sd"][f"pp{n}"] = r["spread"]["prefill_tok_s"]["stddev"]
+    first = by_prompt[args.n_prompt[0]]  # its decode, from an empty context as llama-bench's
+    out["tok_s"][f"tg{args.n_gen}"] = first["decode_tok_s"]
+    out["sd"][f"tg{args.n_gen}"] = first["spread"]["decode_tok_s"]["stddev"]
+    return out
+
+
+def qhx_profile(qhx: Path, bundle: Path, args, stem: Path) -> None:
+    """`qhx bench --profile` of one bundle with the rounds' -p/-n, once as its table (stem.txt)
+    and once as JSON (stem.json): where the device's time went in those runs, per op."""
+    cmd = [qhx, "bench", bundle, "-p", prompt_list(args), "-n", args.n_gen, "-t", args.threads,
+           "-r", "1", "--profile",
+           *(["--device", "vulkan", "--decode-device", args.qhx_decode_device] if args.vulkan else [])]
+    stem.with_suffix(".txt").write_text(run(cmd, capture=True).stdout)
+    stem.with_suffix(".json").write_text(run(cmd + ["--json"], capture=True).stdout)
+    log(f"wrote {stem}.txt and {stem}.json")
 
 
 def spread(xs: list[float]) -> dict:
@@ -372,13 +411,12 @@ def git_commit() -> str:
 
 
 def render_table(rows: list[dict], args) -> str:
-    pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
     lines = ["| pair | test | llama.cpp tok/s | qhx tok/s | qhx / llama.cpp | best of rounds: "
              "llama.cpp, qhx, ratio |",
              "|---|---|---|---|---|---|"]
     for row in rows:
-        for key, test in (("prefill", pp), ("decode", tg)):
-            m = row[key]
+        for test in test_names(args):
+            m = row["tests"][test]
             best_l, best_q = m["llama"]["max"], m["qhx"]["max"]
             lines.append(f"| {row['label']} | {test} | {cell(m['llama'])} | {cell(m['qhx'])} | "
                          f"{cell(m['ratio'], 2)} | {best_l:.1f}, {best_q:.1f}, "
@@ -404,7 +442,8 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--pairs", default=None,
                    help="comma-separated from q8 (GGUF Q8_0 vs qhx W8), q4 (Q4_0 vs W4); default: "
                         "q8,q4 for Qwen3 presets, q8 for Qwen3.5")
-    g.add_argument("-p", "--n-prompt", type=int, default=512, help="prefill tokens (default: 512)")
+    g.add_argument("-p", "--n-prompt", default="512",
+                   help="prefill tokens, comma-separated for several (default: 512)")
     g.add_argument("-n", "--n-gen", type=int, default=128, help="decoded tokens (default: 128)")
     g.add_argument("-t", "--threads", type=int, default=2, help="threads for both (default: 2)")
     g.add_argument("-r", "--reps", type=int, default=3,
@@ -469,6 +508,9 @@ def parse_args() -> argparse.Namespace:
                    help="keep the BF16 GGUF (Q4_0's source) and --check-converter's official GGUF")
     g = ap.add_argument_group("output and modes")
     g.add_argument("--json", type=Path, help="write the results (all rounds, metadata) here")
+    g.add_argument("--qhx-profile", type=Path, metavar="DIR",
+                   help="after the rounds, qhx bench --profile of each pair's bundle with the same "
+                        "-p/-n (needs --vulkan): DIR/profile-PRESET-WEIGHTS.txt and .json")
     g.add_argument("--markdown", type=Path, help="write the table and metadata here")
     g.add_argument("--setup-only", action="store_true", help="fetch and build llama.cpp, then stop")
     g.add_argument("--convert-only", action="store_true", help="stop after making the models")
@@ -488,7 +530,15 @@ def parse_args() -> argparse.Namespace:
         if not args.python:
             ap.error("--converter official and --check-converter need --python (an interpreter "
                      "with torch, transformers, numpy, sentencepiece)")
-    if min(args.n_prompt, args.n_gen, args.threads, args.reps, args.rounds) < 1:
+    try:
+        args.n_prompt = [int(n) for n in args.n_prompt.split(",")]
+    except ValueError:
+        ap.error(f"-p: expected prompt lengths separated by commas, got {args.n_prompt!r}")
+    if len(set(args.n_prompt)) != len(args.n_prompt):
+        ap.error("-p: a prompt length is given twice")
+    if args.qhx_profile and not args.vulkan:
+        ap.error("--qhx-profile times the GPU's work: it needs --vulkan")
+    if min(*args.n_prompt, args.n_gen, args.threads, args.reps, args.rounds) < 1:
         ap.error("-p, -n, -t, -r and --rounds must be at least 1")
     return args
 
@@ -550,22 +600,28 @@ def main() -> None:
             lb = llama_bench(llama, p["gguf_path"], args)
             qb = qhx_bench(args.qhx, p["bundle"], args)
             rounds[p["pair"]].append({"llama": lb, "qhx": qb, "load_1min_before": load})
-            log(f"  prefill llama.cpp {lb['prefill']:.1f} qhx {qb['prefill']:.1f} | "
-                f"decode llama.cpp {lb['decode']:.1f} qhx {qb['decode']:.1f} tok/s")
+            log("  " + " | ".join(f"{t} llama.cpp {lb['tok_s'][t]:.1f} qhx {qb['tok_s'][t]:.1f}"
+                                  for t in test_names(args)) + " tok/s")
+
+    if args.qhx_profile:
+        args.qhx_profile.mkdir(parents=True, exist_ok=True)
+        for p in pairs:
+            qhx_profile(args.qhx, p["bundle"], args,
+                        args.qhx_profile / f"profile-{args.preset}-{PAIRS[p['pair']]['qhx']}")
 
     rows = []
     for p in pairs:
         rr = rounds[p["pair"]]
         row = {"pair": p["pair"], "label": p["label"], "gguf": p["gguf_path"].name,
-               "bundle": p["bundle"].name}
-        for key in ("prefill", "decode"):
-            ll = [r["llama"][key] for r in rr]
-            qq = [r["qhx"][key] for r in rr]
-            row[key] = {"llama": spread(ll), "qhx": spread(qq),
-                        "ratio": spread([q / l for q, l in zip(qq, ll)])}
+               "bundle": p["bundle"].name, "tests": {}}
+        for test in test_names(args):
+            ll = [r["llama"]["tok_s"][test] for r in rr]
+            qq = [r["qhx"]["tok_s"][test] for r in rr]
+            row["tests"][test] = {"llama": spread(ll), "qhx": spread(qq),
+                                  "ratio": spread([q / l for q, l in zip(qq, ll)])}
         # qhx bench's own measure of the memory's read bandwidth and of the share its decode used.
-        fractions = [r["qhx"]["raw"].get("decode_bandwidth_fraction") for r in rr]
-        ceilings = [r["qhx"]["raw"].get("memory_read_gb_s") for r in rr]
+        fractions = [r["qhx"]["raw"][0].get("decode_bandwidth_fraction") for r in rr]
+        ceilings = [r["qhx"]["raw"][0].get("memory_read_gb_s") for r in rr]
         if all(f is not None for f in fractions) and all(c is not None for c in ceilings):
             row["qhx_decode_bandwidth"] = {"fraction": spread(fractions),
                                            "memory_read_gb_s": spread(ceilings)}
@@ -575,15 +631,15 @@ def main() -> None:
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "qhx_commit": git_commit(),
-        "qhx_binary_commit": first["qhx"]["raw"].get("commit"),
-        "qhx_kernel_path": first["qhx"]["raw"].get("kernel_path"),
+        "qhx_binary_commit": first["qhx"]["raw"][0].get("commit"),
+        "qhx_kernel_path": first["qhx"]["raw"][0].get("kernel_path"),
         "llama_cpp_python": args.llama_cpp_python_version if not args.llama_cpp_src else None,
         "llama_cpp_commit": llama.commit() if not args.llama_cpp_src else str(args.llama_cpp_src),
         "llama_bench_backends": first["llama"]["raw"][0].get("backends"),
         "llama_bench_gpu": first["llama"]["raw"][0].get("gpu_info"),
-        "qhx_backends": first["qhx"]["raw"].get("backends"),
-        "qhx_devices": {"prefill": first["qhx"]["raw"].get("prefill_device"),
-                        "decode": first["qhx"]["raw"].get("decode_device")},
+        "qhx_backends": first["qhx"]["raw"][0].get("backends"),
+        "qhx_devices": {"prefill": first["qhx"]["raw"][0].get("prefill_device"),
+                        "decode": first["qhx"]["raw"][0].get("decode_device")},
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": args.threads,
         "preset": args.preset, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
         "reps_per_call": args.reps, "rounds": args.rounds, "converter": args.converter,
@@ -598,7 +654,7 @@ def main() -> None:
     header = (f"{meta['date']}  qhx {meta['qhx_commit'][:12]} ({meta['qhx_kernel_path']})  "
               f"llama.cpp {meta['llama_cpp_commit']} (llama-cpp-python {meta['llama_cpp_python']})\n"
               f"{meta['cpu']} [{' '.join(meta['cpu_flags'])}], {args.threads} threads, "
-              f"preset {args.preset}, pp{args.n_prompt} / tg{args.n_gen}, "
+              f"preset {args.preset}, {' / '.join(test_names(args))}, "
               f"{args.rounds} round(s) x {args.reps} rep(s), load average at the end "
               f"{' '.join(f'{x:.2f}' for x in meta['load_average'])}")
     note = ("mean ± sample stddev over rounds; the ratio is taken per round (> 1: qhx faster). "

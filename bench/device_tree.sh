@@ -6,8 +6,10 @@
 #            are) and ignores them in .git/info/exclude, and installs a pre-commit hook that
 #            refuses to commit meanwhile (a commit then would delete them);
 #   restore  puts both back as HEAD has them, removes the exclusion and the hook;
-#   size     what a call carrying .gpu would send now, against the limit.
-# Usage: bench/device_tree.sh slim|restore|size
+#   size     what a call carrying .gpu would send now (and after slim), against the limit;
+#   copy DIR what a call carrying .gpu would send after slim, copied into DIR (a new folder): the
+#            tree to rehearse a device run in (bash DIR/bench/gpu_device_run.sh --rehearse).
+# Usage: bench/device_tree.sh slim|restore|size|copy DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 paths=(models tests/fixtures)
@@ -18,17 +20,22 @@ hook="$git_dir/hooks/pre-commit"
 begin='# qhx device_tree.sh slim: begin'
 end='# qhx device_tree.sh slim: end'
 
-size() {
-  local tracked untracked carried limit=$((64 << 20))
-  tracked=$(git ls-files -z | xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
+size() {  # what a call would send now, and (when not slim) after slim
+  local limit=$((64 << 20)) untracked carried
   untracked=$(git ls-files -z --others --exclude-standard |
     xargs -0 -r stat -c %s -- | awk '{s += $1} END {print s + 0}')
   carried=$(du -sb .gpu 2>/dev/null | cut -f1 || echo 0)
-  local total=$((tracked + untracked + ${carried:-0}))
-  printf 'tracked %.1f MiB + untracked %.1f MiB + .gpu %.1f MiB = %.1f MiB of %d MiB: %s\n' \
-    "$(bc -l <<<"$tracked / 1048576")" "$(bc -l <<<"$untracked / 1048576")" \
-    "$(bc -l <<<"${carried:-0} / 1048576")" "$(bc -l <<<"$total / 1048576")" $((limit >> 20)) \
-    "$([ "$total" -le "$limit" ] && echo 'fits' || echo 'TOO LARGE')"
+  line() {  # label tracked
+    local total=$(($2 + untracked + ${carried:-0}))
+    printf '%s: tracked %.1f MiB + untracked %.1f MiB + .gpu %.1f MiB = %.1f MiB of %d MiB: %s\n' \
+      "$1" "$(bc -l <<<"$2 / 1048576")" "$(bc -l <<<"$untracked / 1048576")" \
+      "$(bc -l <<<"${carried:-0} / 1048576")" "$(bc -l <<<"$total / 1048576")" $((limit >> 20)) \
+      "$([ "$total" -le "$limit" ] && echo 'fits' || echo 'TOO LARGE')"
+  }
+  tracked_bytes() { git ls-files -z -- "$@" | xargs -0 -r stat -c %s -- 2>/dev/null |
+    awk '{s += $1} END {print s + 0}'; }
+  line now "$(tracked_bytes .)"
+  [ -e "$mark" ] || line "after slim" "$(tracked_bytes . "${paths[@]/#/:!}")"
 }
 
 case "${1:-}" in
@@ -51,5 +58,14 @@ case "${1:-}" in
     git status --short -- "${paths[@]}"
     ;;
   size) size ;;
-  *) echo "usage: bench/device_tree.sh slim|restore|size" >&2; exit 2 ;;
+  copy)
+    dest=${2:?usage: bench/device_tree.sh copy DIR}
+    if [ -e "$dest" ]; then echo "device_tree.sh: $dest exists" >&2; exit 1; fi
+    mkdir -p "$dest"
+    { git ls-files -z -- . "${paths[@]/#/:!}"; git ls-files -z --others --exclude-standard; } |
+      tar -cf - --null -T - | tar -xf - -C "$dest"
+    [ ! -d .gpu ] || cp -r .gpu "$dest/"
+    du -sh "$dest"
+    ;;
+  *) echo "usage: bench/device_tree.sh slim|restore|size|copy DIR" >&2; exit 2 ;;
 esac

@@ -8,6 +8,9 @@
 #                 any x86-64 with AVX2 (compare_llama_cpp.py --portable-cpu), and the parts of its
 #                 source tree the comparison reads (gguf-py, the converter's tables, llama-arch.h,
 #                 the sdist's changelog, the licence);
+#   fixtures.tar.xz  tests/fixtures' tiny Hugging Face checkpoints, without their golden
+#                 outputs, for bench/gpu_check.sh (device_tree.sh slim takes tests/fixtures out
+#                 of the tree the call sends);
 #   debs/         the Vulkan loader and GLVND as Debian amd64 packages (the device README's list:
 #                 the machine may have no loader, and NVIDIA's ICD needs GLVND).
 # Then it prints what a device call would send (bench/device_tree.sh size).
@@ -65,6 +68,13 @@ bin=build-$version-vulkan-portable/bin
 (cd "$cache" && tar -cJf - "$bin/llama-bench" "$bin/llama-quantize" "$sdist/CHANGELOG.md" \
   "$vendor/CMakeLists.txt" "$vendor/LICENSE" "$vendor/convert_hf_to_gguf.py" "$vendor/conversion" \
   "$vendor/gguf-py" "$vendor/src/llama-arch.h") >"$out/llama.tar.xz"
+
+# The checkpoints (config.json and weights) of the fixtures, by family.
+(cd tests/fixtures && find qwen3 qwen3_5 -name config.json -printf '%h\n' | sort |
+  while read -r ckpt; do
+    find "$ckpt" -maxdepth 1 -type f \( -name 'config.json' -o -name 'generation_config.json' \
+      -o -name 'model*.safetensors' -o -name 'model.safetensors.index.json' \)
+  done | tar -cJf - -T -) >"$out/fixtures.tar.xz"
 
 loader=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 tools/unpack_debs.sh bookworm "$stage/bookworm" "${loader[@]}"
