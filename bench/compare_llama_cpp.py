@@ -316,6 +316,13 @@ def prompt_list(args) -> str:
     return ",".join(str(n) for n in args.n_prompt)
 
 
+def qhx_device_args(args) -> list[str]:
+    if not args.vulkan:
+        return []
+    return ["--device", "vulkan", "--decode-device", args.qhx_decode_device,
+            "--device-check", args.qhx_device_check]
+
+
 def llama_bench(llama: LlamaCpp, gguf: Path, args) -> dict:
     """tok/s per test name (and its stddev over -r), from llama-bench's JSON records."""
     cmd = [llama.bench, "-m", gguf, "-p", prompt_list(args), "-n", args.n_gen, "-t", args.threads,
@@ -340,10 +347,17 @@ def llama_bench(llama: LlamaCpp, gguf: Path, args) -> dict:
 def qhx_bench(qhx: Path, bundle: Path, args) -> dict:
     """tok/s per test name from `qhx bench --json` (one record per prompt length)."""
     cmd = [qhx, "bench", bundle, "-p", prompt_list(args), "-n", args.n_gen, "-t", args.threads,
-           "-r", args.reps, "--json",
-           *(["--device", "vulkan", "--decode-device", args.qhx_decode_device] if args.vulkan else [])]
-    records = [json.loads(line) for line in run(cmd, capture=True).stdout.splitlines()
-               if line.startswith("{")]
+           "-r", args.reps, "--json", *qhx_device_args(args)]
+    result = run(cmd, capture=True)
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    if args.vulkan:  # a device that failed its check leaves the run to the CPU: no GPU figure
+        wanted = {"prefill_device": "vulkan", "decode_device": args.qhx_decode_device}
+        for r in records:
+            for key, kind in wanted.items():
+                if not str(r.get(key)).startswith(kind):
+                    die(f"qhx bench on {bundle}: ran its {key.split('_')[0]} on {r.get(key)}, not "
+                        f"{kind} (--qhx-device-check never times a device that fails its "
+                        f"check):\n{result.stderr.strip()}")
     by_prompt = {r["n_prompt"]: r for r in records}
     missing = [n for n in args.n_prompt if n not in by_prompt]
     if missing:
@@ -363,10 +377,9 @@ def qhx_profile(qhx: Path, bundle: Path, args, stem: Path) -> None:
     """`qhx bench --profile` of one bundle with the rounds' -p/-n, once as its table (stem.txt)
     and once as JSON (stem.json): where the device's time went in those runs, per op."""
     cmd = [qhx, "bench", bundle, "-p", prompt_list(args), "-n", args.n_gen, "-t", args.threads,
-           "-r", "1", "--profile",
-           *(["--device", "vulkan", "--decode-device", args.qhx_decode_device] if args.vulkan else [])]
-    stem.with_suffix(".txt").write_text(run(cmd, capture=True).stdout)
-    stem.with_suffix(".json").write_text(run(cmd + ["--json"], capture=True).stdout)
+           "-r", "1", "--profile", *qhx_device_args(args)]
+    Path(f"{stem}.txt").write_text(run(cmd, capture=True).stdout)
+    Path(f"{stem}.json").write_text(run(cmd + ["--json"], capture=True).stdout)
     log(f"wrote {stem}.txt and {stem}.json")
 
 
@@ -424,10 +437,12 @@ def render_table(rows: list[dict], args) -> str:
     for row in rows:
         b = row.get("qhx_decode_bandwidth")
         if b:
+            of = (f"the memory's read bandwidth, {cell(b['memory_read_gb_s'])} GB/s on "
+                  f"{args.threads} threads" if b["read_by"] == "cpu" else
+                  f"{b['read_by']}'s measured read peak, {cell(b['memory_read_gb_s'])} GB/s")
             lines.append(f"\nqhx {row['label'].split(' vs ')[-1]} decode read "
                          f"{100 * b['fraction']['mean']:.0f} ± {100 * b['fraction']['stddev']:.0f} % "
-                         f"of the memory's read bandwidth, {cell(b['memory_read_gb_s'])} GB/s on "
-                         f"{args.threads} threads (qhx bench, same runs).")
+                         f"of {of} (qhx bench, same runs).")
     return "\n".join(lines)
 
 
@@ -467,6 +482,11 @@ def parse_args() -> argparse.Namespace:
                         "for them (--rebuild)")
     g.add_argument("--vulkan", action="store_true",
                    help="GPU against GPU: llama.cpp's Vulkan backend (-ngl 99) and qhx --device vulkan")
+    g.add_argument("--qhx-device-check", choices=["once", "always", "never"], default="once",
+                   help="--vulkan: qhx's check of the device before use (default: once). Random "
+                        "weights can fail it where trained ones pass: the hybrid's int8 "
+                        "activations carry a float rounding's step through its recurrence "
+                        "(bench/gpu_check.sh checks the device on the fixtures instead)")
     g.add_argument("--qhx-decode-device", choices=["vulkan", "cpu"], default="vulkan",
                    help="with --vulkan: where qhx decodes (default: vulkan)")
     g = ap.add_argument_group("tools and caches")
@@ -623,8 +643,9 @@ def main() -> None:
         fractions = [r["qhx"]["raw"][0].get("decode_bandwidth_fraction") for r in rr]
         ceilings = [r["qhx"]["raw"][0].get("memory_read_gb_s") for r in rr]
         if all(f is not None for f in fractions) and all(c is not None for c in ceilings):
-            row["qhx_decode_bandwidth"] = {"fraction": spread(fractions),
-                                           "memory_read_gb_s": spread(ceilings)}
+            row["qhx_decode_bandwidth"] = {
+                "fraction": spread(fractions), "memory_read_gb_s": spread(ceilings),
+                "read_by": rr[0]["qhx"]["raw"][0].get("memory_read_by", "cpu")}
         rows.append(row)
 
     first = rounds[pairs[0]["pair"]][0]

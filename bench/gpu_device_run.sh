@@ -80,7 +80,11 @@ echo "check done in $(($(date +%s) - start)) s"
 echo "== the table and the profiles"
 short=()
 [ "$mode" = rehearse ] && short=(-p 32,64 -n 8 -r 1 --rounds 1)
+# The device passed the check above; the timed runs skip qhx's own check, which random weights
+# at the hybrid's real shapes can fail where trained ones pass (the 2B W8 on lavapipe: Pearson r
+# 0.9915 with int8 activations, KL 1.4e-10 with f32 ones).
 QHX_COMMIT=$(cat "$root/COMMIT") QHX_BIN=$qhx QHX_RESULTS=$results bench/gpu_compare.sh \
   --cache "$root/llama" --portable-cpu --converter-python "$converter_python" \
+  --qhx-device-check never \
   --tokenizer "$root/tokenizer" --work "$work" -t "$(nproc)" "${short[@]}" "$@"
 echo "done in $(($(date +%s) - start)) s"

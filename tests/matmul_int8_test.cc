@@ -239,51 +239,58 @@ TEST(Int8Activations, FastMatmulMatchesTheReference) {
   }
 }
 
-// Matrices that read one input (a layer's q/k/v) multiplied together, x quantized once and their
-// rows one job, give each the bits of its own matmul: W8 and W4 trios of different row counts,
+// Matrices that read one input (a layer's q/k/v, or the delta rule's in_proj qkv, z, b and a,
+// the last two a row a value head) multiplied together, x quantized once and their rows one job,
+// give each the bits of its own matmul: W8 and W4 trios and quartets of different row counts,
 // packed and as they lie, on 1-3 threads; and a W8/W4 mix, which cannot share, as well.
 TEST(Int8Activations, SharedInputMatmulsEqualOneEach) {
   auto cx = test::cpu();
+  constexpr DType W8 = DType::kW8, W4 = DType::kW4;
   struct Case {
-    DType dtypes[3];
+    std::vector<DType> dtypes;
+    std::vector<int64_t> rows;
     bool packed;
   };
-  for (const Case& c : {Case{{DType::kW8, DType::kW8, DType::kW8}, false},
-                        Case{{DType::kW8, DType::kW8, DType::kW8}, true},
-                        Case{{DType::kW4, DType::kW4, DType::kW4}, true},
-                        Case{{DType::kW4, DType::kW4, DType::kW4}, false},
-                        Case{{DType::kW8, DType::kW4, DType::kW8}, true}}) {
-    const int64_t cols = 256, rows[3] = {60, 13, 35};
+  const std::vector<int64_t> qkv = {60, 13, 35}, delta = {192, 64, 4, 4};
+  for (const Case& c : {Case{{W8, W8, W8}, qkv, false}, Case{{W8, W8, W8}, qkv, true},
+                        Case{{W4, W4, W4}, qkv, true}, Case{{W4, W4, W4}, qkv, false},
+                        Case{{W8, W4, W8}, qkv, true}, Case{{W8, W8, W8, W8}, delta, true},
+                        Case{{W8, W8, W8, W8}, delta, false}, Case{{W4, W4, W4, W4}, delta, true},
+                        Case{{W4, W4, W4, W4}, delta, false}}) {
+    const int64_t cols = 256;
+    const size_t n = c.rows.size();
     std::vector<QuantizedMatrix> w;
-    std::vector<PackedMatrix> layouts(3);
-    for (int i = 0; i < 3; ++i) {
-      w.emplace_back(c.dtypes[i], rows[i], cols, 64, 20 + i);
-      if (c.packed) {
-        layouts[i] = pack_for_int8_kernels(cx->kernels(), w[i].ref);
-        w[i].ref.packed = layouts[i].data();
-      }
+    std::vector<PackedMatrix> layouts(n);
+    for (size_t i = 0; i < n; ++i) {
+      w.emplace_back(c.dtypes[i], c.rows[i], cols, 64, 20 + static_cast<uint32_t>(i));
+    }
+    for (size_t i = 0; i < n && c.packed; ++i) {
+      layouts[i] = pack_for_int8_kernels(cx->kernels(), w[i].ref);
+      w[i].ref.packed = layouts[i].data();
     }
     const bool mixed = c.dtypes[1] != c.dtypes[0];
-    EXPECT_EQ(share_int8_activations(std::vector<MatmulOutput>{
-                  {w[0].ref, nullptr}, {w[1].ref, nullptr}, {w[2].ref, nullptr}}),
-              !mixed);
     for (const int64_t tokens : {1, 6}) {
       const std::vector<float> x = activations(tokens * cols, 9);
       for (const int threads : {1, 2, 3}) {
         cx = test::cpu(threads);
-        std::vector<float> alone[3], together[3];
-        for (int i = 0; i < 3; ++i) {
-          alone[i].resize(tokens * rows[i]);
-          together[i].resize(tokens * rows[i]);
+        std::vector<std::vector<float>> alone(n), together(n);
+        std::vector<MatmulOutput> outputs;
+        for (size_t i = 0; i < n; ++i) {
+          alone[i].resize(tokens * c.rows[i]);
+          together[i].resize(tokens * c.rows[i]);
           matmul(*cx, x.data(), tokens, w[i].ref, alone[i].data());
+          outputs.push_back({w[i].ref, together[i].data()});
         }
-        matmul(*cx, x.data(), tokens,
-               {{w[0].ref, together[0].data()},
-                {w[1].ref, together[1].data()},
-                {w[2].ref, together[2].data()}});
-        for (int i = 0; i < 3; ++i) {
-          EXPECT_EQ(together[i], alone[i]) << "matrix " << i << ", " << tokens << " tokens, "
-                                           << threads << " threads, packed " << c.packed;
+        EXPECT_EQ(share_int8_activations(outputs), !mixed);
+        if (n == 3) {
+          matmul(*cx, x.data(), tokens, {outputs[0], outputs[1], outputs[2]});
+        } else {
+          matmul(*cx, x.data(), tokens, {outputs[0], outputs[1], outputs[2], outputs[3]});
+        }
+        for (size_t i = 0; i < n; ++i) {
+          EXPECT_EQ(together[i], alone[i])
+              << "matrix " << i << " of " << n << ", " << tokens << " tokens, " << threads
+              << " threads, packed " << c.packed;
         }
       }
     }

@@ -428,6 +428,41 @@ TEST(DeviceCli, BenchProfileSaysWhereTheDevicesTimeWent) {
   ::unsetenv("QHX_CACHE_DIR");
 }
 
+// A device that fails its check leaves the runs to the CPU, and qhx bench says so: its records
+// and its header name the CPU, the decode is held against the CPU's memory, --profile refuses.
+TEST(DeviceCli, BenchOfADeviceThatFailsItsCheckSaysTheCpuRanIt) {
+  QHX_VULKAN_DEVICE_OR_SKIP(device);
+  const test::TempDir cache;
+  ::setenv("QHX_CACHE_DIR", cache.path().c_str(), 1);
+  ::setenv("QHX_VULKAN_PERTURB", "matmul", 1);
+  const std::string bench = "bench " + fixture("qwen3/gqa2_f16").string() +
+                            " -p 16 -n 2 -r 1 --device vulkan --decode-device vulkan";
+  const test::CliRun json = test::run_qhx(bench + " --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_NE(json.err.find("disagrees with the CPU"), std::string::npos) << json.err;
+  const Json record = Json::parse(json.out);
+  EXPECT_EQ(record["prefill_device"], "cpu") << json.out;
+  EXPECT_EQ(record["decode_device"], "cpu") << json.out;
+  EXPECT_EQ(record["memory_read_by"], "cpu") << json.out;
+  const test::CliRun table = test::run_qhx(bench);
+  EXPECT_NE(table.out.find("prompts on cpu, replies on cpu"), std::string::npos) << table.out;
+  const test::CliRun profile = test::run_qhx(bench + " --profile");
+  EXPECT_NE(profile.exit_code, 0);
+  EXPECT_NE(profile.err.find("--profile: the device failed its check before use"),
+            std::string::npos)
+      << profile.err;
+  ::unsetenv("QHX_VULKAN_PERTURB");
+  // Unperturbed, the same runs are the device's, and a decode on it is held against no CPU
+  // figure without its peaks (--profile measures them).
+  const test::CliRun honest = test::run_qhx(bench + " --json");
+  ASSERT_EQ(honest.exit_code, 0) << honest.err;
+  const Json on_device = Json::parse(honest.out);
+  EXPECT_EQ(on_device["prefill_device"], "vulkan:0") << honest.out;
+  EXPECT_EQ(on_device["decode_device"], "vulkan:0") << honest.out;
+  EXPECT_TRUE(on_device["decode_bandwidth_fraction"].is_null()) << honest.out;
+  ::unsetenv("QHX_CACHE_DIR");
+}
+
 // Compiled pipelines are kept on disk for the next process (a driver stores binaries there;
 // lavapipe only a header), and a cache file of another device or a damaged one is no error.
 TEST(DevicePipelines, AreCachedOnDiskAndADamagedCacheIsIgnored) {

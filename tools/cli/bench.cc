@@ -343,14 +343,18 @@ int run_bench(const BenchArgs& args) {
   qhx::Json gate;
   const std::string weights = weights_label(dir, gate);
   const auto load_start = qhx::Clock::now();
-  const qhx::OpenedDevices devices = open_devices(args.devices, dir);
+  qhx::OpenedDevices devices = open_devices(args.devices, dir);
   qhx::Json backends = qhx::Json::array({"cpu"});
   for (const auto& b : devices.backends) backends.push_back(b->name());
   const std::shared_ptr<qhx::CpuContext> context = cpu_context(args.threads);
   const auto model = qhx::load_model(dir, {.context = context,
                                            .devices = devices.backends,
                                            .mtp_vocab_size = args.speculative.mtp_vocab});
-  check_devices(*model, devices, args.devices, dir);
+  const bool on_devices = check_devices(*model, devices, args.devices, dir);
+  if (!on_devices) {  // the records say where the runs ran: on the CPU alone
+    devices.prefill = {};
+    devices.decode = {};
+  }
   const double load_s = qhx::seconds_since(load_start);
   // Where the device reads its weights: in place from the mapped files, or copies of its own.
   qhx::Json device_weights = nullptr;
@@ -373,6 +377,11 @@ int run_bench(const BenchArgs& args) {
       qhx::fail("--profile",
                 "profiles the prefill and decode runs only (not --turns, "
                 "--speculative or --context-sweep)");
+    }
+    if (!on_devices) {
+      qhx::fail("--profile",
+                "the device failed its check before use (above), so the CPU runs everything: "
+                "nothing of the device's to profile (--device-check never profiles it unchecked)");
     }
     for (const auto& b : devices.backends) {
       if (b->profiles()) profiled.push_back(b.get());
@@ -505,11 +514,26 @@ int run_bench(const BenchArgs& args) {
       }
     }
   }
-  // The memory's read bandwidth, measured after the runs (its buffer would count in their peak
-  // RSS), against what each decode read.
-  const double bandwidth = qhx::read_bandwidth(model->context());
-  if (bandwidth <= 0 && !args.json) {
-    std::printf("memory read bandwidth not measured: no room to map its buffer\n");
+  // What each decode read against the read bandwidth of the memory the decoding device reads:
+  // the CPU's, measured after the runs (its buffer would count in their peak RSS), or a device's
+  // own, from --profile's peaks (without them, none: the CPU's memory is not its yardstick).
+  const std::string decoder = devices.decode.text();
+  double bandwidth = 0;
+  std::string read_by;
+  if (decoder == "cpu") {
+    bandwidth = qhx::read_bandwidth(model->context());
+    read_by = std::to_string(threads) + " threads read from memory";
+    if (bandwidth <= 0 && !args.json) {
+      std::printf("memory read bandwidth not measured: no room to map its buffer\n");
+    }
+  } else {
+    for (size_t i = 0; i < profiled.size(); ++i) {
+      const std::string name = profiled[i]->name();  // "vulkan:0 (...)"
+      if (name.starts_with(decoder + " ") || name.starts_with(decoder + ":")) {
+        bandwidth = peaks[i].read_bytes_per_s;
+        read_by = decoder + " reads at its measured peak";
+      }
+    }
   }
   for (auto& [r, record] : results) {
     const double read = static_cast<double>(r.decode_step_bytes) * r.decode_tok_s.mean;
@@ -517,15 +541,22 @@ int run_bench(const BenchArgs& args) {
         bandwidth > 0 && r.config.n_gen > 0 ? qhx::Json(read / bandwidth) : qhx::Json();
     if (args.json) {
       record["memory_read_gb_s"] = bandwidth > 0 ? qhx::Json(bandwidth * 1e-9) : qhx::Json();
+      record["memory_read_by"] = decoder;
       record["decode_read_gb_s"] = read * 1e-9;
       record["decode_bandwidth_fraction"] = fraction;
       std::cout << record.dump() << std::endl;
     } else if (r.config.n_gen > 0 && bandwidth > 0) {
       std::printf(
           "decode at depth %lld reads %.1f MB a token: %.1f GB/s, %.0f%% of the %.1f GB/s "
-          "that %d threads read from memory\n",
+          "that %s\n",
           static_cast<long long>(r.config.depth), r.decode_step_bytes / 1e6, read * 1e-9,
-          100 * read / bandwidth, bandwidth * 1e-9, threads);
+          100 * read / bandwidth, bandwidth * 1e-9, read_by.c_str());
+    } else if (r.config.n_gen > 0 && decoder != "cpu") {
+      std::printf(
+          "decode at depth %lld on %s reads %.1f MB a token: %.1f GB/s (--profile "
+          "measures the device's peak)\n",
+          static_cast<long long>(r.config.depth), decoder.c_str(), r.decode_step_bytes / 1e6,
+          read * 1e-9);
     }
   }
   return 0;

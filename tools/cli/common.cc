@@ -76,9 +76,9 @@ qhx::OpenedDevices open_devices(const DeviceArgs& args, const std::filesystem::p
   return opened;
 }
 
-void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const DeviceArgs& args,
+bool check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const DeviceArgs& args,
                    const std::filesystem::path& model_dir) {
-  if (!model.has_devices()) return;
+  if (!model.has_devices()) return true;
   qhx::DeviceCheckOptions options;
   options.mode = *qhx::parse_device_check_mode(args.device_check);  // checked by the parser
   options.cache_dir = qhx::default_cache_dir();
@@ -94,6 +94,7 @@ void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const D
     const std::string weights = qhx::describe_weight_memory(devices);
     if (!weights.empty()) std::fprintf(stderr, "qhx: %s\n", weights.c_str());
   }
+  return r.passed;
 }
 
 std::string describe_bundle(const qhx::BundleManifest& m) {

@@ -66,8 +66,8 @@ void print_model_note(const qhx_model_info& info, const char* prefix);
 // note, if any, goes to stderr.
 qhx::OpenedDevices open_devices(const DeviceArgs& args, const std::filesystem::path& model_dir);
 // The device check before use (runtime/device_check.h) for those commands; its line goes to
-// stderr.
-void check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const DeviceArgs& args,
+// stderr. Whether the devices run the model now (false: they failed it, the CPU runs it all).
+bool check_devices(qhx::Model& model, const qhx::OpenedDevices& devices, const DeviceArgs& args,
                    const std::filesystem::path& model_dir);
 
 // One line for stderr about a bundle's provenance: its plan and its gate certificate.
