@@ -1,0 +1,553 @@
+"""qhx: Qwen3 and Qwen3.5 on the CPU, GPUs (Vulkan) and NPUs, from Python.
+
+A thin layer over qhx's C API (libqhx.so, include/qhx/qhx.h) through ctypes::
+
+    import qhx
+    model = qhx.Model("models/qwen3.5-kjv")
+    print(model.generate("And it came to pass", max_tokens=16, temperature=0))
+    for chunk in model.chat([{"role": "user", "content": "Who was Moses?"}], stream=True):
+        print(chunk.text, end="", flush=True)
+
+Generation runs in a thread of its own without the GIL; its tokens come back through a queue, so
+a loop over a stream can stop at any time (``break``, an exception, Ctrl-C), which cancels the
+generation at its next token. Errors are :class:`QhxError` carrying qhx's one-line message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from . import _capi
+
+__all__ = ["Model", "Session", "Chunk", "Result", "Stream", "QhxError", "version"]
+
+_lib = _capi.load()
+
+
+class QhxError(RuntimeError):
+    """A failed qhx call: ``status`` is the C API's status name, the message qhx's own line."""
+
+    def __init__(self, status: int, message: str):
+        self.status = _capi.STATUS_NAMES.get(status, str(status))
+        super().__init__(message or f"qhx call failed ({self.status})")
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise QhxError(status, _lib.qhx_last_error().decode("utf-8", "replace"))
+
+
+def _str(value: str | None) -> bytes | None:
+    return None if value is None else value.encode("utf-8")
+
+
+def version() -> str:
+    """The version of the libqhx.so loaded."""
+    return _lib.qhx_version().decode()
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One generated token and the text it completes (possibly "" while a multi-byte character
+    or a possible stop string is held back; token -1 for text released at the end)."""
+
+    token: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a generation ended and what it cost."""
+
+    text: str
+    tokens: list[int]
+    stop_reason: str  # "length", "eos", "stop_string", "callback" or "cancelled"
+    n_prompt: int
+    n_reused: int
+    n_processed: int
+    n_generated: int
+    prefill_ms: float
+    ttft_ms: float
+    decode_ms: float
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    family: str
+    vocab_size: int
+    context_length: int
+    eos_ids: list[int]
+    has_chat_template: bool
+    n_threads: int
+    prefill_device: str
+    decode_device: str
+    device_note: str
+    model_note: str
+    admission_note: str
+
+
+def _int_array(values: Sequence[int]) -> ctypes.Array:
+    return (ctypes.c_int32 * len(values))(*values)
+
+
+class Stream:
+    """An iterator of :class:`Chunk` for a generation running in its own thread. ``result``
+    holds the :class:`Result` once the iteration ended; ``close()`` (or leaving a ``for`` loop
+    early) cancels the generation and waits for it."""
+
+    _DONE = object()
+
+    def __init__(self, session: "Session", run: Callable[[Any, Any], int], keep: list):
+        self._session = session
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._keep = keep  # the ctypes arrays the call reads: alive until it returns
+        self._tokens: list[int] = []
+        self._text: list[str] = []
+        self.result: Result | None = None
+        self._error: BaseException | None = None
+
+        def on_token(_user, token, text, length):
+            self._queue.put(Chunk(token, ctypes.string_at(text, length).decode("utf-8", "replace")))
+            return 1 if self._stop.is_set() else 0
+
+        self._callback = _capi.TOKEN_CALLBACK(on_token)
+        self._raw = _capi.GenerateResult()
+
+        def work():
+            try:
+                status = run(self._callback, ctypes.byref(self._raw))
+                if status != 0:  # the message is this thread's
+                    self._error = QhxError(status, _lib.qhx_last_error().decode("utf-8", "replace"))
+            except BaseException as e:  # noqa: BLE001 - handed to the reading thread
+                self._error = e
+            finally:
+                self._queue.put(Stream._DONE)
+
+        self._thread = threading.Thread(target=work, name="qhx-generate", daemon=True)
+        session._begin(self)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self
+
+    def __next__(self) -> Chunk:
+        while True:
+            try:  # a timeout, so that Ctrl-C reaches this thread while it waits
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            except BaseException:
+                self.close()
+                raise
+            if item is Stream._DONE:
+                self._finish()
+                raise StopIteration
+            if item.token >= 0:
+                self._tokens.append(item.token)
+            self._text.append(item.text)
+            return item
+
+    def _finish(self) -> None:
+        self._thread.join()
+        self._session._end(self)
+        raw = self._raw
+        if raw.text:
+            _lib.qhx_string_free(raw.text)
+            raw.text = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self.result is None:
+            self.result = Result(
+                text="".join(self._text), tokens=list(self._tokens),
+                stop_reason=_capi.STOP_REASONS.get(raw.stop_reason, str(raw.stop_reason)),
+                n_prompt=raw.n_prompt, n_reused=raw.n_reused, n_processed=raw.n_processed,
+                n_generated=raw.n_generated, prefill_ms=raw.prefill_ms, ttft_ms=raw.ttft_ms,
+                decode_ms=raw.decode_ms)
+
+    def close(self) -> None:
+        """Cancels the generation (at its next token or prefill chunk) and waits for it."""
+        if self._thread.is_alive():
+            self._stop.set()
+            _lib.qhx_session_cancel(self._session._handle)
+        while self._thread.is_alive() or not self._queue.empty():
+            item = self._queue.get()
+            if item is Stream._DONE:
+                break
+            if item.token >= 0:
+                self._tokens.append(item.token)
+            self._text.append(item.text)
+        self._finish()
+
+    def __del__(self):
+        if getattr(self, "_thread", None) is not None and self._thread.is_alive():
+            self._stop.set()
+
+    def text(self) -> str:
+        """Runs the generation to its end and returns all its text."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result.text
+
+
+class Session:
+    """A conversation's state on a model: give it the whole conversation each time (token ids,
+    or chat messages) and it processes only what it has not seen. One generation at a time."""
+
+    def __init__(self, model: "Model", context_length: int = 0, prefill_chunk: int = 0):
+        options = _capi.SessionOptions()
+        _lib.qhx_session_options_default(ctypes.byref(options))
+        if context_length:
+            options.context_length = context_length
+        if prefill_chunk:
+            options.prefill_chunk = prefill_chunk
+        handle = ctypes.c_void_p()
+        _check(_lib.qhx_session_create(model._handle, ctypes.byref(options), ctypes.byref(handle)))
+        self._model = model
+        self._handle = handle
+        self._running: Stream | None = None
+        self._lock = threading.Lock()
+
+    def _begin(self, stream: Stream) -> None:
+        with self._lock:
+            if self._running is not None:
+                raise QhxError(1, "qhx: this session is already generating: finish or close its "
+                                  "stream first (or use another session)")
+            self._running = stream
+
+    def _end(self, stream: Stream) -> None:
+        with self._lock:
+            if self._running is stream:
+                self._running = None
+
+    def generate(self, tokens: Sequence[int], **options: Any) -> Stream:
+        """Continues the conversation `tokens` (all of it so far): a :class:`Stream`. Options as
+        :meth:`Model.generate`'s."""
+        ids = _int_array(tokens)
+        opts, keep = self._model._options(**options)
+        return Stream(self, lambda cb, res: _lib.qhx_session_generate(
+            self._handle, ids, len(tokens), ctypes.byref(opts), cb, None, res), [ids, opts, keep])
+
+    def chat(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
+             add_generation_prompt: bool = True, enable_thinking: bool | None = None,
+             chat_template_kwargs: dict | None = None, **options: Any) -> Stream:
+        """Renders the messages with the model's chat template and continues that conversation,
+        keeping the state where the next turn's rendering of this reply will differ."""
+        request = _request_json(messages, tools, chat_template_kwargs)
+        template = _template_options(add_generation_prompt, enable_thinking)
+        opts, keep = self._model._options(**options)
+        return Stream(self, lambda cb, res: _lib.qhx_session_chat(
+            self._handle, request, ctypes.byref(template), ctypes.byref(opts), cb, None, res),
+            [request, template, opts, keep])
+
+    def cancel(self) -> None:
+        """Stops the generation running now at its next token (any thread may call it)."""
+        _lib.qhx_session_cancel(self._handle)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens the session's state holds."""
+        ptr = ctypes.POINTER(ctypes.c_int32)()
+        n = ctypes.c_size_t()
+        _check(_lib.qhx_session_tokens(self._handle, ctypes.byref(ptr), ctypes.byref(n)))
+        return ptr[: n.value] if n.value else []
+
+    def reusable(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` the session could reuse without processing them."""
+        return int(_lib.qhx_session_reusable(self._handle, _int_array(tokens), len(tokens)))
+
+    def reset(self) -> None:
+        _check(_lib.qhx_session_reset(self._handle))
+
+    def save(self, path: str | Path) -> None:
+        """The state and its tokens to a file (``load`` reads it back, on the same model)."""
+        _check(_lib.qhx_session_save(self._handle, _str(str(path))))
+
+    def load(self, path: str | Path) -> None:
+        _check(_lib.qhx_session_load(self._handle, _str(str(path))))
+
+    def close(self) -> None:
+        if self._handle:
+            if self._running is not None:
+                self._running.close()
+            _lib.qhx_session_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) and getattr(self, "_running", None) is None:
+            self.close()
+
+
+def _request_json(messages, tools, kwargs) -> bytes:
+    request: dict[str, Any] = {"messages": list(messages)}
+    if tools:
+        request["tools"] = list(tools)
+    if kwargs:
+        request["chat_template_kwargs"] = dict(kwargs)
+    return json.dumps(request).encode("utf-8")
+
+
+def _template_options(add_generation_prompt: bool, enable_thinking: bool | None):
+    t = _capi.TemplateOptions()
+    _lib.qhx_template_options_default(ctypes.byref(t))
+    t.add_generation_prompt = 1 if add_generation_prompt else 0
+    t.enable_thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
+    return t
+
+
+class Model:
+    """An opened model: a qhx bundle, a pack of bundles, or a Hugging Face checkpoint directory.
+
+    Args:
+        path: the model's directory.
+        device: where prompts run: "cpu", "vulkan" / "vulkan:N", "hexagon" / "hexagon:vNN".
+        decode_device: where replies are decoded (None: the device's default).
+        n_threads: compute threads (0: every one the process may use).
+        context_length: tokens per session (0: as long as the model and memory allow).
+        max_sessions: sessions alive at once, counted by memory admission.
+        device_check: "once" (default), "always" or "never".
+        draft_model: a smaller model with the same tokenizer, for ``speculative="draft"``.
+    """
+
+    def __init__(self, path: str | Path, *, device: str = "cpu", decode_device: str | None = None,
+                 n_threads: int = 0, context_length: int = 0, max_sessions: int = 2,
+                 prefix_cache_bytes: int = 0, device_check: str | None = None,
+                 draft_model: str | Path | None = None, verify_sha256: bool = False):
+        o = _capi.ModelOptions()
+        _lib.qhx_model_options_default(ctypes.byref(o))
+        o.n_threads = n_threads
+        o.context_length = context_length
+        o.max_sessions = max_sessions
+        o.prefix_cache_bytes = prefix_cache_bytes
+        o.verify_sha256 = int(verify_sha256)
+        keep = [_str(device), _str(decode_device), _str(device_check),
+                _str(None if draft_model is None else str(draft_model))]
+        o.device, o.decode_device, o.device_check, o.draft_model = keep
+        handle = ctypes.c_void_p()
+        _check(_lib.qhx_model_open(_str(str(path)), ctypes.byref(o), ctypes.byref(handle)))
+        self._handle = handle
+        self.path = Path(path)
+        self._default: Session | None = None
+        self.info = self._info()
+
+    def _info(self) -> ModelInfo:
+        i = _capi.ModelInfo()
+        _check(_lib.qhx_model_get_info(self._handle, ctypes.byref(i)))
+        s = lambda p: (p or b"").decode("utf-8", "replace")  # noqa: E731
+        return ModelInfo(
+            name=s(i.name), family=s(i.family), vocab_size=i.vocab_size,
+            context_length=i.context_length, eos_ids=[i.eos_ids[k] for k in range(i.n_eos_ids)],
+            has_chat_template=bool(i.has_chat_template), n_threads=i.n_threads,
+            prefill_device=s(i.prefill_device), decode_device=s(i.decode_device),
+            device_note=s(i.device_note), model_note=s(i.model_note),
+            admission_note=s(i.admission_note))
+
+    # -- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        """UTF-8 text to token ids (special tokens in the text become their ids; no BOS)."""
+        data = text.encode("utf-8")
+        n = ctypes.c_size_t()
+        capacity = len(data) + 16
+        while True:
+            ids = (ctypes.c_int32 * capacity)()
+            status = _lib.qhx_tokenize(self._handle, data, len(data), ids, capacity, ctypes.byref(n))
+            if status == _capi.BUFFER_TOO_SMALL:
+                capacity = n.value
+                continue
+            _check(status)
+            return ids[: n.value]
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """Token ids to text (invalid UTF-8 becomes U+FFFD)."""
+        arr = _int_array(ids)
+        n = ctypes.c_size_t()
+        capacity = 16 * len(ids) + 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            status = _lib.qhx_detokenize(self._handle, arr, len(ids), int(skip_special), buf,
+                                         capacity, ctypes.byref(n))
+            if status == _capi.BUFFER_TOO_SMALL:
+                capacity = n.value + 1
+                continue
+            _check(status)
+            return buf.raw[: n.value].decode("utf-8", "replace")
+
+    def apply_chat_template(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
+                            add_generation_prompt: bool = True,
+                            enable_thinking: bool | None = None, **chat_template_kwargs) -> str:
+        """The conversation as the model's chat template renders it (as transformers'
+        ``apply_chat_template(..., tokenize=False)``)."""
+        out = ctypes.c_void_p()
+        _check(_lib.qhx_apply_chat_template(
+            self._handle, _request_json(messages, tools, chat_template_kwargs),
+            ctypes.byref(_template_options(add_generation_prompt, enable_thinking)),
+            ctypes.byref(out)))
+        try:
+            return ctypes.string_at(out.value).decode("utf-8")
+        finally:
+            _lib.qhx_string_free(out)
+
+    # -- generation ------------------------------------------------------------------------
+
+    def session(self, context_length: int = 0, prefill_chunk: int = 0) -> Session:
+        """A new conversation state on this model (``with model.session() as s: ...``)."""
+        return Session(self, context_length, prefill_chunk)
+
+    def _session(self) -> Session:
+        if self._default is None:
+            self._default = Session(self)
+        return self._default
+
+    def _options(self, *, max_tokens: int | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 repeat_penalty: float | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None, seed: int | None = None,
+                 logit_bias: dict[int, float] | None = None, stop: str | Iterable[str] | None = None,
+                 stop_token_ids: Iterable[int] | None = None, ignore_eos: bool = False,
+                 speculative: str | None = None, draft_max: int = 0):
+        o = _capi.GenerateOptions()
+        _check(_lib.qhx_generate_options_default(self._handle, ctypes.byref(o)))
+        keep: list = []
+        s = o.sampling
+        if max_tokens is not None:
+            o.max_new_tokens = max_tokens
+        if temperature is not None:
+            s.greedy = 1 if temperature == 0 else 0
+            if temperature > 0:
+                s.temperature = temperature
+        for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
+                            ("repetition_penalty", repeat_penalty),
+                            ("presence_penalty", presence_penalty),
+                            ("frequency_penalty", frequency_penalty), ("seed", seed)):
+            if value is not None:
+                setattr(s, name, value)
+        if logit_bias:
+            ids = _int_array(list(logit_bias))
+            values = (ctypes.c_float * len(logit_bias))(*logit_bias.values())
+            s.logit_bias_ids, s.logit_bias_values, s.n_logit_bias = (
+                ctypes.cast(ids, ctypes.POINTER(ctypes.c_int32)),
+                ctypes.cast(values, ctypes.POINTER(ctypes.c_float)), len(logit_bias))
+            keep += [ids, values]
+        o.stop_at_eos = 0 if ignore_eos else 1
+        if stop_token_ids:
+            ids = _int_array(list(stop_token_ids))
+            o.stop_ids, o.n_stop_ids = ctypes.cast(ids, ctypes.POINTER(ctypes.c_int32)), len(ids)
+            keep.append(ids)
+        if stop:
+            strings = [stop] if isinstance(stop, str) else list(stop)
+            arr = (ctypes.c_char_p * len(strings))(*[x.encode("utf-8") for x in strings])
+            o.stop_strings, o.n_stop_strings = arr, len(strings)
+            keep.append(arr)
+        if speculative is not None:
+            o.speculative = speculative.encode()
+        o.draft_max = draft_max
+        _check(_lib.qhx_generate_options_check(self._handle, ctypes.byref(o)))
+        return o, keep
+
+    def generate(self, prompt: str | Sequence[int], *, stream: bool = False,
+                 **options: Any) -> str | Stream:
+        """A continuation of `prompt` (text, or token ids), on the model's own session (which
+        reuses what a previous call's prompt shares with this one).
+
+        Options: ``max_tokens``, ``temperature`` (0: greedy; default: the model's
+        generation_config.json), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
+        ``presence_penalty``, ``frequency_penalty``, ``seed``, ``logit_bias`` ({id: bias}),
+        ``stop`` (strings, not part of the text), ``stop_token_ids``, ``ignore_eos``,
+        ``speculative`` ("ngram", "mtp", "draft") and ``draft_max``.
+
+        Returns the text, or with ``stream=True`` a :class:`Stream` of :class:`Chunk`.
+        """
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        s = self._session().generate(ids, **options)
+        return s if stream else s.text()
+
+    def chat(self, messages: Sequence[dict], *, stream: bool = False, **options: Any) -> str | Stream:
+        """The assistant's reply to `messages` (OpenAI-style dicts) on the model's own session:
+        the text, or with ``stream=True`` a :class:`Stream`. ``tools``, ``enable_thinking`` and
+        ``chat_template_kwargs`` go to the template; the rest as :meth:`generate`'s."""
+        s = self._session().chat(messages, **options)
+        return s if stream else s.text()
+
+    def create_chat_completion(self, messages: Sequence[dict], *, stream: bool = False,
+                               max_tokens: int | None = None, **options: Any):
+        """An OpenAI-shaped chat completion (as llama-cpp-python's): a dict, or with
+        ``stream=True`` an iterator of ``chat.completion.chunk`` dicts."""
+        ident = "chatcmpl-" + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        name = self.info.name
+        s = self._session().chat(messages, max_tokens=max_tokens, **options)
+        finish = {"length": "length", "cancelled": "stop", "callback": "stop"}
+
+        def usage(r: Result) -> dict:
+            return {"prompt_tokens": r.n_prompt, "completion_tokens": r.n_generated,
+                    "total_tokens": r.n_prompt + r.n_generated}
+
+        if not stream:
+            text = s.text()
+            r = s.result
+            assert r is not None
+            return {"id": ident, "object": "chat.completion", "created": created, "model": name,
+                    "choices": [{"index": 0,
+                                 "message": {"role": "assistant", "content": text},
+                                 "logprobs": None,
+                                 "finish_reason": finish.get(r.stop_reason, "stop")}],
+                    "usage": usage(r)}
+
+        def chunks() -> Iterator[dict]:
+            base = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                    "model": name}
+            yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant"},
+                                        "logprobs": None, "finish_reason": None}]}
+            try:
+                for c in s:
+                    if c.text:
+                        yield {**base, "choices": [{"index": 0, "delta": {"content": c.text},
+                                                    "logprobs": None, "finish_reason": None}]}
+            finally:
+                if s.result is None:
+                    s.close()
+            r = s.result
+            assert r is not None
+            yield {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                        "finish_reason": finish.get(r.stop_reason, "stop")}],
+                   "usage": usage(r)}
+
+        return chunks()
+
+    def close(self) -> None:
+        """Closes the model (and its own session); sessions made with session() must be closed
+        first."""
+        if self._default is not None:
+            self._default.close()
+            self._default = None
+        if self._handle:
+            _lib.qhx_model_close(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
