@@ -8,7 +8,7 @@ shift || true
 
 tools/install_packages.sh build-essential cmake pkg-config nlohmann-json3-dev libpcre2-dev \
   libicu-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libcpp-httplib-dev libmicrohttpd-dev \
-  libvulkan-dev glslc mesa-vulkan-drivers python3-pytest
+  libvulkan-dev glslc mesa-vulkan-drivers python3-pytest python3-venv
 
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
