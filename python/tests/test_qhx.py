@@ -127,15 +127,20 @@ def test_the_gil_is_released_while_generating(kjv3):
             ticks += 1
             time.sleep(0.001)
 
+    prompt = kjv3.tokenize("light " * 400)
     t = threading.Thread(target=count)
     t.start()
     try:
-        # A long prefill is one C call: a thread that needed the GIL throughout would stall.
-        kjv3.generate("light " * 400, max_tokens=2, temperature=0)
+        # A long prefill is one C call: had it held the GIL, the counter would stand still for
+        # nearly all of it (a tick a millisecond at most).
+        start = time.perf_counter()
+        kjv3.generate(prompt, max_tokens=2, temperature=0)
+        elapsed = time.perf_counter() - start
     finally:
         done.set()
         t.join()
-    assert ticks > 5
+    assert elapsed > 0.02
+    assert ticks > 0.2 * elapsed * 1000, (ticks, elapsed)
 
 
 def test_stop_strings_end_the_text_before_them(kjv3):
