@@ -385,7 +385,7 @@ TEST(DeviceCli, PrintIdsGivesTheCpusLineOfIds) {
 TEST(DeviceCli, BenchProfileSaysWhereTheDevicesTimeWent) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
   const test::TempDir cache;
-  ::setenv("QHX_CACHE_DIR", cache.path().c_str(), 1);
+  const test::ScopedEnv cache_dir("QHX_CACHE_DIR", cache.path().string());
   const std::string bench = "bench " + fixture("qwen3_5/gva2_tied").string() +
                             " -p 16 -n 4 -r 2 --device vulkan --decode-device vulkan --profile";
   const test::CliRun table = test::run_qhx(bench);
@@ -425,7 +425,6 @@ TEST(DeviceCli, BenchProfileSaysWhereTheDevicesTimeWent) {
   EXPECT_NE(turns.err.find("--profile: profiles the prefill and decode runs only"),
             std::string::npos)
       << turns.err;
-  ::unsetenv("QHX_CACHE_DIR");
 }
 
 // A device that fails its check leaves the runs to the CPU, and qhx bench says so: its records
@@ -433,25 +432,26 @@ TEST(DeviceCli, BenchProfileSaysWhereTheDevicesTimeWent) {
 TEST(DeviceCli, BenchOfADeviceThatFailsItsCheckSaysTheCpuRanIt) {
   QHX_VULKAN_DEVICE_OR_SKIP(device);
   const test::TempDir cache;
-  ::setenv("QHX_CACHE_DIR", cache.path().c_str(), 1);
-  ::setenv("QHX_VULKAN_PERTURB", "matmul", 1);
+  const test::ScopedEnv cache_dir("QHX_CACHE_DIR", cache.path().string());
   const std::string bench = "bench " + fixture("qwen3/gqa2_f16").string() +
                             " -p 16 -n 2 -r 1 --device vulkan --decode-device vulkan";
-  const test::CliRun json = test::run_qhx(bench + " --json");
-  ASSERT_EQ(json.exit_code, 0) << json.err;
-  EXPECT_NE(json.err.find("disagrees with the CPU"), std::string::npos) << json.err;
-  const Json record = Json::parse(json.out);
-  EXPECT_EQ(record["prefill_device"], "cpu") << json.out;
-  EXPECT_EQ(record["decode_device"], "cpu") << json.out;
-  EXPECT_EQ(record["memory_read_by"], "cpu") << json.out;
-  const test::CliRun table = test::run_qhx(bench);
-  EXPECT_NE(table.out.find("prompts on cpu, replies on cpu"), std::string::npos) << table.out;
-  const test::CliRun profile = test::run_qhx(bench + " --profile");
-  EXPECT_NE(profile.exit_code, 0);
-  EXPECT_NE(profile.err.find("--profile: the device failed its check before use"),
-            std::string::npos)
-      << profile.err;
-  ::unsetenv("QHX_VULKAN_PERTURB");
+  {
+    const test::ScopedEnv perturbed("QHX_VULKAN_PERTURB", "matmul");
+    const test::CliRun json = test::run_qhx(bench + " --json");
+    ASSERT_EQ(json.exit_code, 0) << json.err;
+    EXPECT_NE(json.err.find("disagrees with the CPU"), std::string::npos) << json.err;
+    const Json record = Json::parse(json.out);
+    EXPECT_EQ(record["prefill_device"], "cpu") << json.out;
+    EXPECT_EQ(record["decode_device"], "cpu") << json.out;
+    EXPECT_EQ(record["memory_read_by"], "cpu") << json.out;
+    const test::CliRun table = test::run_qhx(bench);
+    EXPECT_NE(table.out.find("prompts on cpu, replies on cpu"), std::string::npos) << table.out;
+    const test::CliRun profile = test::run_qhx(bench + " --profile");
+    EXPECT_NE(profile.exit_code, 0);
+    EXPECT_NE(profile.err.find("--profile: the device failed its check before use"),
+              std::string::npos)
+        << profile.err;
+  }
   // Unperturbed, the same runs are the device's, and a decode on it is held against no CPU
   // figure without its peaks (--profile measures them).
   const test::CliRun honest = test::run_qhx(bench + " --json");
@@ -460,7 +460,6 @@ TEST(DeviceCli, BenchOfADeviceThatFailsItsCheckSaysTheCpuRanIt) {
   EXPECT_EQ(on_device["prefill_device"], "vulkan:0") << honest.out;
   EXPECT_EQ(on_device["decode_device"], "vulkan:0") << honest.out;
   EXPECT_TRUE(on_device["decode_bandwidth_fraction"].is_null()) << honest.out;
-  ::unsetenv("QHX_CACHE_DIR");
 }
 
 // Compiled pipelines are kept on disk for the next process (a driver stores binaries there;

@@ -113,6 +113,7 @@ class Stream:
         self._keep = keep  # the ctypes arrays the call reads: alive until it returns
         self._tokens: list[int] = []
         self._text: list[str] = []
+        self._ended = False  # the worker's end marker was taken off the queue
         self.result: Result | None = None
         self._error: BaseException | None = None
 
@@ -149,13 +150,20 @@ class Stream:
             except BaseException:
                 self.close()
                 raise
-            if item is Stream._DONE:
+            if not self._take(item):
                 self._finish()
                 raise StopIteration
-            if item.token >= 0:
-                self._tokens.append(item.token)
-            self._text.append(item.text)
             return item
+
+    def _take(self, item) -> bool:
+        """Records a chunk from the queue; False for the end marker."""
+        if item is Stream._DONE:
+            self._ended = True
+            return False
+        if item.token >= 0:
+            self._tokens.append(item.token)
+        self._text.append(item.text)
+        return True
 
     def _finish(self) -> None:
         self._thread.join()
@@ -180,13 +188,8 @@ class Stream:
         if self._thread.is_alive():
             self._stop.set()
             _lib.qhx_session_cancel(self._session._handle)
-        while self._thread.is_alive() or not self._queue.empty():
-            item = self._queue.get()
-            if item is Stream._DONE:
-                break
-            if item.token >= 0:
-                self._tokens.append(item.token)
-            self._text.append(item.text)
+        while not self._ended and self._take(self._queue.get()):
+            pass
         self._finish()
 
     def __del__(self):
@@ -201,7 +204,26 @@ class Stream:
         return self.result.text
 
 
-class Session:
+class _Closable:
+    """``with`` closes it, and so does the garbage collector (close() must be idempotent)."""
+
+    _handle = None
+
+    def close(self) -> None:  # pragma: no cover - each subclass has its own
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if self._handle:
+            self.close()
+
+
+class Session(_Closable):
     """A conversation's state on a model: give it the whole conversation each time (token ids,
     or chat messages) and it processes only what it has not seen. One generation at a time."""
 
@@ -215,14 +237,14 @@ class Session:
         handle = ctypes.c_void_p()
         _check(_lib.qhx_session_create(model._handle, ctypes.byref(options), ctypes.byref(handle)))
         self._model = model
-        self._handle = handle
         self._running: Stream | None = None
         self._lock = threading.Lock()
+        self._handle = handle
 
     def _begin(self, stream: Stream) -> None:
         with self._lock:
             if self._running is not None:
-                raise QhxError(1, "qhx: this session is already generating: finish or close its "
+                raise QhxError(1, "this session is already generating: finish or close its "
                                   "stream first (or use another session)")
             self._running = stream
 
@@ -284,16 +306,6 @@ class Session:
             _lib.qhx_session_destroy(self._handle)
             self._handle = None
 
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) and getattr(self, "_running", None) is None:
-            self.close()
-
 
 def _request_json(messages, tools, kwargs) -> bytes:
     request: dict[str, Any] = {"messages": list(messages)}
@@ -312,7 +324,7 @@ def _template_options(add_generation_prompt: bool, enable_thinking: bool | None)
     return t
 
 
-class Model:
+class Model(_Closable):
     """An opened model: a qhx bundle, a pack of bundles, or a Hugging Face checkpoint directory.
 
     Args:
@@ -429,9 +441,9 @@ class Model:
         s = o.sampling
         if max_tokens is not None:
             o.max_new_tokens = max_tokens
-        if temperature is not None:
+        if temperature is not None:  # 0: greedy; a negative one is refused by the check below
             s.greedy = 1 if temperature == 0 else 0
-            if temperature > 0:
+            if temperature != 0:
                 s.temperature = temperature
         for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
                             ("repetition_penalty", repeat_penalty),
@@ -541,13 +553,3 @@ class Model:
         if self._handle:
             _lib.qhx_model_close(self._handle)
             self._handle = None
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None):
-            self.close()

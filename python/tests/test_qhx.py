@@ -209,6 +209,8 @@ def test_errors_carry_qhxs_message():
             m.generate(list(range(60)), max_tokens=32)  # past the context
         with pytest.raises(qhx.QhxError, match="top_p"):
             m.generate([1, 2, 3], max_tokens=2, top_p=2.0)
+        with pytest.raises(qhx.QhxError, match="temperature"):
+            m.generate([1, 2, 3], max_tokens=2, temperature=-1.0)
         ids = m.generate([1, 2, 3], max_tokens=4, temperature=0, ignore_eos=True, stream=True)
         ids.text()  # after the errors, the model's session still generates
         assert len(ids.result.tokens) == 4

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "support/fixtures.h"
@@ -15,6 +16,29 @@ namespace qhx::test {
 struct CliRun {
   int exit_code = -1;
   std::string out, err;
+};
+
+// An environment variable set for a scope (the commands it runs inherit it), restored after
+// it however the scope ends: a failed assertion leaves no setting behind for later tests.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
 };
 
 // `qhx <args>` (args are shell words), with `input` on stdin.

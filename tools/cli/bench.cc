@@ -528,8 +528,7 @@ int run_bench(const BenchArgs& args) {
     }
   } else {
     for (size_t i = 0; i < profiled.size(); ++i) {
-      const std::string name = profiled[i]->name();  // "vulkan:0 (...)"
-      if (name.starts_with(decoder + " ") || name.starts_with(decoder + ":")) {
+      if (profiled[i]->name().starts_with(decoder + " ")) {  // "vulkan:0 (...)"
         bandwidth = peaks[i].read_bytes_per_s;
         read_by = decoder + " reads at its measured peak";
       }
