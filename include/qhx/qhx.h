@@ -179,6 +179,16 @@ typedef struct qhx_generate_options {
    * sampling keeps each draft token with the probability the model gives it). */
   const char* speculative;
   int32_t draft_max; /* tokens per draft, 1..32; 0: 4 */
+  /* Structured output (docs/structured_output.md): NULL (default), or OpenAI's response_format
+   * as JSON text: {"type": "text"}, {"type": "json_object"}, {"type": "json_schema",
+   * "json_schema": {"name": .., "schema": {..}, "strict": true}}, and qhx's own
+   * {"type": "grammar", "grammar": "<GBNF>", "syntax": "gbnf" | "lark"}, {"type": "regex",
+   * "pattern": ".."}, {"type": "tool_calls", "tools": [OpenAI tools], "parallel": false} (a call
+   * of one of the tools, its arguments to the tool's parameter schema) and {"type":
+   * "structural_tag", "format": {..}} (xgrammar's). Every token is then one the format allows,
+   * and the reply ends (QHX_STOP_EOS) when the format is complete. A chat call's <think> block
+   * comes first, free. Speculative decoding is off for such a reply. */
+  const char* response_format;
 } qhx_generate_options;
 
 /* Defaults from the model's generation_config.json (greedy if it has none). */

@@ -434,7 +434,8 @@ class Model(_Closable):
                  frequency_penalty: float | None = None, seed: int | None = None,
                  logit_bias: dict[int, float] | None = None, stop: str | Iterable[str] | None = None,
                  stop_token_ids: Iterable[int] | None = None, ignore_eos: bool = False,
-                 speculative: str | None = None, draft_max: int = 0):
+                 speculative: str | None = None, draft_max: int = 0,
+                 response_format: dict | str | None = None, grammar: str | None = None):
         o = _capi.GenerateOptions()
         _check(_lib.qhx_generate_options_default(self._handle, ctypes.byref(o)))
         keep: list = []
@@ -471,6 +472,16 @@ class Model(_Closable):
         if speculative is not None:
             o.speculative = speculative.encode()
         o.draft_max = draft_max
+        if grammar is not None:
+            if response_format is not None:
+                raise QhxError("generate options: give response_format or grammar, not both")
+            response_format = {"type": "grammar", "grammar": grammar}
+        if response_format is not None:
+            text = (response_format if isinstance(response_format, str)
+                    else json.dumps(response_format))
+            encoded = text.encode("utf-8")
+            o.response_format = encoded
+            keep.append(encoded)
         _check(_lib.qhx_generate_options_check(self._handle, ctypes.byref(o)))
         return o, keep
 

@@ -85,6 +85,7 @@ class GenerateOptions(Structure):
         ("n_stop_strings", c_size_t),
         ("speculative", c_char_p),
         ("draft_max", c_int32),
+        ("response_format", c_char_p),
     ]
 
 

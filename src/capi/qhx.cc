@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "io/bundle.h"
 #include "io/pack.h"
 #include "kernels/cpu_context.h"
+#include "grammar/structured_output.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
@@ -44,6 +46,9 @@ struct qhx_model {
   int64_t device_weight_bytes = 0;  // the devices' copies of weights in the host's RAM
   std::string admission_note;
   std::string prefill_device = "cpu", decode_device = "cpu", device_note, model_note;
+  // Made at the first structured reply: its tables cost a moment over a large vocabulary.
+  std::once_flag structured_once;
+  std::unique_ptr<qhx::StructuredOutput> structured;
 };
 
 struct qhx_session {
@@ -160,6 +165,28 @@ qhx::SpeculativeOptions speculative_options(const qhx_model& model, const qhx_ge
   return s;
 }
 
+const qhx::StructuredOutput& structured_output(const qhx_model& model) {
+  const qhx::Tokenizer& tokenizer = tokenizer_of(&model);
+  auto& m = const_cast<qhx_model&>(model);  // made once, then only read
+  std::call_once(m.structured_once, [&] {
+    m.structured = std::make_unique<qhx::StructuredOutput>(
+        tokenizer, model.model->config().vocab_size,
+        qhx::tool_call_style(tokenizer.chat_template()));
+  });
+  return *model.structured;
+}
+
+bool has_response_format(const qhx_generate_options& o) {
+  return o.response_format != nullptr && o.response_format[0] != '\0';
+}
+
+// The turn's stop ids: the options' and, with stop_at_eos, the model's eos ids.
+std::vector<int32_t> turn_stop_ids(const qhx_model& model, const qhx_generate_options& o) {
+  std::set<int32_t> stops(o.stop_ids, o.stop_ids + o.n_stop_ids);
+  if (o.stop_at_eos) stops.insert(model.eos_ids.begin(), model.eos_ids.end());
+  return {stops.begin(), stops.end()};
+}
+
 // Everything generation refuses about its options, before any work (qhx_generate_options_check).
 void check_generate_options(const qhx_model& model, const qhx_generate_options& o) {
   if (o.n_stop_ids > 0 && o.stop_ids == nullptr) qhx::fail("generate options", "stop_ids is NULL");
@@ -170,6 +197,10 @@ void check_generate_options(const qhx_model& model, const qhx_generate_options& 
   }
   qhx::StopStringMatcher{stops};  // refuses empty and invalid UTF-8 stop strings
   speculative_options(model, o);
+  if (has_response_format(o)) {  // compiled now (and cached), so a bad format fails up front
+    structured_output(model).constraint(o.response_format, qhx::ReplyStart::kAnswer,
+                                        turn_stop_ids(model, o));
+  }
 }
 
 // The draft model for speculative "draft": same vocabulary and, where both have one, the same
@@ -206,7 +237,8 @@ std::unique_ptr<qhx::Model> open_draft_model(const char* path, const qhx_model& 
 }
 
 qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
-                          std::vector<int64_t> checkpoint_at, const qhx_generate_options* options,
+                          std::vector<int64_t> checkpoint_at, bool chat,
+                          const qhx_generate_options* options,
                           qhx_token_callback callback, void* user_data,
                           qhx_generate_result* result) {
   if (result != nullptr) *result = {};
@@ -226,10 +258,19 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     turn.cancel = &session->cancel;
     turn.checkpoint_at = std::move(checkpoint_at);
     turn.speculative = speculative_options(*session->model, *options);
-    std::set<int32_t> stops(options->stop_ids, options->stop_ids + options->n_stop_ids);
-    if (options->stop_at_eos)
-      stops.insert(session->model->eos_ids.begin(), session->model->eos_ids.end());
-    turn.stop_ids.assign(stops.begin(), stops.end());
+    turn.stop_ids = turn_stop_ids(*session->model, *options);
+    const std::set<int32_t> stops(turn.stop_ids.begin(), turn.stop_ids.end());
+    std::unique_ptr<qhx::GrammarConstraint> constraint;
+    if (has_response_format(*options)) {
+      const qhx::StructuredOutput& structured = structured_output(*session->model);
+      qhx::ReplyStart start = qhx::ReplyStart::kAnswer;
+      if (chat) {  // where the rendered prompt leaves the reply: in, before or past a <think>
+        const size_t tail = std::min<size_t>(tokens.size(), 8);
+        start = qhx::chat_reply_start(tokenizer_of(session->model).decode(tokens.last(tail)));
+      }
+      constraint = structured.constraint(options->response_format, start, turn.stop_ids);
+      turn.constraint = constraint.get();
+    }
 
     const qhx::Tokenizer* tokenizer =
         session->model->tokenizer ? &*session->model->tokenizer : nullptr;
@@ -259,7 +300,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       return emit(id, piece);
     });
     if (decoder && !stop_text.stopped()) {
-      std::string rest = stats.stop == qhx::StopReason::kStopId ? "" : decoder->flush();
+      std::string rest = decoder->flush();  // "" after a stop id, which flushed it
       rest = stop_text.push(rest).text;
       if (!stop_text.stopped()) rest += stop_text.flush();
       if (!rest.empty()) {
@@ -664,8 +705,8 @@ qhx_status qhx_session_generate(qhx_session* session, const int32_t* tokens, siz
                                 void* user_data, qhx_generate_result* result) {
   QHX_REQUIRE(session, "qhx_session_generate");
   QHX_REQUIRE_BUFFER(tokens, n_tokens, "qhx_session_generate");
-  return run_generation(session, std::span<const int32_t>(tokens, n_tokens), {}, options, callback,
-                        user_data, result);
+  return run_generation(session, std::span<const int32_t>(tokens, n_tokens), {}, false, options,
+                        callback, user_data, result);
 }
 
 qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
@@ -704,7 +745,8 @@ qhx_status qhx_session_chat_tokens(qhx_session* session, const int32_t* tokens, 
       if (last != prompt.rend()) checkpoint_at.push_back(prompt.rend() - last - 1);
     }
   }
-  return run_generation(session, prompt, checkpoint_at, options, callback, user_data, result);
+  return run_generation(session, prompt, checkpoint_at, true, options, callback, user_data,
+                        result);
 }
 
 void qhx_session_cancel(qhx_session* session) {

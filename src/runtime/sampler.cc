@@ -60,6 +60,10 @@ int32_t argmax_checking_nan(std::span<const float> logits, bool& any_nan) {
   return best;
 }
 
+bool is_allowed(std::span<const uint32_t> allowed, size_t id) {
+  return ((allowed[id / 32] >> (id % 32)) & 1u) != 0;
+}
+
 void fail_on_nan(std::span<const float> logits) {
   const auto at = std::find_if(logits.begin(), logits.end(), [](float l) { return l != l; });
   if (at != logits.end()) fail("logits", "NaN at id " + std::to_string(at - logits.begin()));
@@ -174,14 +178,28 @@ void Sampler::keep_top_p() {
 }
 
 float Sampler::process(std::span<const float> logits, std::span<const int32_t> prompt,
-                       std::span<const int32_t> generated) {
+                       std::span<const int32_t> generated, std::span<const uint32_t> allowed) {
   if (logits.empty()) fail("logits", "empty row");
-  // The row as given, unless a bias or a penalty rewrites it (a copy of the vocabulary per
-  // token otherwise, which greedy decoding and verifying drafts do not need).
+  const bool masked = !allowed.empty();
+  if (masked && allowed.size() * 32 < logits.size()) {
+    fail("constraint", "its mask covers " + std::to_string(allowed.size() * 32) + " of " +
+                           std::to_string(logits.size()) + " tokens");
+  }
+  // The row as given, unless a bias, a penalty or a mask rewrites it (a copy of the vocabulary
+  // per token otherwise, which greedy decoding and verifying drafts do not need).
   const bool penalized = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f ||
                          params_.repetition_penalty != 1.0f;
+  const bool rewritten = !params_.logit_bias.empty() || penalized;
   std::span<const float> row = logits;
-  if (!params_.logit_bias.empty() || penalized) {
+  bool any_nan = false;
+  int32_t best = 0;
+  // Greedy under a mask alone: the row's argmax, when allowed, is the masked row's.
+  bool best_known = false;
+  if (masked && params_.greedy && !rewritten) {
+    best = argmax_checking_nan(row, any_nan);
+    best_known = !any_nan && is_allowed(allowed, static_cast<size_t>(best));
+  }
+  if (!best_known && (rewritten || masked)) {
     scratch_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : params_.logit_bias) {
       if (static_cast<size_t>(id) >= scratch_.size()) {
@@ -191,11 +209,19 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
       scratch_[id] += bias;
     }
     apply_penalties(prompt, generated);
+    if (masked) {
+      const float banned = -std::numeric_limits<float>::infinity();
+      for (size_t w = 0; w * 32 < scratch_.size(); ++w) {
+        if (allowed[w] == ~0u) continue;
+        for (size_t id = w * 32; id < std::min(scratch_.size(), w * 32 + 32); ++id) {
+          if (!is_allowed(allowed, id)) scratch_[id] = banned;
+        }
+      }
+    }
     row = scratch_;
   }
 
-  bool any_nan = false;
-  const int32_t best = argmax_checking_nan(row, any_nan);
+  if (!best_known) best = argmax_checking_nan(row, any_nan);
   if (any_nan) {
     fail_on_nan(logits);
     // The model's logits hold none: an infinite logit met the opposite infinite bias.
@@ -203,7 +229,8 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
   }
   const float max_logit = row[best];
   if (max_logit == -std::numeric_limits<float>::infinity()) {
-    fail("logits", "every token has a logit of -inf after logit_bias");
+    fail("logits", masked ? "every token the constraint allows has a logit of -inf"
+                          : "every token has a logit of -inf after logit_bias");
   }
   if (params_.greedy) {
     candidates_.assign(1, {max_logit, best});
@@ -252,8 +279,9 @@ double Sampler::weigh(double top) {
 
 std::vector<TokenProb> Sampler::distribution(std::span<const float> logits,
                                              std::span<const int32_t> prompt,
-                                             std::span<const int32_t> generated) {
-  const double total = weigh(process(logits, prompt, generated));
+                                             std::span<const int32_t> generated,
+                                             std::span<const uint32_t> allowed) {
+  const double total = weigh(process(logits, prompt, generated, allowed));
   std::vector<TokenProb> out(candidates_.size());
   for (size_t i = 0; i < out.size(); ++i) out[i] = {candidates_[i].id, weights_[i] / total};
   return out;
@@ -278,15 +306,15 @@ int32_t Sampler::draw(double total) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                        std::span<const int32_t> generated) {
-  const double top = process(logits, prompt, generated);
+                        std::span<const int32_t> generated, std::span<const uint32_t> allowed) {
+  const double top = process(logits, prompt, generated, allowed);
   if (params_.greedy) return candidates_[0].id;
   return draw(weigh(top));
 }
 
 int32_t Sampler::sample_with_draft(std::span<const float> logits, std::span<const int32_t> prompt,
                                    std::span<const int32_t> generated, int32_t draft) {
-  const double top = process(logits, prompt, generated);
+  const double top = process(logits, prompt, generated, {});
   if (params_.greedy) return candidates_[0].id;
   const double total = weigh(top);
   const auto at = std::lower_bound(candidates_.begin(), candidates_.end(), draft,

@@ -39,7 +39,8 @@ void check_sampling_params(const SamplingParams& params, int64_t vocab_size);
 // Per token, in this order (transformers' LogitsProcessorList as generate() builds it, with the
 // OpenAI-style additive terms first, as vLLM applies them):
 //   1. logit_bias, then -= frequency_penalty·count + presence_penalty·[count > 0] over `generated`
-//   2. repetition penalty over prompt ∪ generated: l < 0 ? l·r : l/r (once per distinct id)
+//   2. repetition penalty over prompt ∪ generated: l < 0 ? l·r : l/r (once per distinct id);
+//      then the tokens a constraint does not allow become -inf
 //   3. greedy: argmax. Sampling: l / temperature; top_k (ties with the k-th kept); top_p (drop the
 //      least likely tokens whose cumulative mass is ≤ 1 - top_p); min_p (drop p < min_p·p_max)
 //   4. softmax over the survivors and one draw.
@@ -49,9 +50,11 @@ void check_sampling_params(const SamplingParams& params, int64_t vocab_size);
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);  // throws Error naming the bad field
-  // `prompt` and `generated` are the sequence so far (for the penalties).
+  // `prompt` and `generated` are the sequence so far (for the penalties). `allowed`, when not
+  // empty, masks the vocabulary after the penalties (TokenConstraint's bits: token i at bit i % 32
+  // of allowed[i / 32]); tokens it leaves out get no probability.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                 std::span<const int32_t> generated);
+                 std::span<const int32_t> generated, std::span<const uint32_t> allowed = {});
   // Speculative sampling's rule for a draft token proposed with certainty (prompt lookup and greedy
   // drafts: q(draft) = 1): keeps `draft` with probability p(draft), else draws from p without it,
   // renormalised. So the token returned is distributed exactly as sample()'s: p(draft) for the
@@ -63,16 +66,18 @@ class Sampler {
   // argmax alone). Does not advance the random state.
   std::vector<TokenProb> distribution(std::span<const float> logits,
                                       std::span<const int32_t> prompt,
-                                      std::span<const int32_t> generated);
+                                      std::span<const int32_t> generated,
+                                      std::span<const uint32_t> allowed = {});
 
  private:
   struct Candidate {
     float logit;
     int32_t id;
   };
-  // Steps 1-3 into candidates_ (ascending ids, finite logits); returns the largest logit.
+  // Steps 1-3 (and the mask) into candidates_ (ascending ids, finite logits); returns the
+  // largest logit.
   float process(std::span<const float> logits, std::span<const int32_t> prompt,
-                std::span<const int32_t> generated);
+                std::span<const int32_t> generated, std::span<const uint32_t> allowed);
   void apply_penalties(std::span<const int32_t> prompt, std::span<const int32_t> generated);
   void keep_top_p();
   // weights_[i] = exp(logit_i - top) over candidates_; returns their sum.

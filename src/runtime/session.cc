@@ -219,7 +219,10 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
              " new tokens exceed the context limit of " + std::to_string(context_length_),
          ErrorKind::kContextFull);
   }
-  const SpeculativeOptions& spec = options.speculative;
+  // A constraint decides token by token: no drafts then.
+  SpeculativeOptions no_drafts;
+  const SpeculativeOptions& spec =
+      options.constraint == nullptr ? options.speculative : no_drafts;
   if (spec.kind == DraftKind::kMtp) require_mtp_head(model_);
   // The head follows the conversation from this turn's first pass, or goes on following it.
   mtp_on_ = spec.kind == DraftKind::kMtp;
@@ -263,7 +266,23 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   const auto generated = [&] {
     return std::span<const int32_t>(history_).subspan(static_cast<size_t>(n_tokens));
   };
-  int32_t token = sampler.sample(logits_, tokens, generated());
+  // The sampler's pick from a row of logits, within what the constraint allows.
+  std::vector<uint32_t> allowed;
+  if (options.constraint != nullptr) allowed.resize(static_cast<size_t>((vocab + 31) / 32));
+  const auto pick = [&](std::span<const float> row) {
+    if (options.constraint == nullptr) return sampler.sample(row, tokens, generated());
+    auto t0 = Clock::now();
+    const bool masked = options.constraint->allowed_next(allowed);
+    stats.constraint_seconds += seconds_since(t0);
+    const int32_t id = sampler.sample(row, tokens, generated(),
+                                      masked ? std::span<const uint32_t>(allowed)
+                                             : std::span<const uint32_t>());
+    t0 = Clock::now();
+    options.constraint->accept(id);
+    stats.constraint_seconds += seconds_since(t0);
+    return id;
+  };
+  int32_t token = pick(logits_);
   stats.ttft_seconds = seconds_since(start);
   const auto decode_start = Clock::now();
   // Speculation: after a verify pass, `verified` holds the accepted draft tokens, which the state
@@ -281,6 +300,8 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     bool stopping = true;
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
         options.stop_ids.end()) {
+      stats.stop = StopReason::kStopId;
+    } else if (options.constraint != nullptr && options.constraint->finished()) {
       stats.stop = StopReason::kStopId;
     } else if (!go_on) {
       stats.stop = StopReason::kCallback;
@@ -321,7 +342,7 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       run(std::span<const int32_t>(&token, 1), LogitsFor::kLastToken, logits_);
       ++stats.decode_passes;
       history_.push_back(token);
-      token = sampler.sample(logits_, tokens, generated());
+      token = pick(logits_);
       continue;
     }
     // Verify [token, draft...] in one pass; keep the draft's prefix the model would have chosen

@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
+#include "runtime/token_constraint.h"
 
 namespace qhx {
 
@@ -46,9 +47,13 @@ struct TurnOptions {
   // Drafts verified several tokens per pass (runtime/speculative.h): greedy output exactly that of
   // decoding one token at a time; sampled output from the same distribution (not the same draws).
   SpeculativeOptions speculative;
+  // Structured output: the reply follows it, and ends when it is complete. It turns speculation
+  // off (drafts are verified against the model, not the grammar). Owned by the caller.
+  TokenConstraint* constraint = nullptr;
 };
 
 // Why generation ended. (A context too short for max_new_tokens is refused up front instead.)
+// kStopId: a stop id, or the constraint's end (nothing may follow).
 enum class StopReason { kLength, kStopId, kCallback, kCancelled };
 
 struct TurnStats {
@@ -67,6 +72,7 @@ struct TurnStats {
   int64_t accepted = 0;
   int64_t rollbacks = 0;
   int64_t decode_passes = 0;  // forward passes of the decode (plain steps and verify passes)
+  double constraint_seconds = 0;  // in the constraint: masks and advancing it
 };
 
 class Session {
