@@ -11,7 +11,9 @@ set(allowed_models "models;backend;graph;io;kernels;core;util")
 set(allowed_tokenizer "tokenizer;util")
 set(allowed_chat "chat;tokenizer;util")
 set(allowed_runtime "runtime;models;backend;graph;io;kernels;core;util;tokenizer;chat")
-set(allowed_capi "capi;qhx;runtime;models;backend;graph;io;kernels;core;util;tokenizer;chat")
+# grammar/ implements runtime/token_constraint.h, an interface the runtime's sessions take.
+set(allowed_grammar "grammar;runtime;tokenizer;util")
+set(allowed_capi "capi;qhx;grammar;runtime;models;backend;graph;io;kernels;core;util;tokenizer;chat")
 set(allowed_forge "forge;runtime;models;backend;graph;io;kernels;core;util;tokenizer;chat")
 set(allowed_server "server;qhx;util")
 

@@ -198,6 +198,38 @@ TEST(Sampler, DrawsFollowTheDistribution) {
       {{0, 0.25 / 0.365}, {1, 0.09 / 0.365}, {2, 0.0225 / 0.365}, {3, 0.0025 / 0.365}});
 }
 
+// A constraint's mask: the tokens it leaves out get nothing, the rest keep their relative odds,
+// greedy takes the best allowed one (whether or not a bias rewrote the row first).
+TEST(Sampler, AMaskLeavesOnlyTheAllowedTokens) {
+  std::vector<float> logits(70, -3.0f);
+  logits[0] = 9.0f;   // the best, masked
+  logits[33] = 2.0f;  // the best allowed, in the second word
+  logits[64] = 1.0f;
+  const std::vector<uint32_t> allowed = {0x2u, 0x2u, 0x1u};  // ids 1, 33, 64
+  SamplingParams greedy;
+  EXPECT_EQ(Sampler(greedy).sample(logits, {}, {}, allowed), 33);
+  EXPECT_EQ(Sampler(greedy).sample(logits, {}, {}), 0);
+  greedy.logit_bias = {{64, 5.0f}};
+  EXPECT_EQ(Sampler(greedy).sample(logits, {}, {}, allowed), 64);
+  greedy.logit_bias = {{0, -100.0f}};  // the unmasked argmax is allowed: the fast path
+  const std::vector<uint32_t> all = {~0u, ~0u, ~0u};
+  EXPECT_EQ(Sampler(greedy).sample(logits, {}, {}, all), 33);
+
+  SamplingParams p = sampling();
+  p.seed = 5;
+  Sampler s(p);
+  EXPECT_EQ(ids_of(s.distribution(logits, {}, {}, allowed)), (Ids{1, 33, 64}));
+  const double e1 = std::exp(-3.0), e33 = std::exp(2.0), e64 = std::exp(1.0);
+  const double total = e1 + e33 + e64;
+  expect_frequencies_of([&] { return s.sample(logits, {}, {}, allowed); },
+                        {{1, e1 / total}, {33, e33 / total}, {64, e64 / total}});
+  // A mask too short for the row is an error, not a read past it.
+  EXPECT_THROW(s.sample(logits, {}, {}, std::vector<uint32_t>{~0u}), Error);
+  // Nothing allowed with any probability: said so.
+  logits[1] = logits[33] = logits[64] = -std::numeric_limits<float>::infinity();
+  EXPECT_THROW(Sampler(SamplingParams{}).sample(logits, {}, {}, allowed), Error);
+}
+
 // Speculative sampling: whatever the draft (likely, unlikely, filtered out, the only survivor),
 // the token kept or drawn instead follows the distribution sample() draws from, and the draft is
 // kept as often as its probability.

@@ -246,6 +246,48 @@ TEST(SessionLimitsTest, CancelStopsPrefillAtAChunkBoundary) {
   EXPECT_EQ(resumed.stats.n_processed, 6);
 }
 
+// A constraint that allows one token per step, from a script, then ends the reply.
+class ScriptedConstraint final : public TokenConstraint {
+ public:
+  explicit ScriptedConstraint(std::vector<int32_t> script) : script_(std::move(script)) {}
+  bool allowed_next(std::span<uint32_t> words) override {
+    std::fill(words.begin(), words.end(), 0u);
+    const int32_t id = script_.at(at_);
+    words[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+    return true;
+  }
+  void accept(int32_t token) override {
+    if (token != script_.at(at_)) fail("constraint", "off the script");
+    ++at_;
+  }
+  bool finished() const override { return at_ == script_.size(); }
+
+ private:
+  std::vector<int32_t> script_;
+  size_t at_ = 0;
+};
+
+TEST(SessionLimitsTest, AConstraintDecidesTheTokensAndEndsTheReplyWithoutDrafts) {
+  const auto model = load_model(test::source_dir() / "models" / "qwen3.5-kjv");
+  Session session(*model);
+  const std::vector<int32_t> script = {11, 22, 33, 22, 11};
+  ScriptedConstraint constraint(script);
+  TurnOptions options;
+  options.max_new_tokens = 20;
+  options.constraint = &constraint;
+  options.speculative.kind = DraftKind::kNgram;  // turned off by the constraint
+  std::vector<int32_t> out;
+  const TurnStats stats =
+      session.generate(std::vector<int32_t>{9707, 11, 22, 33, 22, 11, 9707}, options,
+                       [&](int32_t id) {
+                         out.push_back(id);
+                         return true;
+                       });
+  EXPECT_EQ(out, script);
+  EXPECT_EQ(stats.stop, StopReason::kStopId);
+  EXPECT_EQ(stats.verify_passes, 0);
+}
+
 TEST(SessionLimitsTest, PromptsLongerThanTheContextAreRefused) {
   const auto model = load_model(test::source_dir() / "models" / "qwen3.5-kjv");
   Session session(*model, {.context_length = 16});

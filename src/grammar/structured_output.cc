@@ -26,11 +26,16 @@ constexpr int kMaxJsonWhitespace = 20;
 // vocabulary.
 constexpr int64_t kCacheBytes = int64_t{64} << 20;
 
-// xgrammar's messages can run over several lines; the first says what is wrong.
-std::string first_line(const char* what) {
-  std::string s(what);
-  const size_t end = s.find('\n');
-  return end == std::string::npos ? s : s.substr(0, end);
+// xgrammar's message without its "[hh:mm:ss] file.cc:line: " prefix, first line only.
+std::string xgrammar_message(const char* what) {
+  std::string_view s(what);
+  s = s.substr(0, s.find('\n'));
+  if (s.starts_with('[')) {
+    const size_t time_end = s.find("] ");
+    const size_t where_end = time_end == std::string_view::npos ? time_end : s.find(": ", time_end);
+    if (where_end != std::string_view::npos) s.remove_prefix(where_end + 2);
+  }
+  return std::string(s);
 }
 
 const Json& member(const Json& object, const char* key, const std::string& where) {
@@ -167,7 +172,9 @@ Json reasoning(ReplyStart start) {
 class XgrammarConstraint final : public GrammarConstraint {
  public:
   XgrammarConstraint(const xgrammar::CompiledGrammar& grammar, std::span<const int32_t> stop_ids)
-      : matcher_(grammar, std::vector<int>(stop_ids.begin(), stop_ids.end()),
+      : matcher_(grammar,
+                 stop_ids.empty() ? std::nullopt
+                                  : std::optional(std::vector<int>(stop_ids.begin(), stop_ids.end())),
                  /*terminate_without_stop_token=*/stop_ids.empty()) {}
 
   bool allowed_next(std::span<uint32_t> words) override {
@@ -222,17 +229,12 @@ ToolCallStyle tool_call_style(std::string_view chat_template) {
                                                                       : ToolCallStyle::kJson;
 }
 
-bool prompt_opens_think(std::string_view prompt) {
-  const size_t end = prompt.find_last_not_of(" \t\r\n");
-  return end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(kThinkOpen);
-}
-
 ReplyStart chat_reply_start(std::string_view prompt) {
-  if (prompt_opens_think(prompt)) return ReplyStart::kInThink;
   const size_t end = prompt.find_last_not_of(" \t\r\n");
-  if (end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(kThinkClose)) {
-    return ReplyStart::kAnswer;
-  }
+  if (end == std::string_view::npos) return ReplyStart::kMayThink;
+  const std::string_view text = prompt.substr(0, end + 1);
+  if (text.ends_with(kThinkOpen)) return ReplyStart::kInThink;
+  if (text.ends_with(kThinkClose)) return ReplyStart::kAnswer;  // thinking turned off
   return ReplyStart::kMayThink;
 }
 
@@ -275,7 +277,7 @@ std::unique_ptr<GrammarConstraint> StructuredOutput::constraint(std::string_view
     std::lock_guard lock(impl_->mutex);
     grammar = impl_->compiler.CompileStructuralTag(tag);
   } catch (const std::exception& e) {
-    fail(where, first_line(e.what()));
+    fail(where, xgrammar_message(e.what()));
   }
   return std::make_unique<XgrammarConstraint>(*grammar, stop_ids);
 }

@@ -27,8 +27,6 @@ enum class ReplyStart {
 enum class ToolCallStyle { kJson, kXml };
 ToolCallStyle tool_call_style(std::string_view chat_template);
 
-// Whether a rendered chat prompt leaves a <think> block open (trailing whitespace aside).
-bool prompt_opens_think(std::string_view prompt);
 // Where a chat reply starts after the rendered prompt (or its last few tokens' text): inside a
 // <think> block it opened, past one it closed (thinking turned off), or before the reply.
 ReplyStart chat_reply_start(std::string_view prompt);

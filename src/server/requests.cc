@@ -278,6 +278,78 @@ int check_request(qhx_model* model, const std::string& path, std::string_view bo
   }
 }
 
+namespace {
+
+void set_format(Completion& c, const Json& format, const char* param) {
+  if (!c.response_format.empty()) {
+    throw bad_value(param, "cannot be combined with " + c.format_param +
+                               " (both constrain the answer)");
+  }
+  c.response_format = format.dump();
+  c.format_param = param;
+}
+
+}  // namespace
+
+// tool_choice: "none" (no calls parsed), "auto" (the model's choice), "required" (one call or
+// more, to the tools' schemas) or {"type": "function", "function": {"name"}} (that one, once).
+void RequestRules::parse_tool_choice(const Json& body, Completion& c) const {
+  const Json* choice = field(body, "tool_choice");
+  const auto parallel = bool_field(body, "parallel_tool_calls");
+  if (choice == nullptr) return;
+  const Json* given = field(body, "tools");
+  const Json tools = given != nullptr && given->is_array() ? *given : Json::array();
+  if (choice->is_string()) {
+    const std::string name = choice->get<std::string>();
+    if (name == "none") {
+      c.output.tool_calls = false;
+      return;
+    }
+    if (name == "auto") return;
+    if (name != "required") {
+      throw bad_value("tool_choice", "must be \"none\", \"auto\", \"required\" or a function");
+    }
+    if (tools.empty()) throw bad_value("tool_choice", "\"required\" needs tools");
+    set_format(c, {{"type", "tool_calls"}, {"tools", tools}, {"parallel", parallel.value_or(true)}},
+               "tool_choice");
+    return;
+  }
+  if (!choice->is_object()) throw wrong_type("tool_choice", "a string or an object");
+  const Json* type = field(*choice, "type");
+  const Json* function = field(*choice, "function");
+  if (type == nullptr || *type != "function" || function == nullptr || !function->is_object() ||
+      !function->contains("name") || !(*function)["name"].is_string()) {
+    throw bad_value("tool_choice", "must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  const std::string name = (*function)["name"].get<std::string>();
+  for (const Json& tool : tools) {
+    if (tool.is_object() && tool.contains("function") && tool["function"].is_object() &&
+        tool["function"].value("name", "") == name) {
+      set_format(c, {{"type", "tool_calls"}, {"tools", Json::array({tool})}, {"parallel", false}},
+                 "tool_choice");
+      return;
+    }
+  }
+  throw bad_value("tool_choice", "names the function '" + name + "', which tools do not hold");
+}
+
+// response_format (OpenAI's), or grammar (llama.cpp's: GBNF text), for the C API to compile.
+void RequestRules::parse_response_format(const Json& body, Completion& c) const {
+  if (const Json* format = field(body, "response_format")) {
+    if (!format->is_object()) throw wrong_type("response_format", "an object");
+    const Json* type = field(*format, "type");
+    if (type == nullptr || !type->is_string()) throw wrong_type("response_format.type", "a string");
+    if (*type != "text") set_format(c, *format, "response_format");
+  }
+  if (const Json* grammar = field(body, "grammar")) {
+    if (!grammar->is_string()) throw wrong_type("grammar", "a string (GBNF)");
+    if (!grammar->get<std::string>().empty()) {
+      set_format(c, {{"type", "grammar"}, {"grammar", *grammar}}, "grammar");
+    }
+  }
+  c.options.response_format = c.response_format.empty() ? nullptr : c.response_format.c_str();
+}
+
 void RequestRules::parse_completion(const Json& body, Completion& c) const {
   if (const Json* m = field(body, "model")) {
     if (!m->is_string()) throw wrong_type("model", "a string");
@@ -299,6 +371,8 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
 
   if (c.chat) {
     const Json* messages = field(body, "messages");
+    // tool_choice needs the tools; they are checked below.
+
     if (messages == nullptr) throw ApiError{400, "'messages' is required", "messages"};
     if (!messages->is_array() || messages->empty()) {
       throw wrong_type("messages", "a non-empty array of messages");
@@ -310,6 +384,7 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
       c.output.tool_calls = !tools->empty();
       c.output.tools = *tools;
     }
+    parse_tool_choice(body, c);
     // llama.cpp's field: "none" leaves <think> blocks in the content.
     if (const Json* format = field(body, "reasoning_format")) {
       if (!format->is_string()) throw wrong_type("reasoning_format", "a string");
@@ -459,6 +534,8 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
   c.options.stop_strings = c.stop_pointers.data();
   c.options.n_stop_strings = c.stop_pointers.size();
 
+  parse_response_format(body, c);
+
   // vLLM's and llama.cpp's extension: go on past the model's end-of-sequence tokens.
   if (bool_field(body, "ignore_eos").value_or(false)) c.options.stop_at_eos = 0;
   c.stream = bool_field(body, "stream").value_or(false);
@@ -471,12 +548,11 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
   if (qhx_generate_options_check(model, &c.options) != QHX_OK) {
     const std::string message = qhx_last_error();
     std::string param;
+    if (message.starts_with("response_format")) param = c.format_param;
     for (const char* name : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                              "presence_penalty", "frequency_penalty", "logit_bias", "stop"}) {
-      if (message.find(name) != std::string::npos) {
-        param = name;
-        break;
-      }
+      if (!param.empty()) break;
+      if (message.find(name) != std::string::npos) param = name;
     }
     ApiError e{400, message, param, "invalid_value"};
     e.from_library = true;

@@ -65,6 +65,9 @@ struct Completion {
   std::vector<float> bias_values;
   std::vector<std::string> stops;
   std::vector<const char*> stop_pointers;
+  std::string response_format;  // the C API's (JSON text), from response_format, grammar or
+                                // tool_choice; "" for none
+  std::string format_param;     // which of those it came from, for errors
 };
 
 // What a request is checked against: the model, its context and its defaults.
@@ -77,6 +80,8 @@ struct RequestRules {
 
   // Parses and checks a completion request (chat or not) into `c`; throws ApiError.
   void parse_completion(const Json& body, Completion& c) const;
+  void parse_tool_choice(const Json& body, Completion& c) const;
+  void parse_response_format(const Json& body, Completion& c) const;
 
   qhx_model* model = nullptr;
   std::string model_id;
