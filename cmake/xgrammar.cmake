@@ -31,13 +31,52 @@ if(NOT EXISTS "${QHX_XGRAMMAR_SOURCE_DIR}/include/xgrammar/xgrammar.h")
   file(ARCHIVE_EXTRACT INPUT "${archive}" DESTINATION "${PROJECT_SOURCE_DIR}/.deps")
 endif()
 
+# One change to its JSON grammars, made in place (idempotent): the whitespace between JSON tokens
+# becomes llama.cpp's -- nothing, a space, or a line break and up to max_whitespace_cnt spaces or
+# tabs of indentation -- instead of up to max_whitespace_cnt of any whitespace, with which a weak
+# model fills every gap with line breaks (docs/structured_output.md).
+set(converter "${QHX_XGRAMMAR_SOURCE_DIR}/cpp/json_schema_converter.cc")
+file(READ "${converter}" converter_text)
+set(any_whitespace [=[
+  return Repeat(
+      "whitespace",
+      builder_.AddCharacterClass(elements),
+      0,
+      static_cast<int32_t>(*max_whitespace_cnt_)
+  );]=])
+set(indentation [=[
+  return Choice(
+      {Empty(),
+       ByteString(" "),
+       Sequence(
+           {ByteString("\n"),
+            Repeat(
+                "whitespace",
+                builder_.AddCharacterClass({{' ', ' '}, {'\t', '\t'}}),
+                0,
+                static_cast<int32_t>(*max_whitespace_cnt_)
+            )}
+       )}
+  );  // qhx: indentation]=])
+string(FIND "${converter_text}" "${any_whitespace}" unpatched)
+if(NOT unpatched EQUAL -1)
+  string(REPLACE "${any_whitespace}" "${indentation}" converter_text "${converter_text}")
+  file(WRITE "${converter}" "${converter_text}")
+endif()
+string(FIND "${converter_text}" "${indentation}" patched)
+if(patched EQUAL -1)
+  message(FATAL_ERROR "xgrammar: ${converter} is not the ${QHX_XGRAMMAR_VERSION} this build patches")
+endif()
+
 file(GLOB_RECURSE xgrammar_sources CONFIGURE_DEPENDS "${QHX_XGRAMMAR_SOURCE_DIR}/cpp/*.cc")
 list(FILTER xgrammar_sources EXCLUDE REGEX "/cpp/tvm_ffi/")
-add_library(qhx_xgrammar STATIC ${xgrammar_sources})
+# Its log goes to our sink (src/grammar/xgrammar_log.cc), not to stderr.
+add_library(qhx_xgrammar STATIC ${xgrammar_sources} "${PROJECT_SOURCE_DIR}/src/grammar/xgrammar_log.cc")
+target_include_directories(qhx_xgrammar PRIVATE "${QHX_XGRAMMAR_SOURCE_DIR}/cpp" "${PROJECT_SOURCE_DIR}/src")
 target_include_directories(qhx_xgrammar PUBLIC "${QHX_XGRAMMAR_SOURCE_DIR}/include")
 target_include_directories(qhx_xgrammar SYSTEM PUBLIC "${QHX_XGRAMMAR_SOURCE_DIR}/3rdparty/picojson"
                            "${QHX_XGRAMMAR_SOURCE_DIR}/3rdparty/dlpack/include")
-target_compile_definitions(qhx_xgrammar PUBLIC XGRAMMAR_ENABLE_CPPTRACE=0)
+target_compile_definitions(qhx_xgrammar PUBLIC XGRAMMAR_ENABLE_CPPTRACE=0 PRIVATE XGRAMMAR_LOG_CUSTOMIZE=1)
 set_target_properties(qhx_xgrammar PROPERTIES CXX_STANDARD 17 POSITION_INDEPENDENT_CODE ON)
 # Someone else's code: its warnings are not ours to fix.
 target_compile_options(qhx_xgrammar PRIVATE -w)

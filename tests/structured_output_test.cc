@@ -50,18 +50,18 @@ int first_refused(TokenConstraint& c, const Tokenizer& t, int64_t vocab, const s
 }
 
 std::string schema_format(const nlohmann::ordered_json& schema) {
-  return nlohmann::ordered_json{{"type", "json_schema"},
-                        {"json_schema", {{"name", "t"}, {"schema", schema}, {"strict", true}}}}
+  return nlohmann::ordered_json{
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "t"}, {"schema", schema}, {"strict", true}}}}
       .dump();
 }
 
-const nlohmann::ordered_json kPerson = {
-    {"type", "object"},
-    {"properties",
-     {{"name", {{"type", "string"}}},
-      {"age", {{"type", "integer"}, {"minimum", 0}}},
-      {"role", {{"enum", {"admin", "user"}}}}}},
-    {"required", {"name", "age"}}};
+const nlohmann::ordered_json kPerson = {{"type", "object"},
+                                        {"properties",
+                                         {{"name", {{"type", "string"}}},
+                                          {"age", {{"type", "integer"}, {"minimum", 0}}},
+                                          {"role", {{"enum", {"admin", "user"}}}}}},
+                                        {"required", {"name", "age"}}};
 
 TEST(StructuredOutput, ASchemasDocumentPassesTokenByTokenThenOnlyTheStopId) {
   const StructuredOutput so(qwen3(), kQwen3Vocab, ToolCallStyle::kJson);
@@ -86,8 +86,9 @@ TEST(StructuredOutput, ASchemasDocumentPassesTokenByTokenThenOnlyTheStopId) {
 TEST(StructuredOutput, WhatTheSchemaForbidsIsMaskedAndRefused) {
   const StructuredOutput so(qwen3(), kQwen3Vocab, ToolCallStyle::kJson);
   const std::vector<int32_t> stops = {id_of(qwen3(), "<|im_end|>")};
-  for (const char* bad : {R"({"name": 7})", R"({"age": 1, "name": "A"})", R"({"name": "A", "age": -1})",
-                          R"({"name": "A", "age": 1, "role": "root"})", R"([1])"}) {
+  for (const char* bad :
+       {R"({"name": 7})", R"({"age": 1, "name": "A"})", R"({"name": "A", "age": -1})",
+        R"({"name": "A", "age": 1, "role": "root"})", R"([1])"}) {
     auto c = so.constraint(schema_format(kPerson), ReplyStart::kAnswer, stops);
     const int at = first_refused(*c, qwen3(), kQwen3Vocab, bad);
     EXPECT_GE(at, 0) << bad;
@@ -145,9 +146,8 @@ const nlohmann::ordered_json kWeatherTool = {
         {"required", {"city"}}}}}}};
 
 std::string tool_calls_format(bool parallel) {
-  return nlohmann::ordered_json{{"type", "tool_calls"},
-                        {"tools", {kWeatherTool}},
-                        {"parallel", parallel}}
+  return nlohmann::ordered_json{
+      {"type", "tool_calls"}, {"tools", {kWeatherTool}}, {"parallel", parallel}}
       .dump();
 }
 
@@ -216,6 +216,40 @@ TEST(StructuredOutput, WithoutStopIdsTheReplyEndsWithTheFormat) {
   EXPECT_TRUE(c->finished());
 }
 
+std::string nested(int depth) {
+  return depth == 0 ? R"({"v": 1})" : R"({"v": 1, "kids": [)" + nested(depth - 1) + "]}";
+}
+
+TEST(StructuredOutput, RecursiveSchemasAreBoundedOrRefused) {
+  const StructuredOutput so(qwen3(), kQwen3Vocab, ToolCallStyle::kJson);
+  const std::vector<int32_t> stops = {id_of(qwen3(), "<|im_end|>")};
+  const std::string tree =
+      schema_format({{"$defs",
+                      {{"node",
+                        {{"type", "object"},
+                         {"properties",
+                          {{"v", {{"type", "integer"}}},
+                           {"kids", {{"type", "array"}, {"items", {{"$ref", "#/$defs/node"}}}}}}},
+                         {"required", {"v"}}}}}},
+                     {"$ref", "#/$defs/node"}});
+  // Twelve $ref hops: the root's into the node, then eleven levels of children.
+  auto deep = so.constraint(tree, ReplyStart::kAnswer, stops);
+  EXPECT_EQ(first_refused(*deep, qwen3(), kQwen3Vocab, nested(11)), -1);
+  EXPECT_TRUE(allows(*deep, kQwen3Vocab, stops[0]));
+  auto deeper = so.constraint(tree, ReplyStart::kAnswer, stops);
+  EXPECT_FALSE(deeper->accepts_text(nested(12)));
+  EXPECT_TRUE(deeper->accepts_text(nested(11).substr(0, 40)));
+  // "#" itself, through properties: the same bound.
+  const std::string list = schema_format({{"type", "object"},
+                                          {"properties", {{"next", {{"$ref", "#"}}}}},
+                                          {"additionalProperties", false}});
+  auto chain = so.constraint(list, ReplyStart::kAnswer, stops);
+  std::string doc = "{}";
+  for (int i = 0; i < 12; ++i) doc = R"({"next": )" + doc + "}";
+  EXPECT_TRUE(chain->accepts_text(doc));
+  EXPECT_FALSE(chain->accepts_text(R"({"next": )" + doc + "}"));
+}
+
 void expect_error(const StructuredOutput& so, const std::string& format, const std::string& start) {
   try {
     so.constraint(format, ReplyStart::kAnswer, {});
@@ -236,6 +270,26 @@ TEST(StructuredOutput, ABadFormatIsAnErrorNamingItsField) {
                "response_format.json_schema.schema: is missing");
   expect_error(so, R"({"type": "json_schema", "json_schema": {"schema": {"$ref": "#/nope"}}})",
                "response_format: ");
+  // Recursion that cannot end: refused, not left to run to max_tokens.
+  expect_error(so,
+               R"({"type": "json_schema", "json_schema": {"schema": {"type": "object",
+                   "properties": {"next": {"$ref": "#"}}, "required": ["next"]}}})",
+               "response_format.json_schema.schema: admits no value within 12 levels of $ref");
+  // What xgrammar would not enforce is refused in a strict schema, and dropped on request.
+  const std::string unique =
+      R"({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": true}}})";
+  expect_error(
+      so, R"({"type": "json_schema", "json_schema": {"schema": )" + unique + "}}",
+      "response_format.json_schema.schema.properties.tags: \"uniqueItems\" is not enforced");
+  EXPECT_NE(so.constraint(R"({"type": "json_schema", "json_schema": {"strict": false, "schema": )" +
+                              unique + "}}",
+                          ReplyStart::kAnswer, {}),
+            nullptr);
+  expect_error(
+      so, R"({"type": "tool_calls", "tools": [{"type": "function", "function":
+                   {"name": "f", "parameters": {"type": "object", "properties": {"n":
+                   {"type": "number", "multipleOf": 0.5}}}}}]})",
+      "response_format.tools[0].function.parameters: multipleOf is not supported for type:number");
   expect_error(so, R"({"type": "grammar", "grammar": "root ::= foo"})",
                "response_format: EBNF parser error");
   expect_error(so, R"({"type": "grammar", "grammar": "x", "syntax": "peg"})",

@@ -8,7 +8,8 @@ shift || true
 
 tools/install_packages.sh build-essential cmake pkg-config nlohmann-json3-dev libpcre2-dev \
   libicu-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libcpp-httplib-dev libmicrohttpd-dev \
-  libvulkan-dev glslc mesa-vulkan-drivers python3-pytest python3-venv
+  libvulkan-dev glslc mesa-vulkan-drivers python3-pytest python3-venv \
+  python3-jsonschema
 
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"

@@ -55,9 +55,12 @@ class StructuredOutput {
   // "regex" ({"pattern"}); "structural_tag" (xgrammar's {"format": ...}); "tool_calls"
   // ({"tools": OpenAI tools, "parallel": bool}: one call of one of them, or several in a row with
   // parallel). `stop_ids` end the reply once the format is complete (none: it ends there).
-  // Throws Error naming the field: "<where>.json_schema.schema: ...".
-  std::unique_ptr<GrammarConstraint> constraint(std::string_view response_format,
-                                                ReplyStart start,
+  // A schema is held exactly unless its "strict" (json_schema's, or a tool function's) is false:
+  // one with a keyword xgrammar would not enforce (uniqueItems, not, if/then, multipleOf on
+  // numbers, ...) is refused then, and accepted without it with "strict": false. Recursion through
+  // $ref is unrolled 12 levels deep. Throws Error naming the field: "<where>.json_schema.schema:
+  // ...".
+  std::unique_ptr<GrammarConstraint> constraint(std::string_view response_format, ReplyStart start,
                                                 std::span<const int32_t> stop_ids,
                                                 const std::string& where = "response_format") const;
 
@@ -66,6 +69,13 @@ class StructuredOutput {
                              const std::string& where = "response_format") const;
 
  private:
+  struct FormatTag {
+    std::string tag;           // "" for text
+    std::string strict_where;  // the field of the first schema held strictly, if any
+  };
+  FormatTag format_tag(std::string_view response_format, ReplyStart start,
+                       const std::string& where) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
