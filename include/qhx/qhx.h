@@ -232,6 +232,8 @@ typedef struct qhx_generate_result {
                               NPU's: whole prompt chunks; the rest ran on the CPU or a GPU);
                               counted per model, so other sessions' passes during the prompt
                               count too */
+  double constraint_ms;    /* response_format: time in its constraint (the masks of the tokens
+                              allowed, each token accepted), part of prefill_ms + decode_ms */
 } qhx_generate_result;
 
 /* ---------------------------------------------------------------------------------------------

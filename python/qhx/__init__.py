@@ -77,6 +77,7 @@ class Result:
     prefill_ms: float
     ttft_ms: float
     decode_ms: float
+    constraint_ms: float = 0.0  # response_format / grammar: time in the constraint (in the above)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class Stream:
                 stop_reason=_capi.STOP_REASONS.get(raw.stop_reason, str(raw.stop_reason)),
                 n_prompt=raw.n_prompt, n_reused=raw.n_reused, n_processed=raw.n_processed,
                 n_generated=raw.n_generated, prefill_ms=raw.prefill_ms, ttft_ms=raw.ttft_ms,
-                decode_ms=raw.decode_ms)
+                decode_ms=raw.decode_ms, constraint_ms=raw.constraint_ms)
 
     def close(self) -> None:
         """Cancels the generation (at its next token or prefill chunk) and waits for it."""

@@ -105,6 +105,7 @@ class GenerateResult(Structure):
         ("drafted", c_int64),
         ("accepted", c_int64),
         ("device_tokens", c_int64),
+        ("constraint_ms", c_double),
     ]
 
 

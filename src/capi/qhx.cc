@@ -337,6 +337,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       result->verify_passes = stats.verify_passes;
       result->drafted = stats.drafted;
       result->accepted = stats.accepted;
+      result->constraint_ms = stats.constraint_seconds * 1e3;
       result->text = copy_string(text);
     }
   });

@@ -32,6 +32,7 @@ struct GenerateArgs {
   std::optional<float> frequency_penalty;
   std::vector<std::string> logit_bias;  // ID=BIAS
   std::vector<std::string> stop;
+  std::string json_schema, grammar, response_format;  // structured output, at most one
   std::optional<uint64_t> seed;
   bool print_ids = false;
   bool ignore_eos = false;

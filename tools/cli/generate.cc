@@ -5,6 +5,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "qhx/qhx.h"
 #include "runtime/generation_config.h"
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace qhx::cli {
 
@@ -41,6 +43,30 @@ std::pair<int32_t, float> parse_logit_bias(const std::string& item) {
     qhx::fail("--logit-bias", "'" + item.substr(eq + 1) + "' is not a number");
   }
   return {id, bias};
+}
+
+// A flag's value: its text, or the contents of FILE for @FILE.
+std::string text_or_file(const std::string& value, const char* flag) {
+  if (!value.starts_with('@')) return value;
+  try {
+    return qhx::read_regular_file(value.substr(1));
+  } catch (const qhx::Error& e) {
+    qhx::fail(flag, e.what());
+  }
+}
+
+// --json-schema, --grammar or --response-format as one response_format (JSON text); "" for none.
+std::string response_format(const GenerateArgs& args) {
+  if (!args.json_schema.empty()) {
+    const std::string schema = text_or_file(args.json_schema, "--json-schema");
+    return R"({"type": "json_schema", "json_schema": {"name": "cli", "schema": )" + schema + "}}";
+  }
+  if (!args.grammar.empty()) {
+    nlohmann::json format = {{"type", "grammar"},
+                             {"grammar", text_or_file(args.grammar, "--grammar")}};
+    return format.dump();
+  }
+  return text_or_file(args.response_format, "--response-format");
 }
 
 // Frees what the C API allocated when it goes out of scope.
@@ -152,6 +178,8 @@ int run_generate(const GenerateArgs& args) {
   for (const std::string& stop : args.stop) stops.push_back(stop.c_str());
   options.stop_strings = stops.data();
   options.n_stop_strings = stops.size();
+  const std::string format = response_format(args);
+  options.response_format = format.empty() ? nullptr : format.c_str();
   options.speculative = args.speculative.kind();
   options.draft_max = args.speculative.draft_max;
   check(qhx_generate_options_check(m.model, &options));
@@ -186,6 +214,14 @@ int run_generate(const GenerateArgs& args) {
                   static_cast<long long>(result.accepted), static_cast<long long>(result.drafted));
     speculation = buf;
   }
+  std::string constraint;
+  if (!format.empty()) {
+    char buf[96];
+    std::snprintf(
+        buf, sizeof buf, " | constraint %.1f ms (%.0f µs/token)", result.constraint_ms,
+        result.constraint_ms * 1e3 / static_cast<double>(std::max<int64_t>(1, result.n_generated)));
+    constraint = buf;
+  }
   std::string device;
   if (result.device_tokens > 0) {
     qhx_model_info info;
@@ -201,12 +237,12 @@ int run_generate(const GenerateArgs& args) {
                                 : 0;
   std::fprintf(stderr,
                "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | "
-               "TTFT %.1f ms | peak RSS %.1f MB | %s%s%s\n",
+               "TTFT %.1f ms | peak RSS %.1f MB | %s%s%s%s\n",
                static_cast<long long>(result.n_prompt), prefill_tps,
                static_cast<long long>(result.n_generated), decode_tps, result.ttft_ms,
                peak_rss_mb(),
                s.greedy ? "greedy" : ("sampled, seed " + std::to_string(s.seed)).c_str(),
-               speculation.c_str(), device.c_str());
+               speculation.c_str(), constraint.c_str(), device.c_str());
   return 0;
 }
 

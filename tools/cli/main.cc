@@ -149,6 +149,18 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   generate->add_option("--stop", gen.stop, "Stop before this text (repeatable)")
       ->allow_extra_args(false);
+  auto* schema = generate->add_option(
+      "-j,--json-schema", gen.json_schema,
+      "Hold the output to this JSON schema (its text, or @FILE) (docs/structured_output.md)");
+  auto* grammar = generate->add_option("--grammar", gen.grammar,
+                                       "Hold the output to this GBNF grammar (its text, or @FILE)");
+  generate
+      ->add_option("--response-format", gen.response_format,
+                   "An OpenAI response_format object (JSON text, or @FILE): json_object, "
+                   "json_schema, grammar (gbnf or lark), regex, ...")
+      ->excludes(schema)
+      ->excludes(grammar);
+  schema->excludes(grammar);
   generate->add_option("--seed", gen.seed, "Random seed (default: random, printed)")
       ->transform(kSeed);
   generate->add_flag("--print-ids", gen.print_ids,
