@@ -3,6 +3,7 @@
 // transformers are checked in generation_test.cc, which needs the JSON reader.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -136,6 +137,47 @@ TEST(Sampler, TopPDropsTheTailWhoseMassIsAtMostOneMinusP) {
   EXPECT_NEAR(dist[0].prob, 0.5 / 0.95, 1e-6);
   p.top_p = 0.01f;  // the most likely token always stays
   EXPECT_EQ(ids_of(Sampler(p).distribution(logits, {}, {})), (Ids{0}));
+}
+
+// transformers' TopPLogitsWarper written out: sort ascending, drop while the cumulative
+// probability (the token's own included) is <= 1 - top_p, keep the most likely.
+Ids top_p_by_full_sort(const std::vector<float>& logits, float temperature, float top_p) {
+  std::vector<std::pair<float, int32_t>> order;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    order.push_back({logits[i] / temperature, static_cast<int32_t>(i)});
+  }
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.first < b.first || (a.first == b.first && a.second > b.second);
+  });
+  const double top = order.back().first;
+  double total = 0.0;
+  for (const auto& [l, id] : order) total += std::exp(static_cast<double>(l) - top);
+  double cumulative = 0.0;
+  size_t first = 0;
+  while (first + 1 < order.size()) {
+    cumulative += std::exp(static_cast<double>(order[first].first) - top) / total;
+    if (cumulative > 1.0 - static_cast<double>(top_p)) break;
+    ++first;
+  }
+  Ids kept;
+  for (size_t i = first; i < order.size(); ++i) kept.push_back(order[i].second);
+  std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+TEST(Sampler, TopPOverAWholeVocabularyKeepsWhatAFullSortKeeps) {
+  // Flat and peaked rows of Qwen3's size, where the bucketed cut must find the same tokens.
+  for (const float scale : {0.5f, 3.0f, 12.0f}) {
+    const std::vector<float> logits = test::random_vector(151936, 17, scale);
+    for (const float top_p : {0.5f, 0.9f, 0.95f, 0.999f}) {
+      SamplingParams p = sampling();
+      p.temperature = 0.7f;
+      p.top_p = top_p;
+      EXPECT_EQ(ids_of(Sampler(p).distribution(logits, {}, {})),
+                top_p_by_full_sort(logits, 0.7f, top_p))
+          << "scale " << scale << ", top_p " << top_p;
+    }
+  }
 }
 
 TEST(Sampler, MinPIsRelativeToTheMostLikelyAfterTemperature) {

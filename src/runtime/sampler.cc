@@ -1,6 +1,8 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -62,6 +64,19 @@ int32_t argmax_checking_nan(std::span<const float> logits, bool& any_nan) {
 
 bool is_allowed(std::span<const uint32_t> allowed, size_t id) {
   return ((allowed[id / 32] >> (id % 32)) & 1u) != 0;
+}
+
+// Calls f(id) for each id below n whose bit is set, in ascending order.
+template <typename F>
+void for_each_allowed(std::span<const uint32_t> allowed, size_t n, F&& f) {
+  for (size_t w = 0; w * 32 < n; ++w) {
+    uint32_t bits = allowed[w];
+    if (w * 32 + 32 > n) bits &= (1u << (n - w * 32)) - 1u;
+    while (bits != 0) {
+      f(w * 32 + static_cast<size_t>(std::countr_zero(bits)));
+      bits &= bits - 1u;
+    }
+  }
 }
 
 void fail_on_nan(std::span<const float> logits) {
@@ -157,22 +172,53 @@ void Sampler::apply_penalties(std::span<const int32_t> prompt, std::span<const i
   }
 }
 
-void Sampler::keep_top_p() {
+void Sampler::keep_top_p(float top) {
   // transformers sorts ascending and drops tokens while the cumulative probability, the token
-  // itself included, is <= 1 - top_p; the most likely token always stays.
-  std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) {
-    return a.logit < b.logit || (a.logit == b.logit && a.id > b.id);
-  });
-  const double total = weigh(candidates_.back().logit);
-  const double drop_mass = 1.0 - static_cast<double>(params_.top_p);
-  double cumulative = 0.0;
-  size_t first_kept = 0;
-  while (first_kept + 1 < candidates_.size()) {
-    cumulative += weights_[first_kept] / total;
-    if (cumulative > drop_mass) break;
-    ++first_kept;
+  // itself included, is <= 1 - top_p; the most likely token always stays. That is: in descending
+  // order (ties: the lower id first) a token stays while the mass before it is < top_p. Sorting
+  // a whole 152k-248k vocabulary per token would cost as much as a decode step, so the mass is
+  // first summed in buckets of the logit's distance below the top, and only the tokens of the
+  // buckets that reach top_p (and one more, for rounding) are sorted and counted exactly.
+  constexpr int kBucketsPerUnit = 4, kBuckets = 256;  // distances 0 to 64, the rest in the last
+  const auto bucket = [top](float logit) {
+    const float below = top - logit;
+    return below < kBuckets / kBucketsPerUnit ? static_cast<int>(below * kBucketsPerUnit)
+                                              : kBuckets - 1;
+  };
+  std::array<double, kBuckets> bucket_mass{};
+  double total = 0.0;
+  for (const Candidate& c : candidates_) {
+    const double w = std::exp(c.logit - top);  // in float: the cut is then counted in double
+    total += w;
+    bucket_mass[static_cast<size_t>(bucket(c.logit))] += w;
   }
-  candidates_.erase(candidates_.begin(), candidates_.begin() + static_cast<ptrdiff_t>(first_kept));
+  const double keep_mass = static_cast<double>(params_.top_p) * total;
+  int last = 0;
+  for (double mass = bucket_mass[0]; mass < keep_mass && last + 1 < kBuckets;) {
+    mass += bucket_mass[static_cast<size_t>(++last)];
+  }
+  const auto descending = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  auto head_end = candidates_.end();
+  if (last + 1 < kBuckets - 1) {
+    head_end = std::partition(candidates_.begin(), candidates_.end(),
+                              [&](const Candidate& c) { return bucket(c.logit) <= last + 1; });
+  }
+  std::sort(candidates_.begin(), head_end, descending);
+  double mass = 0.0;
+  auto kept = candidates_.begin();
+  for (; kept != head_end && (kept == candidates_.begin() || mass < keep_mass); ++kept) {
+    mass += std::exp(static_cast<double>(kept->logit) - top);
+  }
+  if (kept == head_end && mass < keep_mass && head_end != candidates_.end()) {
+    // Rounding put the cut past the margin: count the rest too.
+    std::sort(head_end, candidates_.end(), descending);
+    for (; kept != candidates_.end() && mass < keep_mass; ++kept) {
+      mass += std::exp(static_cast<double>(kept->logit) - top);
+    }
+  }
+  candidates_.erase(kept, candidates_.end());
   std::sort(candidates_.begin(), candidates_.end(),
             [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
 }
@@ -185,21 +231,13 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
     fail("constraint", "its mask covers " + std::to_string(allowed.size() * 32) + " of " +
                            std::to_string(logits.size()) + " tokens");
   }
-  // The row as given, unless a bias, a penalty or a mask rewrites it (a copy of the vocabulary
-  // per token otherwise, which greedy decoding and verifying drafts do not need).
+  // The row as given, unless a bias or a penalty rewrites it (a copy of the vocabulary per token
+  // otherwise, which greedy decoding and verifying drafts do not need). A mask is not written
+  // into it: the steps below read only the ids it allows.
   const bool penalized = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f ||
                          params_.repetition_penalty != 1.0f;
-  const bool rewritten = !params_.logit_bias.empty() || penalized;
   std::span<const float> row = logits;
-  bool any_nan = false;
-  int32_t best = 0;
-  // Greedy under a mask alone: the row's argmax, when allowed, is the masked row's.
-  bool best_known = false;
-  if (masked && params_.greedy && !rewritten) {
-    best = argmax_checking_nan(row, any_nan);
-    best_known = !any_nan && is_allowed(allowed, static_cast<size_t>(best));
-  }
-  if (!best_known && (rewritten || masked)) {
+  if (!params_.logit_bias.empty() || penalized) {
     scratch_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : params_.logit_bias) {
       if (static_cast<size_t>(id) >= scratch_.size()) {
@@ -209,25 +247,24 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
       scratch_[id] += bias;
     }
     apply_penalties(prompt, generated);
-    if (masked) {
-      const float banned = -std::numeric_limits<float>::infinity();
-      for (size_t w = 0; w * 32 < scratch_.size(); ++w) {
-        if (allowed[w] == ~0u) continue;
-        for (size_t id = w * 32; id < std::min(scratch_.size(), w * 32 + 32); ++id) {
-          if (!is_allowed(allowed, id)) scratch_[id] = banned;
-        }
-      }
-    }
     row = scratch_;
   }
 
-  if (!best_known) best = argmax_checking_nan(row, any_nan);
+  bool any_nan = false;
+  int32_t best = argmax_checking_nan(row, any_nan);
   if (any_nan) {
     fail_on_nan(logits);
     // The model's logits hold none: an infinite logit met the opposite infinite bias.
     fail("sampling: logit_bias", "an infinite logit plus the opposite infinite bias is NaN");
   }
-  const float max_logit = row[best];
+  // The row's argmax, when allowed, is the masked row's.
+  if (masked && !is_allowed(allowed, static_cast<size_t>(best))) {
+    best = -1;
+    for_each_allowed(allowed, row.size(), [&](size_t id) {
+      if (best < 0 || row[id] > row[static_cast<size_t>(best)]) best = static_cast<int32_t>(id);
+    });
+  }
+  const float max_logit = best < 0 ? -std::numeric_limits<float>::infinity() : row[best];
   if (max_logit == -std::numeric_limits<float>::infinity()) {
     fail("logits", masked ? "every token the constraint allows has a logit of -inf"
                           : "every token has a logit of -inf after logit_bias");
@@ -239,11 +276,16 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
 
   const float t = params_.temperature;
   candidates_.clear();
-  for (size_t i = 0; i < row.size(); ++i) {
+  const auto add = [&](size_t i) {
     const float l = row[i] / t;
     if (l != -std::numeric_limits<float>::infinity()) {
       candidates_.push_back({l, static_cast<int32_t>(i)});
     }
+  };
+  if (masked) {
+    for_each_allowed(allowed, row.size(), add);
+  } else {
+    for (size_t i = 0; i < row.size(); ++i) add(i);
   }
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < candidates_.size()) {
     // Every token tied with the k-th largest logit stays, as in transformers' TopKLogitsWarper.
@@ -254,7 +296,8 @@ float Sampler::process(std::span<const float> logits, std::span<const int32_t> p
     const float threshold = kth->logit;
     std::erase_if(candidates_, [&](const Candidate& c) { return c.logit < threshold; });
   }
-  if (params_.top_p < 1.0f) keep_top_p();
+  // The largest candidate: l / t is monotonic in l, and top_k keeps the largest.
+  if (params_.top_p < 1.0f) keep_top_p(max_logit / t);
   float top = -std::numeric_limits<float>::infinity();
   for (const Candidate& c : candidates_) top = std::max(top, c.logit);
   if (params_.min_p > 0.0f) {

@@ -79,7 +79,7 @@ class Sampler {
   float process(std::span<const float> logits, std::span<const int32_t> prompt,
                 std::span<const int32_t> generated, std::span<const uint32_t> allowed);
   void apply_penalties(std::span<const int32_t> prompt, std::span<const int32_t> generated);
-  void keep_top_p();
+  void keep_top_p(float top);  // top: the largest candidate logit
   // weights_[i] = exp(logit_i - top) over candidates_; returns their sum.
   double weigh(double top);
   // One random number in [0, 1): the top 53 bits of one mt19937_64 output / 2^53.
