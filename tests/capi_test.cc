@@ -218,6 +218,75 @@ TEST(CApiTest, GenerationMatchesTheSessionItWraps) {
   qhx_string_free(result.text);
 }
 
+// The log-probabilities of each token are readable during its callback, equal to the session's
+// own, and nowhere else; the token's bytes come with them.
+struct LogprobsSeen {
+  qhx_session* session = nullptr;
+  std::vector<qhx::TokenLogprobs> seen;
+  int outside = 0;  // callbacks without an entry (the text released at the end)
+};
+
+int collect_logprobs(void* user, int32_t token, const char* /*text*/, size_t /*len*/) {
+  auto* c = static_cast<LogprobsSeen*>(user);
+  qhx_token_logprobs lp;
+  if (qhx_session_token_logprobs(c->session, &lp) != QHX_OK) {
+    ++c->outside;
+    return 0;
+  }
+  EXPECT_EQ(lp.token, token);
+  c->seen.push_back({lp.token,
+                     lp.logprob,
+                     {lp.top_tokens, lp.top_tokens + lp.n_top},
+                     {lp.top_logprobs, lp.top_logprobs + lp.n_top}});
+  return 0;
+}
+
+TEST(CApiTest, LogprobsComeWithEachTokensCallback) {
+  ModelHandle m;
+  SessionHandle s(m.model);
+  const std::vector<int32_t> prompt = tokenize(m.model, "And it came to pass");
+  qhx_generate_options options = greedy(m.model, 12);
+  options.logprobs = 1;
+  options.top_logprobs = 4;
+  LogprobsSeen got{s.session, {}, 0};
+  ASSERT_EQ(qhx_session_generate(s.session, prompt.data(), prompt.size(), &options,
+                                 collect_logprobs, &got, nullptr),
+            QHX_OK)
+      << qhx_last_error();
+  qhx_token_logprobs after;
+  EXPECT_EQ(qhx_session_token_logprobs(s.session, &after), QHX_ERROR_INVALID_ARGUMENT);
+
+  const auto model = qhx::load_model(kModel);
+  qhx::Session session(*model);
+  qhx::TurnOptions turn;
+  turn.max_new_tokens = 12;
+  turn.top_logprobs = 4;
+  std::vector<qhx::TokenLogprobs> expected;
+  turn.on_logprobs = [&](const qhx::TokenLogprobs& lp) { expected.push_back(lp); };
+  session.generate(prompt, turn, [](int32_t) { return true; });
+  ASSERT_EQ(got.seen.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(got.seen[i].token, expected[i].token);
+    EXPECT_EQ(got.seen[i].logprob, expected[i].logprob);
+    EXPECT_EQ(got.seen[i].top_ids, expected[i].top_ids);
+    EXPECT_EQ(got.seen[i].top_ids.front(), expected[i].token);  // greedy
+  }
+
+  options.top_logprobs = 21;
+  EXPECT_EQ(qhx_generate_options_check(m.model, &options), QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("top_logprobs"), std::string::npos);
+  // A token's bytes: what detokenizing it alone gives, for a whole-character token.
+  char bytes[8];
+  size_t n = 0;
+  const std::vector<int32_t> and_id = tokenize(m.model, "And");
+  ASSERT_EQ(and_id.size(), 1u);
+  ASSERT_EQ(qhx_token_bytes(m.model, and_id[0], bytes, sizeof bytes, &n), QHX_OK);
+  EXPECT_EQ(std::string(bytes, n), "And");
+  EXPECT_EQ(qhx_token_bytes(m.model, and_id[0], bytes, 1, &n), QHX_ERROR_BUFFER_TOO_SMALL);
+  EXPECT_EQ(n, 3u);
+  EXPECT_EQ(qhx_token_bytes(m.model, -1, bytes, sizeof bytes, &n), QHX_ERROR_INVALID_ARGUMENT);
+}
+
 // Two models, each on a context of its own (1 and 2 threads), driven from four threads at once
 // (two sessions per model, each with its own prompt, for two turns): every reply equals what the
 // same session gives run alone. Under ThreadSanitizer this is also the race check of the contexts.

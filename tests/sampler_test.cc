@@ -180,6 +180,41 @@ TEST(Sampler, TopPOverAWholeVocabularyKeepsWhatAFullSortKeeps) {
   }
 }
 
+TEST(Sampler, TokenLogprobsAreTheLogSoftmaxWithTheMostLikelyFirst) {
+  std::vector<float> logits = test::random_vector(1000, 5, 4.0f);
+  logits[20] = logits[10] = 30.0f;  // tied at the top: the lower id first
+  logits[30] = -std::numeric_limits<float>::infinity();
+  double total = 0.0;
+  for (const float l : logits) total += std::exp(static_cast<double>(l) - 30.0);
+  const double log_total = 30.0 + std::log(total);
+  const TokenLogprobs lp = token_logprobs(logits, 42, 5);
+  EXPECT_EQ(lp.token, 42);
+  EXPECT_NEAR(lp.logprob, logits[42] - log_total, 1e-5);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  ASSERT_EQ(lp.top_ids.size(), 5u);
+  ASSERT_EQ(lp.top_logprobs.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(lp.top_ids[i], order[i]) << i;
+    EXPECT_NEAR(lp.top_logprobs[i], logits[order[i]] - log_total, 1e-5) << i;
+  }
+  EXPECT_EQ(lp.top_ids[0], 10);
+  // Over the whole row the probabilities sum to 1; a logit of -inf has none.
+  double sum = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    sum +=
+        std::exp(static_cast<double>(token_logprobs(logits, static_cast<int32_t>(i), 0).logprob));
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+  const TokenLogprobs none = token_logprobs(logits, 30, 0);
+  EXPECT_EQ(none.logprob, -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(none.top_ids.empty());
+  EXPECT_EQ(token_logprobs(logits, 1, 2000).top_ids.size(), logits.size());
+  test::expect_error([&] { token_logprobs(logits, 1000, 0); }, {"logprobs", "outside"});
+}
+
 TEST(Sampler, MinPIsRelativeToTheMostLikelyAfterTemperature) {
   const std::vector<float> logits = logits_of({0.5, 0.3, 0.15, 0.05});
   SamplingParams p = sampling();

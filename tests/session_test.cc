@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <thread>
 
@@ -277,15 +279,56 @@ TEST(SessionLimitsTest, AConstraintDecidesTheTokensAndEndsTheReplyWithoutDrafts)
   options.constraint = &constraint;
   options.speculative.kind = DraftKind::kNgram;  // turned off by the constraint
   std::vector<int32_t> out;
-  const TurnStats stats =
-      session.generate(std::vector<int32_t>{9707, 11, 22, 33, 22, 11, 9707}, options,
-                       [&](int32_t id) {
-                         out.push_back(id);
-                         return true;
-                       });
+  const TurnStats stats = session.generate(std::vector<int32_t>{9707, 11, 22, 33, 22, 11, 9707},
+                                           options, [&](int32_t id) {
+                                             out.push_back(id);
+                                             return true;
+                                           });
   EXPECT_EQ(out, script);
   EXPECT_EQ(stats.stop, StopReason::kStopId);
   EXPECT_EQ(stats.verify_passes, 0);
+}
+
+TEST(SessionLimitsTest, LogprobsAreTheModelsLogSoftmaxAtEachChosenTokenWithoutDrafts) {
+  const auto model = load_model(test::source_dir() / "models" / "qwen3.5-kjv");
+  Session session(*model);
+  const std::vector<int32_t> prompt = {9707, 11, 22, 33, 22, 11, 9707};
+  TurnOptions options;
+  options.max_new_tokens = 8;
+  options.sampling.greedy = false;
+  options.sampling.temperature = 1.5f;  // the logprobs stay the model's, not the sampler's
+  options.sampling.seed = 7;
+  options.speculative.kind = DraftKind::kNgram;  // turned off by logprobs
+  options.top_logprobs = 3;
+  std::vector<TokenLogprobs> reported;
+  std::vector<int32_t> out;
+  options.on_logprobs = [&](const TokenLogprobs& lp) { reported.push_back(lp); };
+  const TurnStats stats = session.generate(prompt, options, [&](int32_t id) {
+    EXPECT_EQ(reported.size(), out.size() + 1);  // its log-probabilities come first
+    out.push_back(id);
+    return true;
+  });
+  EXPECT_EQ(stats.verify_passes, 0);
+  ASSERT_EQ(reported.size(), out.size());
+  // The reference: the model's logits for the whole sequence in one pass, row by row.
+  std::vector<int32_t> sequence = prompt;
+  sequence.insert(sequence.end(), out.begin(), out.end());
+  auto state = model->new_state();
+  std::vector<float> logits;
+  model->forward(sequence, *state, LogitsFor::kEveryToken, logits);
+  const size_t vocab = static_cast<size_t>(model->config().vocab_size);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::span<const float> row(logits.data() + (prompt.size() - 1 + i) * vocab, vocab);
+    double total = 0.0;
+    const float max = *std::max_element(row.begin(), row.end());
+    for (const float l : row) total += std::exp(static_cast<double>(l) - max);
+    EXPECT_EQ(reported[i].token, out[i]);
+    EXPECT_NEAR(reported[i].logprob, row[static_cast<size_t>(out[i])] - max - std::log(total), 1e-4)
+        << i;
+    ASSERT_EQ(reported[i].top_ids.size(), 3u);
+    EXPECT_EQ(reported[i].top_ids[0], argmax(row)) << i;
+    EXPECT_GE(reported[i].top_logprobs[0], reported[i].logprob);
+  }
 }
 
 TEST(SessionLimitsTest, PromptsLongerThanTheContextAreRefused) {

@@ -129,6 +129,12 @@ qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_le
 qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
                           int32_t skip_special, char* text, size_t capacity, size_t* text_len);
 
+/* One token's bytes as the tokenizer holds them (a piece of UTF-8 that may end inside a
+ * character; a special token's text), not NUL-terminated; a buffer too small works as for
+ * qhx_tokenize; an id without a token (a padding row) has none. */
+qhx_status qhx_token_bytes(const qhx_model* model, int32_t id, char* bytes, size_t capacity,
+                           size_t* n_bytes);
+
 /* The request's "chat_template_kwargs" apply first; an option set away from its default wins. */
 typedef struct qhx_template_options {
   int32_t add_generation_prompt; /* default 1; 0: no generation prompt */
@@ -189,6 +195,12 @@ typedef struct qhx_generate_options {
    * and the reply ends (QHX_STOP_EOS) when the format is complete. A chat call's <think> block
    * comes first, free. Speculative decoding is off for such a reply. */
   const char* response_format;
+  /* Log-probabilities (docs/server.md): with logprobs = 1, each generated token's log-softmax
+   * under the model's logits at its step (before temperature, penalties and filters), and the
+   * top_logprobs (0..20) most likely tokens at that step, are what qhx_session_token_logprobs
+   * returns during that token's callback. Speculative decoding is off for such a reply. */
+  int32_t logprobs;
+  int32_t top_logprobs;
 } qhx_generate_options;
 
 /* Defaults from the model's generation_config.json (greedy if it has none). */
@@ -271,6 +283,19 @@ qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
  * call when none is running does nothing: every generation starts uncancelled, so a late cancel
  * never stops the next request. Any thread may call it. */
 void qhx_session_cancel(qhx_session* session);
+
+/* With qhx_generate_options.logprobs: the log-probabilities of the token the callback is being
+ * called for (token ids >= 0), valid until the callback returns. `top_tokens`/`top_logprobs`
+ * hold n_top entries, most likely first. A logit of -inf gives -INFINITY. Outside such a
+ * callback, or without logprobs, QHX_ERROR_INVALID_ARGUMENT. */
+typedef struct qhx_token_logprobs {
+  int32_t token;
+  float logprob;
+  int32_t n_top;
+  const int32_t* top_tokens;
+  const float* top_logprobs;
+} qhx_token_logprobs;
+qhx_status qhx_session_token_logprobs(const qhx_session* session, qhx_token_logprobs* out);
 
 /* Tokens of `tokens` the session could reuse without processing them. */
 int64_t qhx_session_reusable(const qhx_session* session, const int32_t* tokens, size_t n_tokens);

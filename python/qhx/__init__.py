@@ -61,6 +61,10 @@ class Chunk:
 
     token: int
     text: str
+    # With generate(..., logprobs=N): the token's log-probability under the model (log-softmax of
+    # its logits at that step) and the N most likely (token, log-probability), most likely first.
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,8 @@ class Stream:
 
     _DONE = object()
 
-    def __init__(self, session: "Session", run: Callable[[Any, Any], int], keep: list):
+    def __init__(self, session: "Session", run: Callable[[Any, Any], int], keep: list,
+                 logprobs: bool = False):
         self._session = session
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -119,7 +124,14 @@ class Stream:
         self._error: BaseException | None = None
 
         def on_token(_user, token, text, length):
-            self._queue.put(Chunk(token, ctypes.string_at(text, length).decode("utf-8", "replace")))
+            piece = ctypes.string_at(text, length).decode("utf-8", "replace")
+            lp = _capi.TokenLogprobs()
+            if token >= 0 and logprobs and _lib.qhx_session_token_logprobs(
+                    session._handle, ctypes.byref(lp)) == 0:
+                top = tuple((lp.top_tokens[i], lp.top_logprobs[i]) for i in range(lp.n_top))
+                self._queue.put(Chunk(token, piece, lp.logprob, top))
+            else:
+                self._queue.put(Chunk(token, piece))
             return 1 if self._stop.is_set() else 0
 
         self._callback = _capi.TOKEN_CALLBACK(on_token)
@@ -260,7 +272,8 @@ class Session(_Closable):
         ids = _int_array(tokens)
         opts, keep = self._model._options(**options)
         return Stream(self, lambda cb, res: _lib.qhx_session_generate(
-            self._handle, ids, len(tokens), ctypes.byref(opts), cb, None, res), [ids, opts, keep])
+            self._handle, ids, len(tokens), ctypes.byref(opts), cb, None, res), [ids, opts, keep],
+            logprobs=bool(opts.logprobs))
 
     def chat(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
              add_generation_prompt: bool = True, enable_thinking: bool | None = None,
@@ -272,7 +285,7 @@ class Session(_Closable):
         opts, keep = self._model._options(**options)
         return Stream(self, lambda cb, res: _lib.qhx_session_chat(
             self._handle, request, ctypes.byref(template), ctypes.byref(opts), cb, None, res),
-            [request, template, opts, keep])
+            [request, template, opts, keep], logprobs=bool(opts.logprobs))
 
     def cancel(self) -> None:
         """Stops the generation running now at its next token (any thread may call it)."""
@@ -403,6 +416,30 @@ class Model(_Closable):
             _check(status)
             return buf.raw[: n.value].decode("utf-8", "replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        """One token's bytes as the tokenizer holds them (may end inside a UTF-8 character)."""
+        n = ctypes.c_size_t()
+        capacity = 64
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            status = _lib.qhx_token_bytes(self._handle, token, buf, capacity, ctypes.byref(n))
+            if status == _capi.BUFFER_TOO_SMALL:
+                capacity = n.value
+                continue
+            _check(status)
+            return buf.raw[: n.value]
+
+    def _logprob_entry(self, token: int, logprob: float) -> dict:
+        raw = self.token_bytes(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": max(logprob, -9999.0),
+                "bytes": list(raw)}
+
+    def _logprobs_of(self, chunk: Chunk) -> dict:
+        """OpenAI's chat logprobs entry for a chunk."""
+        entry = self._logprob_entry(chunk.token, chunk.logprob or 0.0)
+        entry["top_logprobs"] = [self._logprob_entry(t, lp) for t, lp in chunk.top_logprobs]
+        return entry
+
     def apply_chat_template(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
                             add_generation_prompt: bool = True,
                             enable_thinking: bool | None = None, **chat_template_kwargs) -> str:
@@ -436,7 +473,8 @@ class Model(_Closable):
                  logit_bias: dict[int, float] | None = None, stop: str | Iterable[str] | None = None,
                  stop_token_ids: Iterable[int] | None = None, ignore_eos: bool = False,
                  speculative: str | None = None, draft_max: int = 0,
-                 response_format: dict | str | None = None, grammar: str | None = None):
+                 response_format: dict | str | None = None, grammar: str | None = None,
+                 logprobs: int | None = None):
         o = _capi.GenerateOptions()
         _check(_lib.qhx_generate_options_default(self._handle, ctypes.byref(o)))
         keep: list = []
@@ -483,6 +521,8 @@ class Model(_Closable):
             encoded = text.encode("utf-8")
             o.response_format = encoded
             keep.append(encoded)
+        if logprobs is not None:
+            o.logprobs, o.top_logprobs = 1, logprobs
         _check(_lib.qhx_generate_options_check(self._handle, ctypes.byref(o)))
         return o, keep
 
@@ -495,7 +535,9 @@ class Model(_Closable):
         generation_config.json), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``seed``, ``logit_bias`` ({id: bias}),
         ``stop`` (strings, not part of the text), ``stop_token_ids``, ``ignore_eos``,
-        ``speculative`` ("ngram", "mtp", "draft") and ``draft_max``.
+        ``speculative`` ("ngram", "mtp", "draft") and ``draft_max``, ``response_format`` or
+        ``grammar`` (docs/structured_output.md), ``logprobs`` (N: each :class:`Chunk` carries its
+        token's log-probability and the N most likely alternatives, 0..20).
 
         Returns the text, or with ``stream=True`` a :class:`Stream` of :class:`Chunk`.
         """
@@ -511,13 +553,27 @@ class Model(_Closable):
         return s if stream else s.text()
 
     def create_chat_completion(self, messages: Sequence[dict], *, stream: bool = False,
-                               max_tokens: int | None = None, **options: Any):
+                               max_tokens: int | None = None, logprobs: bool = False,
+                               top_logprobs: int | None = None, **options: Any):
         """An OpenAI-shaped chat completion (as llama-cpp-python's): a dict, or with
-        ``stream=True`` an iterator of ``chat.completion.chunk`` dicts."""
+        ``stream=True`` an iterator of ``chat.completion.chunk`` dicts. ``logprobs`` and
+        ``top_logprobs`` as OpenAI's (``choices[0].logprobs.content``); ``response_format``
+        as generate()'s."""
         ident = "chatcmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
         name = self.info.name
+        if top_logprobs is not None and not logprobs:
+            raise QhxError("create_chat_completion: top_logprobs needs logprobs=True")
+        if logprobs:
+            options["logprobs"] = top_logprobs or 0
         s = self._session().chat(messages, max_tokens=max_tokens, **options)
+        ends = set(self.info.eos_ids)
+
+        def entries(chunks: Iterable[Chunk]) -> dict | None:
+            if not logprobs:
+                return None
+            return {"content": [self._logprobs_of(c) for c in chunks
+                                if c.token >= 0 and c.token not in ends]}
         finish = {"length": "length", "cancelled": "stop", "callback": "stop"}
 
         def usage(r: Result) -> dict:
@@ -525,13 +581,14 @@ class Model(_Closable):
                     "total_tokens": r.n_prompt + r.n_generated}
 
         if not stream:
-            text = s.text()
+            got = list(s)
             r = s.result
             assert r is not None
+            text = r.text
             return {"id": ident, "object": "chat.completion", "created": created, "model": name,
                     "choices": [{"index": 0,
                                  "message": {"role": "assistant", "content": text},
-                                 "logprobs": None,
+                                 "logprobs": entries(got),
                                  "finish_reason": finish.get(r.stop_reason, "stop")}],
                     "usage": usage(r)}
 
@@ -541,10 +598,14 @@ class Model(_Closable):
             yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant"},
                                         "logprobs": None, "finish_reason": None}]}
             try:
+                held: list[Chunk] = []  # tokens whose text is still held back
                 for c in s:
+                    held.append(c)
                     if c.text:
                         yield {**base, "choices": [{"index": 0, "delta": {"content": c.text},
-                                                    "logprobs": None, "finish_reason": None}]}
+                                                    "logprobs": entries(held),
+                                                    "finish_reason": None}]}
+                        held = []
             finally:
                 if s.result is None:
                     s.close()

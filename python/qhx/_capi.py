@@ -86,6 +86,18 @@ class GenerateOptions(Structure):
         ("speculative", c_char_p),
         ("draft_max", c_int32),
         ("response_format", c_char_p),
+        ("logprobs", c_int32),
+        ("top_logprobs", c_int32),
+    ]
+
+
+class TokenLogprobs(Structure):
+    _fields_ = [
+        ("token", c_int32),
+        ("logprob", ctypes.c_float),
+        ("n_top", c_int32),
+        ("top_tokens", POINTER(c_int32)),
+        ("top_logprobs", POINTER(ctypes.c_float)),
     ]
 
 
@@ -157,6 +169,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                       POINTER(GenerateOptions), TOKEN_CALLBACK, c_void_p,
                                       POINTER(GenerateResult)]),
         "qhx_session_cancel": (None, [session]),
+        "qhx_session_token_logprobs": (status, [session, POINTER(TokenLogprobs)]),
+        "qhx_token_bytes": (status, [model, c_int32, ctypes.c_char_p, c_size_t,
+                                     POINTER(c_size_t)]),
         "qhx_session_reusable": (c_int64, [session, POINTER(c_int32), c_size_t]),
         "qhx_session_tokens": (status, [session, POINTER(POINTER(c_int32)), POINTER(c_size_t)]),
         "qhx_session_reset": (status, [session]),

@@ -11,22 +11,16 @@ that knows no JSON would otherwise write one forever).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import jsonschema
 import pytest
 
 import qhx
+from serving import MODELS, SERVER_MODEL, post
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = {"qwen3.5-kjv": REPO / "models" / "qwen3.5-kjv", "qwen3-kjv": REPO / "models" / "qwen3-kjv"}
 SCHEMAS = json.loads((Path(__file__).parent / "schemas.json").read_text())
-CLI = Path(os.environ.get("QHX_CLI", REPO / "build" / "qhx"))
 FORMATS = jsonschema.FormatChecker()
 MAX_TOKENS = 600
 
@@ -90,39 +84,6 @@ def test_a_bad_format_is_an_error_naming_it(model):
 
 
 # ---- qhx serve ---------------------------------------------------------------------------------
-
-SERVER_MODEL: dict[str, str] = {}  # url -> the model it serves
-
-
-@pytest.fixture(scope="module", params=list(MODELS))
-def server(request):
-    assert CLI.exists(), f"no qhx binary at {CLI} (QHX_CLI names it)"
-    proc = subprocess.Popen([str(CLI), "serve", "-m", str(MODELS[request.param]), "--port", "0",
-                             "--threads", "2"], stderr=subprocess.PIPE, text=True)
-    try:
-        url = None
-        for line in proc.stderr:
-            found = re.search(r"listening on (http://\S+)", line)
-            if found:
-                url = found.group(1)
-                break
-        assert url, "qhx serve did not start"
-        SERVER_MODEL[url] = request.param
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def post(url: str, body: dict) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
 
 def chat(url: str, stream: bool, **body) -> dict:
     """The answer's message (streamed deltas put together) and finish reason."""

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <optional>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -15,10 +15,10 @@
 
 #include "backend/devices.h"
 #include "chat/chat_template.h"
+#include "grammar/structured_output.h"
 #include "io/bundle.h"
 #include "io/pack.h"
 #include "kernels/cpu_context.h"
-#include "grammar/structured_output.h"
 #include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
@@ -55,6 +55,8 @@ struct qhx_session {
   qhx_model* model = nullptr;
   std::unique_ptr<qhx::Session> session;
   std::atomic<bool> cancel{false};
+  // The token the callback is being called for, with logprobs on; null outside such a call.
+  const qhx::TokenLogprobs* logprobs = nullptr;
 };
 
 namespace {
@@ -169,9 +171,9 @@ const qhx::StructuredOutput& structured_output(const qhx_model& model) {
   const qhx::Tokenizer& tokenizer = tokenizer_of(&model);
   auto& m = const_cast<qhx_model&>(model);  // made once, then only read
   std::call_once(m.structured_once, [&] {
-    m.structured = std::make_unique<qhx::StructuredOutput>(
-        tokenizer, model.model->config().vocab_size,
-        qhx::tool_call_style(tokenizer.chat_template()));
+    m.structured =
+        std::make_unique<qhx::StructuredOutput>(tokenizer, model.model->config().vocab_size,
+                                                qhx::tool_call_style(tokenizer.chat_template()));
   });
   return *model.structured;
 }
@@ -196,6 +198,10 @@ void check_generate_options(const qhx_model& model, const qhx_generate_options& 
     qhx::fail(model.dir.string(), "no tokenizer.json: stop strings need text");
   }
   qhx::StopStringMatcher{stops};  // refuses empty and invalid UTF-8 stop strings
+  if (o.logprobs != 0 && o.logprobs != 1) qhx::fail("logprobs", "must be 0 or 1");
+  if (o.top_logprobs < 0 || o.top_logprobs > 20) {
+    qhx::fail("top_logprobs", std::to_string(o.top_logprobs) + " is outside 0..20");
+  }
   speculative_options(model, o);
   if (has_response_format(o)) {  // compiled now (and cached), so a bad format fails up front
     structured_output(model).constraint(o.response_format, qhx::ReplyStart::kAnswer,
@@ -238,9 +244,8 @@ std::unique_ptr<qhx::Model> open_draft_model(const char* path, const qhx_model& 
 
 qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
                           std::vector<int64_t> checkpoint_at, bool chat,
-                          const qhx_generate_options* options,
-                          qhx_token_callback callback, void* user_data,
-                          qhx_generate_result* result) {
+                          const qhx_generate_options* options, qhx_token_callback callback,
+                          void* user_data, qhx_generate_result* result) {
   if (result != nullptr) *result = {};
   qhx_generate_options defaults;
   if (options == nullptr) {
@@ -289,7 +294,17 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
     const int64_t failures_before = session->model->model->device_failures();
     const int64_t device_tokens_before = session->model->model->device_traffic().tokens;
     int64_t prompt_device_tokens = -1;  // set when the prompt is read: at the first token
+    qhx::TokenLogprobs logprobs;
+    if (options->logprobs != 0) {
+      turn.top_logprobs = options->top_logprobs;
+      turn.on_logprobs = [&](const qhx::TokenLogprobs& entry) { logprobs = entry; };
+    }
+    struct Reporting {  // the token's log-probabilities, readable during its callback only
+      qhx_session* session;
+      ~Reporting() { session->logprobs = nullptr; }
+    } reporting{session};
     const qhx::TurnStats stats = session->session->generate(tokens, turn, [&](int32_t id) {
+      if (options->logprobs != 0) session->logprobs = &logprobs;
       if (prompt_device_tokens < 0) {
         prompt_device_tokens =
             session->model->model->device_traffic().tokens - device_tokens_before;
@@ -299,6 +314,7 @@ qhx_status run_generation(qhx_session* session, std::span<const int32_t> tokens,
       const std::string piece = !decoder ? "" : is_stop ? decoder->flush() : decoder->push(id);
       return emit(id, piece);
     });
+    session->logprobs = nullptr;  // the text held to the end belongs to no token
     if (decoder && !stop_text.stopped()) {
       std::string rest = decoder->flush();  // "" after a stop id, which flushed it
       rest = stop_text.push(rest).text;
@@ -560,6 +576,38 @@ qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_le
   return QHX_OK;
 }
 
+qhx_status qhx_token_bytes(const qhx_model* model, int32_t id, char* bytes, size_t capacity,
+                           size_t* n_bytes) {
+  QHX_REQUIRE(model, "qhx_token_bytes");
+  QHX_REQUIRE(n_bytes, "qhx_token_bytes");
+  QHX_REQUIRE_BUFFER(bytes, capacity, "qhx_token_bytes");
+  std::string piece;
+  const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    const int64_t vocab = model->model->config().vocab_size;
+    if (id < 0 || id >= vocab) {
+      qhx::fail("qhx_token_bytes", "id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                       std::to_string(vocab) + ")");
+    }
+    const qhx::Tokenizer& tokenizer = tokenizer_of(model);
+    if (id < tokenizer.size()) {
+      try {
+        piece = tokenizer.token_bytes(id);
+      } catch (const qhx::Error&) {
+        // a hole in the ids: no bytes
+      }
+    }
+  });
+  if (status != QHX_OK) return status;
+  *n_bytes = piece.size();
+  if (piece.size() > capacity) {
+    return failed(QHX_ERROR_BUFFER_TOO_SMALL, "qhx_token_bytes: " + std::to_string(piece.size()) +
+                                                  " bytes do not fit in " +
+                                                  std::to_string(capacity));
+  }
+  std::memcpy(bytes, piece.data(), piece.size());
+  return QHX_OK;
+}
+
 qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
                           int32_t skip_special, char* text, size_t capacity, size_t* text_len) {
   QHX_REQUIRE(model, "qhx_detokenize");
@@ -746,8 +794,7 @@ qhx_status qhx_session_chat_tokens(qhx_session* session, const int32_t* tokens, 
       if (last != prompt.rend()) checkpoint_at.push_back(prompt.rend() - last - 1);
     }
   }
-  return run_generation(session, prompt, checkpoint_at, true, options, callback, user_data,
-                        result);
+  return run_generation(session, prompt, checkpoint_at, true, options, callback, user_data, result);
 }
 
 void qhx_session_cancel(qhx_session* session) {
@@ -757,6 +804,19 @@ void qhx_session_cancel(qhx_session* session) {
 int64_t qhx_session_reusable(const qhx_session* session, const int32_t* tokens, size_t n_tokens) {
   if (session == nullptr || (tokens == nullptr && n_tokens > 0)) return 0;
   return session->session->reusable(std::span<const int32_t>(tokens, n_tokens));
+}
+
+qhx_status qhx_session_token_logprobs(const qhx_session* session, qhx_token_logprobs* out) {
+  QHX_REQUIRE(session, "qhx_session_token_logprobs");
+  QHX_REQUIRE(out, "qhx_session_token_logprobs");
+  const qhx::TokenLogprobs* entry = session->logprobs;
+  if (entry == nullptr) {
+    return failed(QHX_ERROR_INVALID_ARGUMENT,
+                  "qhx_session_token_logprobs: only during a token's callback, with logprobs = 1");
+  }
+  *out = {entry->token, entry->logprob, static_cast<int32_t>(entry->top_ids.size()),
+          entry->top_ids.data(), entry->top_logprobs.data()};
+  return QHX_OK;
 }
 
 qhx_status qhx_session_tokens(const qhx_session* session, const int32_t** tokens,

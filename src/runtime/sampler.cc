@@ -92,6 +92,36 @@ int32_t argmax(std::span<const float> logits) {
   return argmax_checking_nan(logits, any_nan);
 }
 
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top) {
+  if (token < 0 || static_cast<size_t>(token) >= logits.size()) {
+    fail("logprobs", "token " + std::to_string(token) + " is outside the row");
+  }
+  const float max = logits[static_cast<size_t>(argmax(logits))];
+  double total = 0.0;
+  for (const float l : logits) total += std::exp(static_cast<double>(l) - max);
+  const double log_total = static_cast<double>(max) + std::log(total);
+  const auto logprob = [&](size_t id) {
+    return static_cast<float>(static_cast<double>(logits[id]) - log_total);
+  };
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = logprob(static_cast<size_t>(token));
+  // The `top` largest in one pass: a short list kept sorted, most likely first.
+  const size_t n_top = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  std::vector<int32_t>& ids = out.top_ids;
+  ids.reserve(n_top + 1);
+  for (size_t i = 0; i < logits.size() && n_top > 0; ++i) {
+    if (ids.size() == n_top && !(logits[i] > logits[static_cast<size_t>(ids.back())])) continue;
+    auto at = std::upper_bound(ids.begin(), ids.end(), logits[i], [&](float l, int32_t id) {
+      return l > logits[static_cast<size_t>(id)];
+    });
+    ids.insert(at, static_cast<int32_t>(i));
+    if (ids.size() > n_top) ids.pop_back();
+  }
+  for (const int32_t id : ids) out.top_logprobs.push_back(logprob(static_cast<size_t>(id)));
+  return out;
+}
+
 void check_sampling_params(const SamplingParams& p, int64_t vocab_size) {
   require_not_nan(p.temperature, "temperature");
   require_not_nan(p.top_p, "top_p");

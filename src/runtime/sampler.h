@@ -27,6 +27,17 @@ struct SamplingParams {
 // (Sampler::process rejects them first).
 int32_t argmax(std::span<const float> logits);
 
+// A chosen token's log-probability under a row of logits (its log-softmax, summed in double:
+// the model's own distribution, before temperature, penalties and filters), and the `top` most
+// likely ids with theirs, most likely first (ties: the lower id first). -inf for a logit of -inf.
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top);
+
 struct TokenProb {
   int32_t id;
   double prob;

@@ -219,10 +219,11 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
              " new tokens exceed the context limit of " + std::to_string(context_length_),
          ErrorKind::kContextFull);
   }
-  // A constraint decides token by token: no drafts then.
+  // A constraint decides token by token, and log-probabilities want each token's own row: no
+  // drafts then.
   SpeculativeOptions no_drafts;
-  const SpeculativeOptions& spec =
-      options.constraint == nullptr ? options.speculative : no_drafts;
+  const bool token_by_token = options.constraint != nullptr || options.top_logprobs >= 0;
+  const SpeculativeOptions& spec = token_by_token ? no_drafts : options.speculative;
   if (spec.kind == DraftKind::kMtp) require_mtp_head(model_);
   // The head follows the conversation from this turn's first pass, or goes on following it.
   mtp_on_ = spec.kind == DraftKind::kMtp;
@@ -269,18 +270,24 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
   // The sampler's pick from a row of logits, within what the constraint allows.
   std::vector<uint32_t> allowed;
   if (options.constraint != nullptr) allowed.resize(static_cast<size_t>((vocab + 31) / 32));
+  const auto report = [&](std::span<const float> row, int32_t id) {
+    if (options.top_logprobs >= 0 && options.on_logprobs) {
+      options.on_logprobs(token_logprobs(row, id, options.top_logprobs));
+    }
+    return id;
+  };
   const auto pick = [&](std::span<const float> row) {
-    if (options.constraint == nullptr) return sampler.sample(row, tokens, generated());
+    if (options.constraint == nullptr) return report(row, sampler.sample(row, tokens, generated()));
     auto t0 = Clock::now();
     const bool masked = options.constraint->allowed_next(allowed);
     stats.constraint_seconds += seconds_since(t0);
-    const int32_t id = sampler.sample(row, tokens, generated(),
-                                      masked ? std::span<const uint32_t>(allowed)
-                                             : std::span<const uint32_t>());
+    const int32_t id =
+        sampler.sample(row, tokens, generated(),
+                       masked ? std::span<const uint32_t>(allowed) : std::span<const uint32_t>());
     t0 = Clock::now();
     options.constraint->accept(id);
     stats.constraint_seconds += seconds_since(t0);
-    return id;
+    return report(row, id);
   };
   int32_t token = pick(logits_);
   stats.ttft_seconds = seconds_since(start);

@@ -50,6 +50,11 @@ struct TurnOptions {
   // Structured output: the reply follows it, and ends when it is complete. It turns speculation
   // off (drafts are verified against the model, not the grammar). Owned by the caller.
   TokenConstraint* constraint = nullptr;
+  // Log-probabilities: with top_logprobs >= 0, each chosen token's (token_logprobs() of the row it
+  // was chosen from) with that many alternatives goes to on_logprobs just before on_token. Turns
+  // speculation off, as a constraint does: every token then comes from a row of its own.
+  int top_logprobs = -1;
+  std::function<void(const TokenLogprobs&)> on_logprobs;
 };
 
 // Why generation ended. (A context too short for max_new_tokens is refused up front instead.)
@@ -71,7 +76,7 @@ struct TurnStats {
   int64_t drafted = 0;
   int64_t accepted = 0;
   int64_t rollbacks = 0;
-  int64_t decode_passes = 0;  // forward passes of the decode (plain steps and verify passes)
+  int64_t decode_passes = 0;      // forward passes of the decode (plain steps and verify passes)
   double constraint_seconds = 0;  // in the constraint: masks and advancing it
 };
 

@@ -234,6 +234,7 @@ RequestRules::RequestRules(qhx_model* m, const std::string& alias, const std::st
   model_id = alias.empty() ? info.name : alias;
   context_length = info.context_length;
   vocab_size = info.vocab_size;
+  eos_ids.assign(info.eos_ids, info.eos_ids + info.n_eos_ids);
   if (qhx_generate_options_default(model, &defaults) != QHX_OK) {
     throw std::runtime_error(qhx_last_error());
   }
@@ -282,8 +283,8 @@ namespace {
 
 void set_format(Completion& c, const Json& format, const char* param) {
   if (!c.response_format.empty()) {
-    throw bad_value(param, "cannot be combined with " + c.format_param +
-                               " (both constrain the answer)");
+    throw bad_value(param,
+                    "cannot be combined with " + c.format_param + " (both constrain the answer)");
   }
   c.response_format = format.dump();
   c.format_param = param;
@@ -319,7 +320,8 @@ void RequestRules::parse_tool_choice(const Json& body, Completion& c) const {
   const Json* function = field(*choice, "function");
   if (type == nullptr || *type != "function" || function == nullptr || !function->is_object() ||
       !function->contains("name") || !(*function)["name"].is_string()) {
-    throw bad_value("tool_choice", "must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    throw bad_value("tool_choice",
+                    "must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
   const std::string name = (*function)["name"].get<std::string>();
   for (const Json& tool : tools) {
@@ -363,10 +365,18 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
   const auto n = integer_field(body, "n", INT64_MIN, INT64_MAX);
   if (n && *n != 1) throw bad_value("n", "must be 1 (one choice per request)");
   if (bool_field(body, "echo").value_or(false)) throw bad_value("echo", "is not supported");
-  if (const Json* lp = field(body, "logprobs")) {
-    if (!(lp->is_boolean() && !lp->get<bool>()) && !(lp->is_number() && lp->get<double>() == 0)) {
-      throw bad_value("logprobs", "is not supported");
+  // Log-probabilities, OpenAI's two shapes: chat's logprobs (bool) with top_logprobs (0..20);
+  // completions' logprobs (the alternatives, 0..20; vLLM's bound, OpenAI's is 5).
+  int32_t logprobs = 0, top_logprobs = 0;
+  if (c.chat) {
+    logprobs = bool_field(body, "logprobs").value_or(false) ? 1 : 0;
+    if (const auto top = integer_field(body, "top_logprobs", 0, 20)) {
+      if (logprobs == 0) throw bad_value("top_logprobs", "needs \"logprobs\": true");
+      top_logprobs = static_cast<int32_t>(*top);
     }
+  } else if (const auto top = integer_field(body, "logprobs", 0, 20)) {
+    logprobs = 1;
+    top_logprobs = static_cast<int32_t>(*top);
   }
 
   if (c.chat) {
@@ -438,6 +448,8 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
   if (c.prompt.empty()) throw bad_value(prompt_param, "is empty");
 
   c.options = defaults;
+  c.options.logprobs = logprobs;
+  c.options.top_logprobs = top_logprobs;
   const int64_t room = context_length - static_cast<int64_t>(c.prompt.size());
   std::optional<int64_t> max_tokens = integer_field(body, "max_completion_tokens", 1, INT64_MAX);
   if (!max_tokens) max_tokens = integer_field(body, "max_tokens", 1, INT64_MAX);

@@ -87,6 +87,7 @@ struct RequestRules {
   std::string model_id;
   int64_t context_length = 0;
   int64_t vocab_size = 0;
+  std::vector<int32_t> eos_ids;
   qhx_generate_options defaults{};
   std::string speculative;
   bool template_takes_parts = false;

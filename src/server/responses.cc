@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/server_impl.h"
+#include "util/utf8.h"
 
 namespace qhx::server {
 namespace {
@@ -78,10 +79,104 @@ Json Server::Impl::timings(const Outcome& o) const {
           {"device_failures", o.result.device_failures}};
 }
 
+namespace {
+
+// A token's bytes as JSON text: a piece that ends inside a character gets U+FFFD for what is
+// there of it, as transformers' decode of one token gives; `bytes` has them exactly.
+std::string shown_token(std::string bytes) {
+  for (size_t at = find_invalid_utf8(bytes); at != std::string::npos;
+       at = find_invalid_utf8(bytes)) {
+    bytes.replace(at, 1, "\xEF\xBF\xBD");
+  }
+  return bytes;
+}
+
+int64_t utf8_chars(std::string_view text) {
+  int64_t n = 0;
+  for (const char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+// JSON has no -inf: OpenAI's convention for a token of no probability.
+double json_logprob(float logprob) {
+  return std::max<double>(logprob, -9999.0);
+}
+
+}  // namespace
+
+void Server::Impl::add_logprobs(Exchange& x, qhx_session* session, int32_t token) {
+  if (x.request.options.logprobs == 0 || token < 0) return;
+  // The reply's end (an eos or stop id) is not part of its text.
+  const auto& stops = x.request.options;
+  if (std::find(stops.stop_ids, stops.stop_ids + stops.n_stop_ids, token) !=
+          stops.stop_ids + stops.n_stop_ids ||
+      (stops.stop_at_eos != 0 &&
+       std::find(rules.eos_ids.begin(), rules.eos_ids.end(), token) != rules.eos_ids.end())) {
+    return;
+  }
+  qhx_token_logprobs lp;
+  if (qhx_session_token_logprobs(session, &lp) != QHX_OK) return;
+  const auto described = [&](int32_t id, float logprob) {
+    std::string bytes(64, '\0');
+    size_t n = 0;
+    if (qhx_token_bytes(rules.model, id, bytes.data(), bytes.size(), &n) ==
+        QHX_ERROR_BUFFER_TOO_SMALL) {
+      bytes.resize(n);
+      qhx_token_bytes(rules.model, id, bytes.data(), bytes.size(), &n);
+    }
+    bytes.resize(n);
+    Json byte_values = Json::array();
+    for (const char c : bytes) byte_values.push_back(static_cast<unsigned char>(c));
+    return Json{{"token", shown_token(bytes)},
+                {"logprob", json_logprob(logprob)},
+                {"bytes", std::move(byte_values)}};
+  };
+  Json entry = described(lp.token, lp.logprob);
+  Json top = Json::array();
+  for (int32_t i = 0; i < lp.n_top; ++i)
+    top.push_back(described(lp.top_tokens[i], lp.top_logprobs[i]));
+  entry["top_logprobs"] = std::move(top);
+  x.text_offsets.push_back(x.text_chars);
+  x.text_chars += utf8_chars(entry["token"].get<std::string>());
+  x.logprobs.push_back(std::move(entry));
+}
+
+Json Server::Impl::logprobs(const Exchange& x, size_t from, size_t to) const {
+  if (x.request.options.logprobs == 0) return nullptr;
+  if (x.request.chat) {
+    Json content = Json::array();
+    for (size_t i = from; i < to; ++i) content.push_back(x.logprobs[i]);
+    return {{"content", std::move(content)}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
+       offsets = Json::array();
+  for (size_t i = from; i < to; ++i) {
+    const Json& e = x.logprobs[i];
+    tokens.push_back(e["token"]);
+    token_logprobs.push_back(e["logprob"]);
+    Json alternatives = Json::object();
+    for (const Json& t : e["top_logprobs"])
+      alternatives[t["token"].get<std::string>()] = t["logprob"];
+    top.push_back(std::move(alternatives));
+    offsets.push_back(x.text_offsets[i]);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top)},
+          {"text_offset", std::move(offsets)}};
+}
+
+Json Server::Impl::pending_logprobs(Exchange& x) const {
+  Json out = logprobs(x, x.logprobs_sent, x.logprobs.size());
+  x.logprobs_sent = x.logprobs.size();
+  return out;
+}
+
 Json Server::Impl::answer(const Exchange& x) const {
   const Outcome& o = x.outcome;
-  Json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(o.result.stop_reason)}};
+  Json choice = {{"index", 0},
+                 {"logprobs", logprobs(x, 0, x.logprobs.size())},
+                 {"finish_reason", finish_reason(o.result.stop_reason)}};
   if (x.request.chat) {
     const ChatOutput output = parse_chat_output(o.text, x.request.output);
     choice["message"] = assistant_message(output, x.id);
@@ -129,7 +224,9 @@ void Server::Impl::add_event(Exchange& x, const Json& data) {
 // Chat stream deltas: reasoning, content, and each tool call once it closes.
 void Server::Impl::add_deltas(Exchange& x, const std::vector<OutputDelta>& deltas) {
   for (const OutputDelta& d : deltas) {
-    add_event(x, chunk(x, delta(x, delta_message(d, x.n_calls, x.id))));
+    Json choice = delta(x, delta_message(d, x.n_calls, x.id));
+    if (x.logprobs_sent < x.logprobs.size()) choice["logprobs"] = pending_logprobs(x);
+    add_event(x, chunk(x, std::move(choice)));
     x.n_calls += d.kind == OutputDelta::Kind::kToolCall;
   }
 }

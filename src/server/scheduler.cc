@@ -155,8 +155,13 @@ struct TokenSink {
   bool first = true;
 };
 
-int token_callback(void* user_data, int32_t /*token*/, const char* text, size_t text_len) {
+int token_callback(void* user_data, int32_t token, const char* text, size_t text_len) {
   auto& sink = *static_cast<TokenSink*>(user_data);
+  try {
+    sink.server->add_logprobs(*sink.exchange, sink.slot->session, token);
+  } catch (const std::exception&) {
+    return 1;  // nothing may be thrown through the C API's frames
+  }
   if (sink.first) {
     std::lock_guard lock(sink.slot->cancel_mutex);
     sink.slot->in_prefill = false;
@@ -218,7 +223,9 @@ void Server::Impl::on_token(Exchange& x, const char* text, size_t n) {
     if (x.request.chat) {
       add_deltas(x, x.parser->push(std::string_view(text, n)));
     } else {
-      add_event(x, chunk(x, delta(x, {{"content", std::string(text, n)}})));
+      Json choice = delta(x, {{"content", std::string(text, n)}});
+      if (x.logprobs_sent < x.logprobs.size()) choice["logprobs"] = pending_logprobs(x);
+      add_event(x, chunk(x, std::move(choice)));
     }
   }
   wake(x);
@@ -255,6 +262,7 @@ void Server::Impl::finish(Exchange& x, Outcome outcome) {
     } else {
       if (x.request.chat) add_deltas(x, x.parser->finish());
       Json last = delta(x, Json::object());
+      if (x.logprobs_sent < x.logprobs.size()) last["logprobs"] = pending_logprobs(x);
       last["finish_reason"] =
           x.request.chat ? chat_finish_reason(o.result.stop_reason == QHX_STOP_LENGTH, x.n_calls)
                          : finish_reason(o.result.stop_reason);

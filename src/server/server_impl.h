@@ -99,6 +99,12 @@ struct Exchange {
   // The stream's parsing (the slot's worker alone).
   std::optional<OutputParser> parser;
   size_t n_calls = 0;
+  // With logprobs: an entry per generated token (OpenAI's chat shape), and how many a stream has
+  // sent; the text's length in characters before each, for completions' text_offset.
+  std::vector<Json> logprobs;
+  std::vector<int64_t> text_offsets;
+  int64_t text_chars = 0;
+  size_t logprobs_sent = 0;
 };
 
 struct Slot {
@@ -214,6 +220,11 @@ struct Server::Impl {
   Json delta(const Exchange& x, Json d) const;
   void add_event(Exchange& x, const Json& data);  // under x.mutex
   void add_deltas(Exchange& x, const std::vector<OutputDelta>& deltas);
+  void add_logprobs(Exchange& x, qhx_session* session, int32_t token);  // the slot's worker
+  // The entries [from, to) in the request's shape: chat's {"content": [...]}, completions'
+  // {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; null without logprobs.
+  Json logprobs(const Exchange& x, size_t from, size_t to) const;
+  Json pending_logprobs(Exchange& x) const;  // the entries a stream has not sent, marked sent
   Json usage(const Outcome& o) const;
   Json timings(const Outcome& o) const;
 };

@@ -1,0 +1,30 @@
+"""`qhx serve` for the tests: the models it is started on, and requests to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = {"qwen3.5-kjv": REPO / "models" / "qwen3.5-kjv", "qwen3-kjv": REPO / "models" / "qwen3-kjv"}
+CLI = Path(os.environ.get("QHX_CLI", REPO / "build" / "qhx"))
+SERVER_MODEL: dict[str, str] = {}  # url -> the model it serves
+
+
+def post(url: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def events(data: bytes) -> list[dict]:
+    """A stream's chunks, [DONE] left out."""
+    return [json.loads(line[6:]) for line in data.decode().splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
