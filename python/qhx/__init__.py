@@ -436,7 +436,9 @@ class Model(_Closable):
 
     def _logprobs_of(self, chunk: Chunk) -> dict:
         """OpenAI's chat logprobs entry for a chunk."""
-        entry = self._logprob_entry(chunk.token, chunk.logprob or 0.0)
+        if chunk.logprob is None:
+            raise QhxError(8, f"no log-probability came with token {chunk.token}")
+        entry = self._logprob_entry(chunk.token, chunk.logprob)
         entry["top_logprobs"] = [self._logprob_entry(t, lp) for t, lp in chunk.top_logprobs]
         return entry
 
@@ -513,7 +515,7 @@ class Model(_Closable):
         o.draft_max = draft_max
         if grammar is not None:
             if response_format is not None:
-                raise QhxError("generate options: give response_format or grammar, not both")
+                raise QhxError(1, "generate options: give response_format or grammar, not both")
             response_format = {"type": "grammar", "grammar": grammar}
         if response_format is not None:
             text = (response_format if isinstance(response_format, str)
@@ -563,7 +565,7 @@ class Model(_Closable):
         created = int(time.time())
         name = self.info.name
         if top_logprobs is not None and not logprobs:
-            raise QhxError("create_chat_completion: top_logprobs needs logprobs=True")
+            raise QhxError(1, "create_chat_completion: top_logprobs needs logprobs=True")
         if logprobs:
             options["logprobs"] = top_logprobs or 0
         s = self._session().chat(messages, max_tokens=max_tokens, **options)

@@ -43,6 +43,8 @@ def test_python_chunks_carry_logprobs():
         assert all(bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] for e in content)
         with pytest.raises(qhx.QhxError, match="top_logprobs"):
             model.generate(ids, max_tokens=1, logprobs=21)
+        with pytest.raises(qhx.QhxError, match="top_logprobs needs logprobs"):
+            model.create_chat_completion([{"role": "user", "content": "hi"}], top_logprobs=2)
 
 
 def chat_body(stream: bool, **extra) -> dict:

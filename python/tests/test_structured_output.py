@@ -79,6 +79,9 @@ def test_a_bad_format_is_an_error_naming_it(model):
     with pytest.raises(qhx.QhxError, match=r"^response_format\.json_schema\.schema: is missing"):
         model.generate("And", max_tokens=4, response_format={"type": "json_schema",
                                                              "json_schema": {"name": "x"}})
+    with pytest.raises(qhx.QhxError, match="give response_format or grammar, not both"):
+        model.generate("And", max_tokens=4, grammar='root ::= "a"',
+                       response_format={"type": "json_object"})
     with pytest.raises(qhx.QhxError, match="EBNF parser error"):
         model.generate("And", max_tokens=4, grammar="root ::= undefined_rule")
 

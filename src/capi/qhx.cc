@@ -576,6 +576,24 @@ qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_le
   return QHX_OK;
 }
 
+namespace {
+
+// A buffer-filling call's ending: the size always, the bytes when they fit (else
+// QHX_ERROR_BUFFER_TOO_SMALL saying how many are needed).
+qhx_status copy_bytes_out(const std::string& bytes, char* out, size_t capacity, size_t* size,
+                          const char* function) {
+  *size = bytes.size();
+  if (bytes.size() > capacity) {
+    return failed(QHX_ERROR_BUFFER_TOO_SMALL,
+                  std::string(function) + ": " + std::to_string(bytes.size()) +
+                      " bytes do not fit in " + std::to_string(capacity));
+  }
+  std::memcpy(out, bytes.data(), bytes.size());
+  return QHX_OK;
+}
+
+}  // namespace
+
 qhx_status qhx_token_bytes(const qhx_model* model, int32_t id, char* bytes, size_t capacity,
                            size_t* n_bytes) {
   QHX_REQUIRE(model, "qhx_token_bytes");
@@ -598,14 +616,7 @@ qhx_status qhx_token_bytes(const qhx_model* model, int32_t id, char* bytes, size
     }
   });
   if (status != QHX_OK) return status;
-  *n_bytes = piece.size();
-  if (piece.size() > capacity) {
-    return failed(QHX_ERROR_BUFFER_TOO_SMALL, "qhx_token_bytes: " + std::to_string(piece.size()) +
-                                                  " bytes do not fit in " +
-                                                  std::to_string(capacity));
-  }
-  std::memcpy(bytes, piece.data(), piece.size());
-  return QHX_OK;
+  return copy_bytes_out(piece, bytes, capacity, n_bytes, "qhx_token_bytes");
 }
 
 qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
@@ -629,15 +640,9 @@ qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_i
     decoded = tokenizer_of(model).decode(std::span<const int32_t>(ids, n_ids), skip_special != 0);
   });
   if (status != QHX_OK) return status;
-  *text_len = decoded.size();
-  if (decoded.size() > capacity) {
-    return failed(QHX_ERROR_BUFFER_TOO_SMALL, "qhx_detokenize: " + std::to_string(decoded.size()) +
-                                                  " bytes do not fit in " +
-                                                  std::to_string(capacity));
-  }
-  std::memcpy(text, decoded.data(), decoded.size());
-  if (decoded.size() < capacity) text[decoded.size()] = '\0';
-  return QHX_OK;
+  const qhx_status copied = copy_bytes_out(decoded, text, capacity, text_len, "qhx_detokenize");
+  if (copied == QHX_OK && decoded.size() < capacity) text[decoded.size()] = '\0';
+  return copied;
 }
 
 void qhx_template_options_default(qhx_template_options* options) {
