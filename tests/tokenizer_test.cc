@@ -443,6 +443,70 @@ TEST(TokenizerLoad, AddedTokensDecoderMustAgreeWithTokenizerJson) {
             std::string::npos);
 }
 
+// tokenizer.json's post_processor: what encode_with_special_tokens adds (Hugging Face's
+// add_special_tokens=True), composed in a Sequence's order; shapes that would add something else
+// are refused by name.
+TEST(TokenizerLoad, PostProcessorTemplates) {
+  const Tokenizer genuine = Tokenizer::load(qwen3_dir());  // ByteLevel: adds nothing
+  EXPECT_EQ(genuine.encode_with_special_tokens("Hello world"), genuine.encode("Hello world"));
+
+  const auto special = [](const std::string& name) {
+    return Json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
+  };
+  const Json sequence = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  const Json specials = {
+      {"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {151643}}, {"tokens", {"x"}}}},
+      {"<|im_start|>", {{"id", "<|im_start|>"}, {"ids", {151644}}, {"tokens", {"x"}}}}};
+  const auto with_processor = [&](const Json& processor, TempDir& dir) {
+    Json json = qwen3_tokenizer_json();
+    json["post_processor"] = processor;
+    dir.write("tokenizer.json", json.dump());
+  };
+  {
+    TempDir dir;
+    const Json appends = {{"type", "TemplateProcessing"},
+                          {"single", {sequence, special("<|endoftext|>")}},
+                          {"special_tokens", specials}};
+    const Json wraps = {{"type", "TemplateProcessing"},
+                        {"single", {special("<|im_start|>"), sequence, special("<|im_start|>")}},
+                        {"special_tokens", specials}};
+    with_processor(
+        {{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, appends, wraps}}}, dir);
+    const Tokenizer tok = Tokenizer::load(dir.path());
+    EXPECT_EQ(tok.encode("Hello world"), (std::vector<int32_t>{9707, 1879}));
+    EXPECT_EQ(tok.encode_with_special_tokens("Hello world"),
+              (std::vector<int32_t>{151644, 9707, 1879, 151643, 151644}));
+    EXPECT_EQ(tok.encode_with_special_tokens(""), (std::vector<int32_t>{151644, 151643, 151644}));
+  }
+  const auto error_for = [&](const Json& processor) {
+    TempDir dir;
+    with_processor(processor, dir);
+    return load_error(dir.path());
+  };
+  EXPECT_NE(error_for({{"type", "RobertaProcessing"}})
+                .find("tokenizer.json: post_processor.type: unsupported 'RobertaProcessing'"),
+            std::string::npos);
+  EXPECT_NE(error_for({{"type", "TemplateProcessing"},
+                       {"single", {sequence, special("<eos>")}},
+                       {"special_tokens", specials}})
+                .find("post_processor.special_tokens.<eos>: missing"),
+            std::string::npos);
+  Json unknown = specials;
+  unknown["<|endoftext|>"]["ids"] = {999999};
+  EXPECT_NE(error_for({{"type", "TemplateProcessing"},
+                       {"single", {sequence, special("<|endoftext|>")}},
+                       {"special_tokens", unknown}})
+                .find("special_tokens.<|endoftext|>.ids[0]: no token has id 999999"),
+            std::string::npos);
+  EXPECT_NE(error_for({{"type", "Sequence"},
+                       {"processors",
+                        {{{"type", "TemplateProcessing"},
+                          {"single", {special("<|endoftext|>")}},
+                          {"special_tokens", specials}}}}})
+                .find("post_processor.processors[0].single: has no {\"Sequence\""),
+            std::string::npos);
+}
+
 // The streaming reader names the entry of the big tables that is wrong.
 TEST(TokenizerLoad, BadTableEntriesAreNamed) {
   const auto error_for = [](const std::string& model_tables, const std::string& type = "BPE") {

@@ -25,9 +25,10 @@
 extern "C" {
 #endif
 
-#define QHX_API_VERSION                           \
-  2 /* 2: qhx_model_options.qnn_lib and npu_pack, \
-        qhx_generate_result.device_tokens appended */
+#define QHX_API_VERSION                                                       \
+  3 /* 2: qhx_model_options.qnn_lib and npu_pack,                             \
+        qhx_generate_result.device_tokens appended; 3: embeddings (qhx_embed, \
+        qhx_model_info.embedding_size and pooling, QHX_ERROR_CANCELLED) */
 
 typedef enum qhx_status {
   QHX_OK = 0,
@@ -38,7 +39,8 @@ typedef enum qhx_status {
   QHX_ERROR_OUT_OF_MEMORY = 5,    /* memory admission refused (message has the estimate) */
   QHX_ERROR_STATE_FILE = 6, /* a state file could not be written, read, or belongs elsewhere */
   QHX_ERROR_BUFFER_TOO_SMALL = 7, /* the output did not fit; the needed size was stored */
-  QHX_ERROR_INTERNAL = 8          /* a bug: please report the message */
+  QHX_ERROR_INTERNAL = 8,         /* a bug: please report the message */
+  QHX_ERROR_CANCELLED = 9 /* qhx_session_cancel stopped a call that has no partial result */
 } qhx_status;
 
 const char* qhx_version(void);
@@ -108,6 +110,9 @@ typedef struct qhx_model_info {
                                  placed; "" if nothing to say */
   const char* model_note;     /* what of the checkpoint is left unused and why (an incomplete
                                  MTP head: the model runs as a text model), or "" */
+  int64_t embedding_size;     /* floats in a vector of qhx_embed (the hidden size) */
+  const char* pooling;        /* an embedding checkpoint's pooling (its sentence-transformers
+                                 files: "last", "mean" or "cls"), or "" for a generative one */
 } qhx_model_info;
 
 /* The pointers stay valid while the model is open. */
@@ -296,6 +301,47 @@ typedef struct qhx_token_logprobs {
   const float* top_logprobs;
 } qhx_token_logprobs;
 qhx_status qhx_session_token_logprobs(const qhx_session* session, qhx_token_logprobs* out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Embeddings (docs/embeddings.md): sentence vectors as sentence-transformers computes them from
+ * an embedding checkpoint (Qwen3-Embedding: the last token's final-norm row, L2-normalised; its
+ * modules.json, 1_Pooling/config.json and config_sentence_transformers.json say so), or from any
+ * model with the pooling given. Inputs run one after another on a session's state, in its
+ * prefill chunks, without logits; the conversation the session held is dropped.
+ */
+typedef struct qhx_embed_options {
+  const char* pooling;     /* NULL (default): the model's; "last", "mean" or "cls" */
+  int32_t normalize;       /* -1 (default): the model's (a Normalize module); 0: no; 1: L2 */
+  int64_t dimensions;      /* 0 (default): embedding_size; 1..embedding_size: the first N (as
+                              Matryoshka-trained models allow), normalized after the cut */
+  const char* prompt;      /* qhx_embed: text put before every input (Qwen3-Embedding's queries
+                              take "Instruct: <task>\nQuery:"); NULL: prompt_name's */
+  const char* prompt_name; /* qhx_embed: one of the model's prompts (Qwen3-Embedding: "query",
+                              "document"); NULL: its default_prompt_name, else none */
+} qhx_embed_options;
+
+typedef struct qhx_embed_result {
+  int64_t dimensions; /* floats per vector */
+  int64_t n_tokens;   /* tokens run, of every input (prompts and special tokens included) */
+  double ms;
+} qhx_embed_result;
+
+void qhx_embed_options_default(qhx_embed_options* options);
+/* One vector per text, each text tokenized as Hugging Face's tokenizer(prompt + text) does (with
+ * the special tokens its post-processor adds: Qwen3-Embedding appends <|endoftext|>); text_lens
+ * NULL: the texts are NUL-terminated. `embeddings` receives n_texts vectors of
+ * result->dimensions floats, one after the other. `capacity` (floats) too small: nothing runs,
+ * QHX_ERROR_BUFFER_TOO_SMALL, result->dimensions says the size. An input longer than the
+ * session's context is QHX_ERROR_CONTEXT_FULL; qhx_session_cancel: QHX_ERROR_CANCELLED. The
+ * result may be NULL. */
+qhx_status qhx_embed(qhx_session* session, const char* const* texts, const size_t* text_lens,
+                     size_t n_texts, const qhx_embed_options* options, float* embeddings,
+                     size_t capacity, qhx_embed_result* result);
+/* As qhx_embed over token ids taken as they are (no prompt, no special tokens): input i is
+ * ids[offsets[i] .. offsets[i + 1]), offsets has n_inputs + 1 entries. */
+qhx_status qhx_embed_tokens(qhx_session* session, const int32_t* ids, const size_t* offsets,
+                            size_t n_inputs, const qhx_embed_options* options, float* embeddings,
+                            size_t capacity, qhx_embed_result* result);
 
 /* Tokens of `tokens` the session could reuse without processing them. */
 int64_t qhx_session_reusable(const qhx_session* session, const int32_t* tokens, size_t n_tokens);

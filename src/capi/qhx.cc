@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -22,6 +24,7 @@
 #include "kernels/thread_pool.h"
 #include "models/model.h"
 #include "runtime/device_check.h"
+#include "runtime/embedding.h"
 #include "runtime/generation_config.h"
 #include "runtime/memory.h"
 #include "runtime/session.h"
@@ -49,6 +52,7 @@ struct qhx_model {
   // Made at the first structured reply: its tables cost a moment over a large vocabulary.
   std::once_flag structured_once;
   std::unique_ptr<qhx::StructuredOutput> structured;
+  qhx::EmbeddingConfig embedding;  // its sentence-transformers files, if any
 };
 
 struct qhx_session {
@@ -455,6 +459,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     const qhx::ModelConfig& config = opened->model->config();
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
     opened->generation = qhx::load_generation_config(dir, config);
+    opened->embedding = qhx::read_embedding_config(dir);
     if (fs::exists(dir / "tokenizer.json")) {
       const int64_t before_tokenizer = qhx::resident_memory_bytes();
       opened->tokenizer = qhx::Tokenizer::load(dir);
@@ -552,6 +557,8 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->decode_device = on_cpu ? "cpu" : model->decode_device.c_str();
   info->device_note = model->device_note.c_str();
   info->model_note = model->model_note.c_str();
+  info->embedding_size = model->model->config().hidden_size;
+  info->pooling = model->embedding.pooling ? qhx::pooling_name(*model->embedding.pooling) : "";
   return QHX_OK;
 }
 
@@ -804,6 +811,163 @@ qhx_status qhx_session_chat_tokens(qhx_session* session, const int32_t* tokens, 
 
 void qhx_session_cancel(qhx_session* session) {
   if (session != nullptr) session->cancel.store(true);
+}
+
+void qhx_embed_options_default(qhx_embed_options* options) {
+  if (options == nullptr) return;
+  *options = {};
+  options->normalize = -1;
+}
+
+namespace {
+
+// The options against the model: pooling, normalization and the cut (EmbedParams), the prompt.
+struct EmbedRequest {
+  qhx::EmbedParams params;
+  std::string prompt;
+};
+
+EmbedRequest embed_request(const qhx_model& model, const qhx_embed_options& o) {
+  const qhx::EmbeddingConfig& config = model.embedding;
+  EmbedRequest r;
+  if (o.pooling != nullptr) {
+    const auto pooling = qhx::parse_pooling(o.pooling);
+    if (!pooling) qhx::fail("pooling", "'" + std::string(o.pooling) + "' is not last, mean or cls");
+    r.params.pooling = *pooling;
+  } else if (config.pooling) {
+    r.params.pooling = *config.pooling;
+  } else {
+    qhx::fail("pooling", model.dir.string() +
+                             " is not an embedding checkpoint (no modules.json or "
+                             "1_Pooling/config.json): say which pooling (last, mean, cls)");
+  }
+  if (o.normalize < -1 || o.normalize > 1) qhx::fail("normalize", "must be -1, 0 or 1");
+  r.params.normalize =
+      o.normalize == -1 ? (config.pooling ? config.normalize : true) : o.normalize == 1;
+  r.params.dimensions = o.dimensions;
+  const int64_t hidden = model.model->config().hidden_size;
+  if (o.dimensions < 0 || o.dimensions > hidden) {
+    qhx::fail("dimensions", "must be 0 (all) or 1.." + std::to_string(hidden) + ", got " +
+                                std::to_string(o.dimensions));
+  }
+  if (o.prompt != nullptr && o.prompt_name != nullptr) {
+    qhx::fail("prompt", "give prompt or prompt_name, not both");
+  }
+  if (o.prompt != nullptr) {
+    r.prompt = o.prompt;
+  } else if (o.prompt_name != nullptr) {
+    r.prompt = config.prompt(o.prompt_name);
+  } else if (!config.default_prompt_name.empty()) {
+    r.prompt = config.prompt(config.default_prompt_name);
+  }
+  return r;
+}
+
+// Embeds each input of `inputs` (token ids) into `out`, after the checks that need no work.
+qhx_status run_embedding(
+    qhx_session* session, const qhx_embed_options* options,
+    const std::function<std::vector<std::vector<int32_t>>(const EmbedRequest&)>& inputs,
+    size_t n_inputs, float* out, size_t capacity, qhx_embed_result* result) {
+  if (result != nullptr) *result = {};
+  qhx_embed_options defaults;
+  if (options == nullptr) {
+    qhx_embed_options_default(&defaults);
+    options = &defaults;
+  }
+  session->cancel.store(false);
+  EmbedRequest request;
+  int64_t dims = 0;
+  qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    request = embed_request(*session->model, *options);
+    dims =
+        options->dimensions > 0 ? options->dimensions : session->model->model->config().hidden_size;
+  });
+  if (status != QHX_OK) return status;
+  if (result != nullptr) result->dimensions = dims;
+  const size_t needed = n_inputs * static_cast<size_t>(dims);
+  if (needed > capacity) {
+    return failed(QHX_ERROR_BUFFER_TOO_SMALL,
+                  "qhx_embed: " + std::to_string(n_inputs) + " vectors of " + std::to_string(dims) +
+                      " floats do not fit in " + std::to_string(capacity));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int64_t n_tokens = 0;
+  bool cancelled = false;
+  status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    const std::vector<std::vector<int32_t>> ids = inputs(request);
+    request.params.cancel = &session->cancel;
+    for (size_t i = 0; i < ids.size() && !cancelled; ++i) {
+      try {
+        const std::optional<std::vector<float>> v = session->session->embed(ids[i], request.params);
+        if (!v) {
+          cancelled = true;
+          break;
+        }
+        std::copy(v->begin(), v->end(), out + i * dims);
+      } catch (const qhx::Error& e) {
+        throw qhx::Error("input[" + std::to_string(i) + "]: " + e.what(), e.kind());
+      }
+      n_tokens += static_cast<int64_t>(ids[i].size());
+    }
+  });
+  if (status != QHX_OK) return status;
+  if (cancelled) return failed(QHX_ERROR_CANCELLED, "qhx_embed: cancelled");
+  if (result != nullptr) {
+    result->n_tokens = n_tokens;
+    result->ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  return QHX_OK;
+}
+
+}  // namespace
+
+qhx_status qhx_embed(qhx_session* session, const char* const* texts, const size_t* text_lens,
+                     size_t n_texts, const qhx_embed_options* options, float* embeddings,
+                     size_t capacity, qhx_embed_result* result) {
+  QHX_REQUIRE(session, "qhx_embed");
+  QHX_REQUIRE_BUFFER(texts, n_texts, "qhx_embed");
+  QHX_REQUIRE_BUFFER(embeddings, capacity, "qhx_embed");
+  for (size_t i = 0; i < n_texts; ++i) {
+    if (texts[i] == nullptr && (text_lens == nullptr || text_lens[i] > 0)) {
+      return failed(QHX_ERROR_INVALID_ARGUMENT,
+                    "qhx_embed: texts[" + std::to_string(i) + "] is NULL");
+    }
+  }
+  const auto tokenize = [&](const EmbedRequest& request) {
+    const qhx::Tokenizer& tokenizer = tokenizer_of(session->model);
+    std::vector<std::vector<int32_t>> ids(n_texts);
+    for (size_t i = 0; i < n_texts; ++i) {
+      const char* text = texts[i] == nullptr ? "" : texts[i];
+      const size_t len = text_lens != nullptr ? text_lens[i] : std::strlen(text);
+      ids[i] = tokenizer.encode_with_special_tokens(request.prompt + std::string(text, len),
+                                                    "input[" + std::to_string(i) + "]");
+    }
+    return ids;
+  };
+  return run_embedding(session, options, tokenize, n_texts, embeddings, capacity, result);
+}
+
+qhx_status qhx_embed_tokens(qhx_session* session, const int32_t* ids, const size_t* offsets,
+                            size_t n_inputs, const qhx_embed_options* options, float* embeddings,
+                            size_t capacity, qhx_embed_result* result) {
+  QHX_REQUIRE(session, "qhx_embed_tokens");
+  QHX_REQUIRE(offsets, "qhx_embed_tokens");
+  QHX_REQUIRE_BUFFER(ids, offsets[n_inputs], "qhx_embed_tokens");
+  QHX_REQUIRE_BUFFER(embeddings, capacity, "qhx_embed_tokens");
+  for (size_t i = 0; i < n_inputs; ++i) {
+    if (offsets[i] > offsets[i + 1]) {
+      return failed(QHX_ERROR_INVALID_ARGUMENT, "qhx_embed_tokens: offsets[" +
+                                                    std::to_string(i + 1) + "] < offsets[" +
+                                                    std::to_string(i) + "]");
+    }
+  }
+  const auto split = [&](const EmbedRequest&) {
+    std::vector<std::vector<int32_t>> inputs(n_inputs);
+    for (size_t i = 0; i < n_inputs; ++i) inputs[i].assign(ids + offsets[i], ids + offsets[i + 1]);
+    return inputs;
+  };
+  return run_embedding(session, options, split, n_inputs, embeddings, capacity, result);
 }
 
 int64_t qhx_session_reusable(const qhx_session* session, const int32_t* tokens, size_t n_tokens) {

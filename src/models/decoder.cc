@@ -290,6 +290,7 @@ Plan Decoder::build_plan(int64_t n_tokens, LogitsFor which, bool hidden) const {
   // logits = lm_head(norm(h)).
   const ValueId last = plan.add_value(n_normed, H, hidden ? 1 : -1);
   add_norm(plan, {h, first_normed}, n_normed, weights_.final_norm, eps, last);
+  if (which == LogitsFor::kNone) return plan;
   const ValueId logits = plan.add_value(n_out, config_.vocab_size, /*binding=*/0);
   add_product(plan, {last, first_out - first_normed}, n_out, weights_.lm_head, logits);
   return plan;
@@ -361,6 +362,9 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   if (which == LogitsFor::kNoneStepwise && hidden != nullptr) {
     fail("forward", "final-norm rows are computed only with logits");
   }
+  if (which == LogitsFor::kNone && hidden == nullptr) {
+    fail("forward", "a pass without logits computes the final-norm rows: pass `hidden`");
+  }
   if (first_pos + n_tokens > config_.max_position_embeddings) {
     fail("context", std::to_string(first_pos + n_tokens) +
                         " tokens exceed the model's max_position_embeddings (" +
@@ -372,9 +376,10 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
                             std::to_string(vocab) + ")");
     }
   }
-  const int64_t logit_rows = which == LogitsFor::kLastToken      ? 1
-                             : which == LogitsFor::kNoneStepwise ? 0
-                                                                 : n_tokens;
+  const int64_t logit_rows = which == LogitsFor::kLastToken ? 1
+                             : which == LogitsFor::kNoneStepwise || which == LogitsFor::kNone
+                                 ? 0
+                                 : n_tokens;
   logits.resize(logit_rows * vocab);
   if (hidden != nullptr) hidden->resize(n_tokens * config_.hidden_size);
   const PlanKind kind = hidden != nullptr ? PlanKind::kForwardWithHidden : PlanKind::kForward;

@@ -68,8 +68,9 @@ class ModelState {
 // DeltaNet rule in its recurrent form rather than the chunked one): what verifying a draft of
 // several tokens in one pass needs for speculative decoding to be exact. kNoneStepwise returns no
 // logits and leaves the state as kEveryStep would, to the bit: replaying accepted tokens after a
-// rejected draft, where the lm_head's work would be thrown away.
-enum class LogitsFor { kLastToken, kEveryToken, kEveryStep, kNoneStepwise };
+// rejected draft, where the lm_head's work would be thrown away. kNone returns no logits, only the
+// final-norm rows (`hidden`, required): an embedding model's pass.
+enum class LogitsFor { kLastToken, kEveryToken, kEveryStep, kNoneStepwise, kNone };
 
 class Model {
  public:

@@ -99,8 +99,15 @@ void check_sizes_against_weights(const ModelConfig& c, const Checkpoint& checkpo
 }
 
 std::string text_decoder_prefix(const Checkpoint& checkpoint) {
-  return checkpoint.contains("model.language_model.embed_tokens.weight") ? "model.language_model."
-                                                                         : "model.";
+  if (checkpoint.contains("model.language_model.embed_tokens.weight")) {
+    return "model.language_model.";
+  }
+  // A base model saved alone (Qwen3-Embedding's checkpoints): transformers loads it either way.
+  if (!checkpoint.contains("model.embed_tokens.weight") &&
+      checkpoint.contains("embed_tokens.weight")) {
+    return "";
+  }
+  return "model.";
 }
 
 MatrixRef lm_head_or_tied(const Checkpoint& checkpoint, const ModelConfig& config,

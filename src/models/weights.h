@@ -41,7 +41,8 @@ void check_sizes_against_weights(const ModelConfig& config, const Checkpoint& ch
                                  const std::string& config_where);
 
 // Where the text decoder's tensors live: "model.language_model." in multimodal wrappers (whose
-// vision and multi-token-prediction tensors are never read), else "model.".
+// vision and multi-token-prediction tensors are never read), "" in a base model saved without
+// its head (embedding models), else "model.".
 std::string text_decoder_prefix(const Checkpoint& checkpoint);
 
 // lm_head.weight when the checkpoint has it; otherwise the embedding table, if the config says

@@ -85,6 +85,20 @@ void Session::reset() {
   checkpoints_.clear();
 }
 
+std::optional<std::vector<float>> Session::embed(std::span<const int32_t> ids, EmbedParams params) {
+  if (static_cast<int64_t>(ids.size()) > context_length_) {
+    fail("context",
+         std::to_string(ids.size()) + " tokens exceed the context length (" +
+             std::to_string(context_length_) + ")",
+         ErrorKind::kContextFull);
+  }
+  reset();
+  params.chunk = options_.prefill_chunk;
+  std::optional<std::vector<float>> out = embed_tokens(model_, *state_, ids, params);
+  state_->reset();  // nothing of the input stays for a next turn to reuse
+  return out;
+}
+
 int64_t Session::bytes() const {
   int64_t total = state_->bytes() + static_cast<int64_t>(logits_.size() * sizeof(float));
   for (const Checkpoint& c : checkpoints_) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "runtime/embedding.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
 #include "runtime/token_constraint.h"
@@ -90,6 +91,11 @@ class Session {
   // Error when the tokens plus max_new_tokens do not fit the context, or an id is invalid.
   TurnStats generate(std::span<const int32_t> tokens, const TurnOptions& options,
                      const std::function<bool(int32_t)>& on_token);
+
+  // The sentence embedding of `ids` (runtime/embedding.h) on this session's state, in its
+  // prefill chunks: the conversation it held is dropped. nullopt when params.cancel was set.
+  // Throws Error when the ids do not fit the context.
+  std::optional<std::vector<float>> embed(std::span<const int32_t> ids, EmbedParams params);
 
   // How many leading tokens of `tokens` the session could reuse without processing them.
   int64_t reusable(std::span<const int32_t> tokens) const;

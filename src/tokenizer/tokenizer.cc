@@ -480,6 +480,8 @@ struct Tokenizer::Impl {
   std::string chat_template;
   std::optional<int32_t> eos, pad, bos;
   bool add_bos = false;
+  // What the post_processor puts before and after one sequence (add_special_tokens=True).
+  std::vector<int32_t> template_prefix, template_suffix;
   std::vector<std::pair<std::string, std::string>> special_token_strings;
 
   // Records token `id` as the bytes appended to token_text since `begin`.
@@ -513,6 +515,8 @@ struct Tokenizer::Impl {
   // added_tokens_decoder (tokenizer_config.json), named `field` in `file`.
   void add_token(int32_t id, const Json& token, const std::string& field, const std::string& file);
   void load_pre_tokenizer(const Json& root, const std::string& file);
+  void load_post_processor(const Json& root, const std::string& file);
+  void load_template(const Json& processor, const std::string& path, const std::string& file);
   void load_added_tokens_decoder(const Json& config, const std::string& file);
   void load_config(const std::filesystem::path& dir);
 
@@ -699,6 +703,68 @@ void Tokenizer::Impl::load_pre_tokenizer(const Json& root, const std::string& fi
   split = compile_regex(string_member(pattern, path + ".pattern", "Regex", file), file,
                         path + ".pattern.Regex");
   check_byte_level(steps[1], "pre_tokenizer.pretokenizers[1]", false);
+}
+
+// The post-processors that change ids: none, ByteLevel (offsets only), TemplateProcessing (its
+// "single" template: special tokens around the sequence $A) and a Sequence of those, applied in
+// order. Anything else would change what Hugging Face gives, so it is refused.
+void Tokenizer::Impl::load_post_processor(const Json& root, const std::string& file) {
+  const Json* processor = optional_member(root, "", "post_processor", file);
+  if (processor == nullptr) return;
+  const std::string type = string_member(*processor, "post_processor", "type", file);
+  if (type != "Sequence") return load_template(*processor, "post_processor", file);
+  const Json& steps = member(*processor, "post_processor", "processors", file);
+  if (!steps.is_array()) fail_field(file, "post_processor.processors", "expected an array");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    load_template(steps[i], "post_processor.processors[" + std::to_string(i) + "]", file);
+  }
+}
+
+void Tokenizer::Impl::load_template(const Json& processor, const std::string& path,
+                                    const std::string& file) {
+  const std::string type = string_member(processor, path, "type", file);
+  if (type == "ByteLevel") return;
+  if (type != "TemplateProcessing") {
+    fail_field(file, path + ".type",
+               "unsupported '" + type + "', expected ByteLevel, TemplateProcessing or Sequence");
+  }
+  const Json& single = member(processor, path, "single", file);
+  if (!single.is_array()) fail_field(file, path + ".single", "expected an array");
+  const Json* specials = optional_member(processor, path, "special_tokens", file);
+  std::vector<int32_t> before, after;
+  bool seen_sequence = false;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const std::string item = path + ".single[" + std::to_string(i) + "]";
+    const Json& piece = single[i];
+    if (piece.is_object() && piece.contains("Sequence")) {
+      if (string_member(piece["Sequence"], item + ".Sequence", "id", file) != "A") {
+        fail_field(file, item + ".Sequence.id", "expected \"A\" (one sequence)");
+      }
+      if (seen_sequence) fail_field(file, item, "the sequence appears twice");
+      seen_sequence = true;
+      continue;
+    }
+    if (!piece.is_object() || !piece.contains("SpecialToken")) {
+      fail_field(file, item, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+    }
+    const std::string name =
+        string_member(piece["SpecialToken"], item + ".SpecialToken", "id", file);
+    const std::string entry = path + ".special_tokens." + name;
+    if (specials == nullptr || !specials->contains(name)) fail_field(file, entry, "missing");
+    const Json& ids = member((*specials)[name], entry, "ids", file);
+    if (!ids.is_array()) fail_field(file, entry + ".ids", "expected an array");
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const std::string field = entry + ".ids[" + std::to_string(k) + "]";
+      const int32_t id = token_id(ids[k], field, file);
+      if (static_cast<size_t>(id) >= kinds.size() || kinds[id] == Kind::kUnknown) {
+        fail_field(file, field, "no token has id " + std::to_string(id));
+      }
+      (seen_sequence ? after : before).push_back(id);
+    }
+  }
+  if (!seen_sequence) fail_field(file, path + ".single", "has no {\"Sequence\": {\"id\": \"A\"}}");
+  template_prefix.insert(template_prefix.begin(), before.begin(), before.end());
+  template_suffix.insert(template_suffix.end(), after.begin(), after.end());
 }
 
 // tokenizer_config.json's added_tokens_decoder ({"<id>": {"content": ..., "special": ...}}) can
@@ -908,6 +974,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
     fail_field(file, "decoder.type", "unsupported '" + decoder_type + "', expected ByteLevel");
   }
   impl->load_config(dir);
+  impl->load_post_processor(root, file);  // after every added token is known
   return Tokenizer(std::move(impl));
 }
 
@@ -931,6 +998,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, std::string_view w
   }
   if (pos < text.size()) impl_->encode_segment(text.substr(pos), ws, out);
   return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text,
+                                                           std::string_view where) const {
+  std::vector<int32_t> ids = impl_->template_prefix;
+  const std::vector<int32_t> body = encode(text, where);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), impl_->template_suffix.begin(), impl_->template_suffix.end());
+  return ids;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {

@@ -26,6 +26,11 @@ class Tokenizer {
   // Encodes UTF-8 text; added tokens in the text become their ids. No BOS/EOS is added.
   // Invalid UTF-8 throws Error "<where>: invalid UTF-8 at byte N".
   std::vector<int32_t> encode(std::string_view text, std::string_view where = "prompt") const;
+  // What Hugging Face's tokenizer(text) gives (add_special_tokens=True): encode()'s ids within
+  // those tokenizer.json's post_processor puts around one sequence (its TemplateProcessing;
+  // Qwen3-Embedding's appends <|endoftext|>, the Qwen3 and Qwen3.5 tokenizers add nothing).
+  std::vector<int32_t> encode_with_special_tokens(std::string_view text,
+                                                  std::string_view where = "prompt") const;
 
   // Joins the tokens' bytes and replaces invalid UTF-8 with U+FFFD, one per maximal invalid
   // subpart (as Python's errors="replace"). Ids no token has are skipped, as Hugging Face does.
