@@ -3,11 +3,13 @@
 // slots serve concurrent clients, free themselves when a client hangs up, and reuse a resent
 // conversation; every malformed request gets a 4xx with an OpenAI error body.
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/server_fixture.h"
+#include "util/json_file.h"
 
 namespace qhx::server {
 namespace {
@@ -586,6 +588,125 @@ TEST_F(Qwen35ServerTest, FourTurnChatProcessesOnlyNewTokens) {
     messages.push_back(body["choices"][0]["message"]);
     messages.back().erase("reasoning_content");
   }
+}
+
+
+// /v1/embeddings on the tiny Qwen3-Embedding fixture: the C API's vectors, to the bit.
+class EmbeddingServerTest : public ServerTest {
+ protected:
+  static void SetUpTestSuite() {
+    open_model((test::source_dir() / "tests/fixtures/embedding/qwen3_tiny").string(), 512);
+  }
+  // qhx_embed's vectors on a fresh session.
+  static std::vector<float> direct_embed(const std::vector<std::string>& texts,
+                                         const char* prompt_name) {
+    qhx_session* session = nullptr;
+    EXPECT_EQ(qhx_session_create(model_, nullptr, &session), QHX_OK) << qhx_last_error();
+    qhx_embed_options o;
+    qhx_embed_options_default(&o);
+    o.prompt_name = prompt_name;
+    std::vector<const char*> pointers;
+    for (const std::string& t : texts) pointers.push_back(t.c_str());
+    std::vector<float> out(texts.size() * 64);
+    EXPECT_EQ(qhx_embed(session, pointers.data(), nullptr, texts.size(), &o, out.data(), out.size(),
+                        nullptr),
+              QHX_OK)
+        << qhx_last_error();
+    qhx_session_destroy(session);
+    return out;
+  }
+};
+
+std::vector<float> decode_base64_floats(const std::string& text) {
+  static const std::string alphabet =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes;
+  uint32_t bits = 0;
+  int n = 0;
+  for (const char c : text) {
+    if (c == '=') break;
+    bits = (bits << 6) | static_cast<uint32_t>(alphabet.find(c));
+    if ((n += 6) >= 8) bytes += static_cast<char>((bits >> (n -= 8)) & 0xff);
+  }
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+TEST_F(EmbeddingServerTest, VectorsAreTheCApis) {
+  start(2);
+  const std::vector<std::string> queries = {"What is the capital of China?", "Explain gravity"};
+  const std::vector<float> want = direct_embed(queries, "query");
+  const auto [status, body] =
+      post("/v1/embeddings", Json{{"input", queries}, {"prompt_name", "query"}});
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["object"], "list");
+  EXPECT_EQ(body["model"], "qwen3_tiny");
+  ASSERT_EQ(body["data"].size(), 2u);
+  std::vector<float> got;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(body["data"][i]["index"], i);
+    EXPECT_EQ(body["data"][i]["object"], "embedding");
+    for (const auto& v : body["data"][i]["embedding"]) got.push_back(v.get<float>());
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_GT(body["usage"]["prompt_tokens"].get<int64_t>(), 40);
+  EXPECT_EQ(body["usage"]["total_tokens"], body["usage"]["prompt_tokens"]);
+
+  // What the openai client asks for by default: base64 of the float32 bytes.
+  const auto [status64, body64] =
+      post("/v1/embeddings",
+           Json{{"input", queries}, {"prompt_name", "query"}, {"encoding_format", "base64"}});
+  ASSERT_EQ(status64, 200) << body64;
+  std::vector<float> decoded;
+  for (const auto& d : body64["data"]) {
+    const std::vector<float> v = decode_base64_floats(d["embedding"].get<std::string>());
+    decoded.insert(decoded.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(decoded, want);
+
+  // One string; its token ids (as the tokenizer gives them, <|endoftext|> included) alone.
+  const std::vector<float> document = direct_embed({"The capital of China is Beijing."}, nullptr);
+  const auto [status1, one] =
+      post("/v1/embeddings", Json{{"input", "The capital of China is Beijing."}});
+  ASSERT_EQ(status1, 200) << one;
+  EXPECT_EQ(one["data"][0]["embedding"].get<std::vector<float>>(), document);
+  const Json ids = read_json_file(test::source_dir() /
+                                  "tests/fixtures/embedding/qwen3_tiny/golden.json")["ids"][2];
+  const auto [status_ids, by_ids] = post("/v1/embeddings", Json{{"input", Json::array({ids})}});
+  ASSERT_EQ(status_ids, 200) << by_ids;
+  EXPECT_EQ(by_ids["data"][0]["embedding"].get<std::vector<float>>(), document);
+  const auto [status_cut, cut] = post("/v1/embeddings", Json{{"input", "x"}, {"dimensions", 8}});
+  ASSERT_EQ(status_cut, 200) << cut;
+  EXPECT_EQ(cut["data"][0]["embedding"].size(), 8u);
+}
+
+TEST_F(EmbeddingServerTest, BadRequestsGetOpenAiErrors) {
+  start(1);
+  const auto error_of = [&](const Json& body) {
+    const auto [status, answer] = post("/v1/embeddings", body);
+    return std::to_string(status) + " " + answer["error"]["message"].get<std::string>();
+  };
+  EXPECT_EQ(error_of(Json::object()), "400 'input' is required");
+  EXPECT_EQ(error_of({{"input", Json::array()}}),
+            "400 'input' must be a string, or a non-empty array of strings or of token ids");
+  EXPECT_EQ(error_of({{"input", {"a", Json::array({1})}}}),
+            "400 'input[1]' must be of the same kind as input[0] (a string, or an array of ids)");
+  EXPECT_EQ(error_of({{"input", {1, 99999}}}), "400 'input' must hold token ids from 0 to 2111");
+  EXPECT_EQ(error_of({{"input", "x"}, {"dimensions", 65}}),
+            "400 'dimensions' must be an integer from 1 to 64");
+  EXPECT_EQ(error_of({{"input", "x"}, {"encoding_format", "int8"}}),
+            "400 'encoding_format' must be \"float\" or \"base64\"");
+  EXPECT_EQ(error_of({{"input", {1, 2}}, {"prompt_name", "query"}}),
+            "400 'prompt' applies to text inputs, not to token ids");
+  EXPECT_EQ(error_of({{"input", "x"}, {"prompt_name", "passage"}}),
+            "400 prompt_name: 'passage' is not one of the model's prompts (document, query)");
+  EXPECT_EQ(error_of({{"input", "x"}, {"model", "other"}}).substr(0, 4), "404 ");
+  EXPECT_EQ(error_of({{"input", std::string(20000, 'a')}}).substr(0, 4), "400 ");
+  auto c = client();
+  const auto r = c.Get("/v1/embeddings");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
 }
 
 }  // namespace

@@ -283,13 +283,13 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, co
   }
   const bool is_get = std::strcmp(method, "GET") == 0;
   const bool is_post = std::strcmp(method, "POST") == 0;
-  const bool known = x.path == "/health" || x.path == "/v1/models" || x.path == "/v1/completions" ||
-                     x.path == "/v1/chat/completions";
+  const bool wants_post =
+      x.path == "/v1/completions" || x.path == "/v1/chat/completions" || x.path == "/v1/embeddings";
+  const bool known = wants_post || x.path == "/health" || x.path == "/v1/models";
   if (!known) {
     return ApiError{404, "no such endpoint: " + x.method + " " + x.path, "", "not_found"};
   }
   if (std::strcmp(method, "OPTIONS") == 0) return std::nullopt;  // a preflight: answered later
-  const bool wants_post = x.path == "/v1/completions" || x.path == "/v1/chat/completions";
   if (wants_post ? !is_post : !is_get) {
     ApiError e{405, x.method + " is not allowed on " + x.path, "", "method_not_allowed"};
     e.headers.emplace_back("Allow", wants_post ? "POST, OPTIONS" : "GET, OPTIONS");

@@ -234,6 +234,7 @@ RequestRules::RequestRules(qhx_model* m, const std::string& alias, const std::st
   model_id = alias.empty() ? info.name : alias;
   context_length = info.context_length;
   vocab_size = info.vocab_size;
+  embedding_size = info.embedding_size;
   eos_ids.assign(info.eos_ids, info.eos_ids + info.n_eos_ids);
   if (qhx_generate_options_default(model, &defaults) != QHX_OK) {
     throw std::runtime_error(qhx_last_error());
@@ -352,7 +353,7 @@ void RequestRules::parse_response_format(const Json& body, Completion& c) const 
   c.options.response_format = c.response_format.empty() ? nullptr : c.response_format.c_str();
 }
 
-void RequestRules::parse_completion(const Json& body, Completion& c) const {
+void RequestRules::check_model(const Json& body) const {
   if (const Json* m = field(body, "model")) {
     if (!m->is_string()) throw wrong_type("model", "a string");
     if (m->get<std::string>() != model_id) {
@@ -362,6 +363,89 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
                      "model", "model_not_found"};
     }
   }
+}
+
+// OpenAI's input: a string, an array of strings, an array of token ids, or an array of such
+// arrays; at most 2048 inputs (OpenAI's bound). qhx's own fields, as sentence-transformers names
+// them: prompt_name (one of the model's prompts: Qwen3-Embedding's "query"), prompt (text put
+// before each input), and pooling (last, mean, cls) and normalize for a model that has none.
+void RequestRules::parse_embeddings(const Json& body, Embeddings& e) const {
+  check_model(body);
+  e.requested = true;
+  qhx_embed_options_default(&e.options);
+  const Json* input = field(body, "input");
+  if (input == nullptr) throw ApiError{400, "'input' is required", "input", "missing_required"};
+  constexpr size_t kMaxInputs = 2048;
+  const auto add_ids = [&](const Json& list, const std::string& where) {
+    if (list.empty()) throw bad_value(where, "is empty");
+    for (const Json& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size) {
+        throw bad_value(where, "must hold token ids from 0 to " + std::to_string(vocab_size - 1));
+      }
+      e.ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+    if (e.offsets.empty()) e.offsets.push_back(0);
+    e.offsets.push_back(e.ids.size());
+  };
+  if (input->is_string()) {
+    e.texts.push_back(input->get<std::string>());
+  } else if (!input->is_array() || input->empty()) {
+    throw wrong_type("input", "a string, or a non-empty array of strings or of token ids");
+  } else if (input->size() > kMaxInputs) {
+    throw bad_value("input", "has " + std::to_string(input->size()) + " entries, more than " +
+                                 std::to_string(kMaxInputs));
+  } else if ((*input)[0].is_number()) {
+    add_ids(*input, "input");
+  } else {
+    for (size_t i = 0; i < input->size(); ++i) {
+      const Json& item = (*input)[i];
+      const std::string where = "input[" + std::to_string(i) + "]";
+      if (item.is_string() && e.ids.empty()) {
+        e.texts.push_back(item.get<std::string>());
+      } else if (item.is_array() && e.texts.empty()) {
+        add_ids(item, where);
+      } else {
+        throw wrong_type(where, "of the same kind as input[0] (a string, or an array of ids)");
+      }
+    }
+  }
+  if (const Json* format = field(body, "encoding_format")) {
+    if (!format->is_string() || (*format != "float" && *format != "base64")) {
+      throw bad_value("encoding_format", "must be \"float\" or \"base64\"");
+    }
+    e.base64 = *format == "base64";
+  }
+  if (const auto dims = integer_field(body, "dimensions", 1, embedding_size)) {
+    e.options.dimensions = *dims;
+  }
+  const auto string_option = [&](const char* name, std::string& out) {
+    const Json* v = field(body, name);
+    if (v == nullptr) return false;
+    if (!v->is_string()) throw wrong_type(name, "a string");
+    out = v->get<std::string>();
+    return true;
+  };
+  if (string_option("pooling", e.pooling)) e.options.pooling = e.pooling.c_str();
+  if (string_option("prompt_name", e.prompt_name)) e.options.prompt_name = e.prompt_name.c_str();
+  if (string_option("prompt", e.prompt)) e.options.prompt = e.prompt.c_str();
+  if (const auto normalize = bool_field(body, "normalize")) e.options.normalize = *normalize;
+  if (!e.ids.empty() && (e.options.prompt != nullptr || e.options.prompt_name != nullptr)) {
+    throw bad_value("prompt", "applies to text inputs, not to token ids");
+  }
+  for (size_t i = 0; i + 1 < e.offsets.size(); ++i) {
+    if (static_cast<int64_t>(e.offsets[i + 1] - e.offsets[i]) > context_length) {
+      throw ApiError{400,
+                     "input[" + std::to_string(i) + "] has " +
+                         std::to_string(e.offsets[i + 1] - e.offsets[i]) +
+                         " tokens, more than the context length (" +
+                         std::to_string(context_length) + ")",
+                     "input", "context_length_exceeded"};
+    }
+  }
+}
+
+void RequestRules::parse_completion(const Json& body, Completion& c) const {
+  check_model(body);
   const auto n = integer_field(body, "n", INT64_MIN, INT64_MAX);
   if (n && *n != 1) throw bad_value("n", "must be 1 (one choice per request)");
   if (bool_field(body, "echo").value_or(false)) throw bad_value("echo", "is not supported");

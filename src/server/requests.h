@@ -70,6 +70,23 @@ struct Completion {
   std::string format_param;     // which of those it came from, for errors
 };
 
+// An embeddings request (POST /v1/embeddings), parsed and checked: its inputs as texts or as
+// token ids, and the C API's options, which point into the strings here.
+struct Embeddings {
+  Embeddings() = default;
+  Embeddings(const Embeddings&) = delete;
+  Embeddings& operator=(const Embeddings&) = delete;
+
+  bool requested = false;
+  std::vector<std::string> texts;  // "input" as text, or
+  std::vector<int32_t> ids;        // as token ids: input i is ids[offsets[i] .. offsets[i + 1])
+  std::vector<size_t> offsets;
+  bool base64 = false;  // encoding_format "base64": little-endian float32 bytes
+  std::string pooling, prompt, prompt_name;
+  qhx_embed_options options{};
+  size_t inputs() const { return texts.empty() ? offsets.size() - 1 : texts.size(); }
+};
+
 // What a request is checked against: the model, its context and its defaults.
 struct RequestRules {
   // Throws std::runtime_error. Speculative decoding: qhx_generate_options' values.
@@ -82,11 +99,16 @@ struct RequestRules {
   void parse_completion(const Json& body, Completion& c) const;
   void parse_tool_choice(const Json& body, Completion& c) const;
   void parse_response_format(const Json& body, Completion& c) const;
+  // Parses and checks an embeddings request into `e`; throws ApiError.
+  void parse_embeddings(const Json& body, Embeddings& e) const;
+  // The request's "model", if given, must be this server's; else ApiError 404.
+  void check_model(const Json& body) const;
 
   qhx_model* model = nullptr;
   std::string model_id;
   int64_t context_length = 0;
   int64_t vocab_size = 0;
+  int64_t embedding_size = 0;
   std::vector<int32_t> eos_ids;
   qhx_generate_options defaults{};
   std::string speculative;

@@ -1,6 +1,7 @@
 // What the server answers, as OpenAI's (and llama.cpp's) JSON: errors, /health, /v1/models,
-// completions whole or as stream chunks, usage and timings.
+// completions whole or as stream chunks, usage and timings, embeddings.
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -192,6 +193,55 @@ Json Server::Impl::answer(const Exchange& x) const {
           {"choices", Json::array({choice})},
           {"usage", usage(o)},
           {"timings", timings(o)}};
+}
+
+namespace {
+
+// RFC 4648 base64 of the vector's float32 bytes, little-endian (what the openai client decodes
+// with numpy.frombuffer(..., dtype="float32"), and asks for by default).
+std::string base64_floats(const float* v, size_t n) {
+  static_assert(std::endian::native == std::endian::little, "float bytes go out little-endian");
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto* bytes = reinterpret_cast<const unsigned char*>(v);
+  const size_t size = n * sizeof(float);
+  std::string out;
+  out.reserve((size + 2) / 3 * 4);
+  for (size_t i = 0; i < size; i += 3) {
+    const uint32_t chunk = (uint32_t{bytes[i]} << 16) |
+                           (i + 1 < size ? uint32_t{bytes[i + 1]} << 8 : 0) |
+                           (i + 2 < size ? uint32_t{bytes[i + 2]} : 0);
+    out += kAlphabet[(chunk >> 18) & 63];
+    out += kAlphabet[(chunk >> 12) & 63];
+    out += i + 1 < size ? kAlphabet[(chunk >> 6) & 63] : '=';
+    out += i + 2 < size ? kAlphabet[chunk & 63] : '=';
+  }
+  return out;
+}
+
+}  // namespace
+
+// OpenAI's embeddings list; timings as llama.cpp's prompt figures.
+Json Server::Impl::embeddings_answer(const Exchange& x) const {
+  const Outcome& o = x.outcome;
+  const size_t dims = static_cast<size_t>(o.embedded.dimensions);
+  Json data = Json::array();
+  for (size_t i = 0; i < x.embeddings.inputs(); ++i) {
+    const float* v = o.vectors.data() + i * dims;
+    data.push_back({{"object", "embedding"},
+                    {"index", i},
+                    {"embedding", x.embeddings.base64 ? Json(base64_floats(v, dims))
+                                                      : Json(std::vector<float>(v, v + dims))}});
+  }
+  return {
+      {"object", "list"},
+      {"data", std::move(data)},
+      {"model", rules.model_id},
+      {"usage", {{"prompt_tokens", o.embedded.n_tokens}, {"total_tokens", o.embedded.n_tokens}}},
+      {"timings",
+       {{"prompt_n", o.embedded.n_tokens},
+        {"prompt_ms", o.embedded.ms},
+        {"prompt_per_second", per_second(o.embedded.n_tokens, o.embedded.ms)}}}};
 }
 
 Json Server::Impl::chunk(const Exchange& x, Json choice) const {

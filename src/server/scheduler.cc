@@ -48,10 +48,17 @@ void Server::Impl::prepare(const std::shared_ptr<Exchange>& x) {
   try {
     const Json body = parse_body(x->body);
     std::string().swap(x->body);
-    x->request.chat = x->path == "/v1/chat/completions";
-    rules.parse_completion(body, x->request);
+    const char* kind = "cmpl";
+    if (x->path == "/v1/embeddings") {
+      rules.parse_embeddings(body, x->embeddings);
+      kind = "embd";
+    } else {
+      x->request.chat = x->path == "/v1/chat/completions";
+      rules.parse_completion(body, x->request);
+      if (x->request.chat) kind = "chatcmpl";
+    }
     char id[40];
-    std::snprintf(id, sizeof id, "%s-%016llx", x->request.chat ? "chatcmpl" : "cmpl",
+    std::snprintf(id, sizeof id, "%s-%016llx", kind,
                   static_cast<unsigned long long>(id_salt ^ (next_id++ * 0x9e3779b97f4a7c15ull)));
     x->id = id;
     x->created = static_cast<int64_t>(std::time(nullptr));
@@ -190,6 +197,25 @@ Outcome Server::Impl::run(Slot& slot, Exchange& x) {
   outcome.slot = slot.index;
   if (x.abandoned) {
     outcome.result.stop_reason = QHX_STOP_CANCELLED;
+  } else if (x.embeddings.requested) {
+    const Embeddings& e = x.embeddings;
+    const int64_t dims = e.options.dimensions > 0 ? e.options.dimensions : rules.embedding_size;
+    outcome.vectors.resize(e.inputs() * static_cast<size_t>(dims));
+    if (e.texts.empty()) {
+      outcome.status =
+          qhx_embed_tokens(slot.session, e.ids.data(), e.offsets.data(), e.inputs(), &e.options,
+                           outcome.vectors.data(), outcome.vectors.size(), &outcome.embedded);
+    } else {
+      std::vector<const char*> texts;
+      std::vector<size_t> lens;
+      for (const std::string& t : e.texts) {
+        texts.push_back(t.data());
+        lens.push_back(t.size());
+      }
+      outcome.status = qhx_embed(slot.session, texts.data(), lens.data(), texts.size(), &e.options,
+                                 outcome.vectors.data(), outcome.vectors.size(), &outcome.embedded);
+    }
+    if (outcome.status != QHX_OK) outcome.error = qhx_last_error();
   } else {
     TokenSink sink{this, &slot, &x};
     const Completion& c = x.request;
@@ -246,7 +272,9 @@ void Server::Impl::finish(Exchange& x, Outcome outcome) {
   if (x.client_gone) {
     // Nobody to answer.
   } else if (!x.request.stream || (!x.stream_started && error)) {
-    x.reply = error ? error_reply(*error) : Reply{200, to_text(answer(x)), {}, ""};
+    x.reply = error                    ? error_reply(*error)
+              : x.embeddings.requested ? Reply{200, to_text(embeddings_answer(x)), {}, ""}
+                                       : Reply{200, to_text(answer(x)), {}, ""};
   } else {
     if (!x.stream_started) {
       x.stream_started = true;

@@ -36,6 +36,9 @@ struct Outcome {
   qhx_generate_result result{};  // counts and timings; its text is moved into `text`
   std::string text;
   int slot = -1;
+  // An embeddings request's vectors, one after the other, and their counts.
+  std::vector<float> vectors;
+  qhx_embed_result embedded{};
 };
 
 // An answer ready to go out whole.
@@ -77,6 +80,7 @@ struct Exchange {
 
   // Set by the preparer before the request is queued; constant afterwards.
   Completion request;
+  Embeddings embeddings;  // POST /v1/embeddings (then `request` is unused)
   std::string id;
   int64_t created = 0;
 
@@ -216,6 +220,7 @@ struct Server::Impl {
   Json health();
   Json models() const;
   Json answer(const Exchange& x) const;
+  Json embeddings_answer(const Exchange& x) const;
   Json chunk(const Exchange& x, Json choice) const;
   Json delta(const Exchange& x, Json d) const;
   void add_event(Exchange& x, const Json& data);  // under x.mutex

@@ -34,10 +34,10 @@ constexpr int64_t kContext = 4096;
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { open_model(kModelDir); }
-  static void open_model(const std::string& dir) {
+  static void open_model(const std::string& dir, int64_t context = kContext) {
     qhx_model_options options;
     qhx_model_options_default(&options);
-    options.context_length = kContext;
+    options.context_length = context;
     options.max_sessions = 3;
     // QHX_TEST_DEVICE=vulkan runs the same tests with prompts on the GPU (tests/CMakeLists.txt).
     options.device = std::getenv("QHX_TEST_DEVICE");

@@ -40,6 +40,22 @@ struct GenerateArgs {
   SpeculativeArgs speculative;
 };
 
+struct EmbedArgs {
+  int threads = default_threads();
+  DeviceArgs devices;
+  std::string model;
+  std::vector<std::string> prompts;  // the inputs, then those of `file`
+  std::string file;
+  std::string prompt_name, instruct, prefix;  // what goes before each input, at most one
+  std::string pooling;                        // "": the model's
+  bool no_normalize = false;
+  int64_t dimensions = 0;
+  std::string format = "json";
+};
+
+// qhx embed: one vector per input on stdout (docs/embeddings.md).
+int run_embed(const EmbedArgs& args);
+
 // qhx devices: the CPU and every accelerator this build can use, one per line.
 int run_devices();
 

@@ -1,4 +1,4 @@
-// qhx command line: generate, tokenize, render chat templates, score (perplexity),
+// qhx command line: generate, embed, tokenize, render chat templates, score (perplexity),
 // forge/verify/pack bundles, serve.
 // main() only wires the subcommands' options to the commands (commands.h, chat.h).
 #include <CLI/CLI.hpp>
@@ -197,6 +197,43 @@ int main(int argc, char** argv) {
   chat->add_flag("--stats", chat_args.stats, "Print prompt reuse and speed after every reply");
   add_threads_option(chat, chat_args.threads);
   add_device_options(chat, chat_args.devices);
+
+  qhx::cli::EmbedArgs embed_args;
+  CLI::App* embed = app.add_subcommand(
+      "embed", "Sentence embeddings of texts, one JSON array per input (docs/embeddings.md)");
+  embed->add_option("--model,-m", embed_args.model, "Embedding checkpoint or bundle directory")
+      ->required();
+  embed->add_option("--prompt,-p", embed_args.prompts, "A text to embed (repeatable)")
+      ->allow_extra_args(false);
+  embed->add_option("--file,-f", embed_args.file,
+                    "Embed each non-empty line of this file (-: stdin), after the --prompt texts");
+  auto* prompt_name = embed->add_option(
+      "--prompt-name", embed_args.prompt_name,
+      "Put the model's prompt of this name before each input (Qwen3-Embedding: query)");
+  auto* instruct = embed->add_option(
+      "--instruct", embed_args.instruct,
+      "Queries for this task: 'Instruct: TASK\\nQuery:' before each input (Qwen3-Embedding)");
+  auto* prefix =
+      embed->add_option("--prefix", embed_args.prefix, "Put this text before each input");
+  prompt_name->excludes(instruct)->excludes(prefix);
+  instruct->excludes(prefix);
+  embed
+      ->add_option("--pooling", embed_args.pooling,
+                   "last, mean or cls (default: the checkpoint's 1_Pooling/config.json)")
+      ->check(CLI::IsMember({"last", "mean", "cls"}));
+  embed->add_flag("--no-normalize", embed_args.no_normalize,
+                  "Leave the vectors as pooled (default: the checkpoint's; L2 with --pooling)");
+  embed
+      ->add_option("--dimensions", embed_args.dimensions,
+                   "Keep the first N dimensions (Matryoshka), normalized after the cut")
+      ->transform(whole_number(1, INT32_MAX));
+  embed
+      ->add_option("--format", embed_args.format,
+                   "json (an array per line), openai (the /v1/embeddings answer) or similarity "
+                   "(the cosine matrix of the inputs)")
+      ->check(CLI::IsMember({"json", "openai", "similarity"}));
+  add_threads_option(embed, embed_args.threads);
+  add_device_options(embed, embed_args.devices);
 
   std::string tokenize_model;
   CLI::App* tokenize =
@@ -468,6 +505,7 @@ int main(int argc, char** argv) {
       return qhx::cli::run_generate(gen);
     }
     if (chat->parsed()) return qhx::cli::run_chat(chat_args);
+    if (embed->parsed()) return qhx::cli::run_embed(embed_args);
     if (convert->parsed()) return qhx::cli::run_convert(forge_args);
     if (npu->parsed()) return qhx::cli::run_forge_npu(npu_args);
     if (gate->parsed()) return qhx::cli::run_gate(forge_args);
