@@ -8,6 +8,9 @@ A thin layer over qhx's C API (libqhx.so, include/qhx/qhx.h) through ctypes::
     for chunk in model.chat([{"role": "user", "content": "Who was Moses?"}], stream=True):
         print(chunk.text, end="", flush=True)
 
+    embedder = qhx.Model("Qwen3-Embedding-0.6B")  # a sentence-transformers checkpoint
+    vectors = embedder.embed(["What is the capital of China?"], prompt_name="query")
+
 Generation runs in a thread of its own without the GIL; its tokens come back through a queue, so
 a loop over a stream can stop at any time (``break``, an exception, Ctrl-C), which cancels the
 generation at its next token. Errors are :class:`QhxError` carrying qhx's one-line message.
@@ -98,6 +101,8 @@ class ModelInfo:
     device_note: str
     model_note: str
     admission_note: str
+    embedding_size: int = 0
+    pooling: str = ""  # an embedding checkpoint's ("last", "mean", "cls"), else ""
 
 
 def _int_array(values: Sequence[int]) -> ctypes.Array:
@@ -287,6 +292,18 @@ class Session(_Closable):
             self._handle, request, ctypes.byref(template), ctypes.byref(opts), cb, None, res),
             [request, template, opts, keep], logprobs=bool(opts.logprobs))
 
+    def embed(self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]], *,
+              prompt_name: str | None = None, prompt: str | None = None,
+              pooling: str | None = None, normalize: bool | None = None,
+              dimensions: int = 0) -> list[float] | list[list[float]]:
+        """Sentence embeddings on this session's state (its conversation is dropped): see
+        :meth:`Model.embed`."""
+        with self._lock:
+            if self._running is not None:
+                raise QhxError(1, "this session is generating: finish or close its stream first")
+            return _embed(self._handle, input, prompt_name, prompt, pooling, normalize,
+                          dimensions)[0]
+
     def cancel(self) -> None:
         """Stops the generation running now at its next token (any thread may call it)."""
         _lib.qhx_session_cancel(self._handle)
@@ -319,6 +336,49 @@ class Session(_Closable):
                 self._running.close()
             _lib.qhx_session_destroy(self._handle)
             self._handle = None
+
+
+def _embed(session, input, prompt_name, prompt, pooling, normalize, dimensions):
+    """(vectors, qhx_embed_result): one list per input, or one list for a single input (a str,
+    or a list of token ids)."""
+    o = _capi.EmbedOptions()
+    _lib.qhx_embed_options_default(ctypes.byref(o))
+    keep = [_str(pooling), _str(prompt), _str(prompt_name)]
+    o.pooling, o.prompt, o.prompt_name = keep
+    if normalize is not None:
+        o.normalize = int(bool(normalize))
+    o.dimensions = dimensions
+    single = isinstance(input, str) or (len(input) > 0 and isinstance(input[0], int))
+    inputs = [input] if single else list(input)
+    if not inputs:
+        return [], None
+    result = _capi.EmbedResult()
+    if isinstance(inputs[0], str):
+        if not all(isinstance(t, str) for t in inputs):
+            raise QhxError(1, "embed: inputs must all be strings or all token-id lists")
+        data = [t.encode("utf-8") for t in inputs]
+        texts = (ctypes.c_char_p * len(data))(*data)
+        lens = (ctypes.c_size_t * len(data))(*[len(d) for d in data])
+        run = lambda out, n: _lib.qhx_embed(  # noqa: E731
+            session, texts, lens, len(data), ctypes.byref(o), out, n, ctypes.byref(result))
+    else:
+        flat = [int(i) for ids in inputs for i in ids]
+        offsets = [0]
+        for ids in inputs:
+            offsets.append(offsets[-1] + len(ids))
+        ids_array = _int_array(flat)
+        offsets_array = (ctypes.c_size_t * len(offsets))(*offsets)
+        run = lambda out, n: _lib.qhx_embed_tokens(  # noqa: E731
+            session, ids_array, offsets_array, len(inputs), ctypes.byref(o), out, n,
+            ctypes.byref(result))
+    status = run(None, 0)
+    if status != _capi.BUFFER_TOO_SMALL:
+        _check(status)
+    dims = result.dimensions
+    out = (ctypes.c_float * (len(inputs) * dims))()
+    _check(run(out, len(out)))
+    vectors = [list(out[k * dims:(k + 1) * dims]) for k in range(len(inputs))]
+    return (vectors[0] if single else vectors), result
 
 
 def _request_json(messages, tools, kwargs) -> bytes:
@@ -383,7 +443,8 @@ class Model(_Closable):
             has_chat_template=bool(i.has_chat_template), n_threads=i.n_threads,
             prefill_device=s(i.prefill_device), decode_device=s(i.decode_device),
             device_note=s(i.device_note), model_note=s(i.model_note),
-            admission_note=s(i.admission_note))
+            admission_note=s(i.admission_note), embedding_size=i.embedding_size,
+            pooling=s(i.pooling))
 
     # -- text ------------------------------------------------------------------------------
 
@@ -553,6 +614,53 @@ class Model(_Closable):
         ``chat_template_kwargs`` go to the template; the rest as :meth:`generate`'s."""
         s = self._session().chat(messages, **options)
         return s if stream else s.text()
+
+    # -- embeddings ------------------------------------------------------------------------
+
+    def embed(self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]], *,
+              prompt_name: str | None = None, prompt: str | None = None,
+              pooling: str | None = None, normalize: bool | None = None,
+              dimensions: int = 0) -> list[float] | list[list[float]]:
+        """Sentence embeddings, as sentence-transformers' ``encode`` computes them from the
+        checkpoint's modules.json and 1_Pooling/config.json (Qwen3-Embedding: the last token,
+        L2-normalised): a list of floats for one text (or one list of token ids), a list of them
+        for a list. Texts are tokenized as Hugging Face's ``tokenizer(prompt + text)``; token ids
+        are taken as they are.
+
+        Args:
+            prompt_name: one of the model's prompts (config_sentence_transformers.json;
+                Qwen3-Embedding's "query"), put before each text.
+            prompt: text put before each text instead (Qwen3-Embedding's queries:
+                ``"Instruct: <task>\\nQuery:"``).
+            pooling: "last", "mean" or "cls" (default: the checkpoint's; needed for a model
+                without one).
+            normalize: L2-normalise (default: the checkpoint's Normalize module).
+            dimensions: keep the first N (Matryoshka), normalised after the cut; 0: all.
+
+        Runs on the model's own session, whose conversation it drops.
+        """
+        return self._session().embed(input, prompt_name=prompt_name, prompt=prompt,
+                                     pooling=pooling, normalize=normalize, dimensions=dimensions)
+
+    def create_embedding(self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+                         **options: Any) -> dict:
+        """An OpenAI-shaped embeddings answer (as llama-cpp-python's ``create_embedding``); the
+        options are :meth:`embed`'s."""
+        session = self._session()
+        with session._lock:
+            if session._running is not None:
+                raise QhxError(1, "the model's session is generating: finish its stream first")
+            vectors, result = _embed(session._handle, input, options.get("prompt_name"),
+                                     options.get("prompt"), options.get("pooling"),
+                                     options.get("normalize"), options.get("dimensions", 0))
+        if isinstance(input, str) or (len(input) > 0 and isinstance(input[0], int)):
+            vectors = [vectors]
+        n_tokens = result.n_tokens if result is not None else 0
+        return {"object": "list",
+                "data": [{"object": "embedding", "index": i, "embedding": v}
+                         for i, v in enumerate(vectors)],
+                "model": self.info.name,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
     def create_chat_completion(self, messages: Sequence[dict], *, stream: bool = False,
                                max_tokens: int | None = None, logprobs: bool = False,

@@ -1,4 +1,4 @@
-"""ctypes declarations of qhx's C API (include/qhx/qhx.h, QHX_API_VERSION 2).
+"""ctypes declarations of qhx's C API (include/qhx/qhx.h, QHX_API_VERSION 3).
 
 The structs mirror the header field by field, in order: the header only ever appends fields, so a
 newer libqhx reads these structs correctly. ctypes releases the GIL around every foreign call, so
@@ -13,7 +13,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, 
                     c_int64, c_size_t, c_uint64, c_void_p)
 from pathlib import Path
 
-API_VERSION = 2
+API_VERSION = 3
 
 
 class ModelOptions(Structure):
@@ -50,6 +50,8 @@ class ModelInfo(Structure):
         ("decode_device", c_char_p),
         ("device_note", c_char_p),
         ("model_note", c_char_p),
+        ("embedding_size", c_int64),
+        ("pooling", c_char_p),
     ]
 
 
@@ -121,6 +123,20 @@ class GenerateResult(Structure):
     ]
 
 
+class EmbedOptions(Structure):
+    _fields_ = [
+        ("pooling", c_char_p),
+        ("normalize", c_int32),
+        ("dimensions", c_int64),
+        ("prompt", c_char_p),
+        ("prompt_name", c_char_p),
+    ]
+
+
+class EmbedResult(Structure):
+    _fields_ = [("dimensions", c_int64), ("n_tokens", c_int64), ("ms", c_double)]
+
+
 class SessionOptions(Structure):
     _fields_ = [("context_length", c_int64), ("prefill_chunk", c_int64),
                 ("max_checkpoints", c_int32)]
@@ -130,7 +146,7 @@ TOKEN_CALLBACK = CFUNCTYPE(c_int, c_void_p, c_int32, POINTER(ctypes.c_char), c_s
 
 STATUS_NAMES = {
     1: "invalid argument", 2: "model", 3: "template", 4: "context full", 5: "out of memory",
-    6: "state file", 7: "buffer too small", 8: "internal",
+    6: "state file", 7: "buffer too small", 8: "internal", 9: "cancelled",
 }
 BUFFER_TOO_SMALL = 7
 STOP_REASONS = {0: "length", 1: "eos", 2: "stop_string", 3: "callback", 4: "cancelled"}
@@ -172,6 +188,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "qhx_session_token_logprobs": (status, [session, POINTER(TokenLogprobs)]),
         "qhx_token_bytes": (status, [model, c_int32, ctypes.c_char_p, c_size_t,
                                      POINTER(c_size_t)]),
+        "qhx_embed_options_default": (None, [POINTER(EmbedOptions)]),
+        "qhx_embed": (status, [session, POINTER(c_char_p), POINTER(c_size_t), c_size_t,
+                               POINTER(EmbedOptions), POINTER(c_float), c_size_t,
+                               POINTER(EmbedResult)]),
+        "qhx_embed_tokens": (status, [session, POINTER(c_int32), POINTER(c_size_t), c_size_t,
+                                      POINTER(EmbedOptions), POINTER(c_float), c_size_t,
+                                      POINTER(EmbedResult)]),
         "qhx_session_reusable": (c_int64, [session, POINTER(c_int32), c_size_t]),
         "qhx_session_tokens": (status, [session, POINTER(POINTER(c_int32)), POINTER(c_size_t)]),
         "qhx_session_reset": (status, [session]),

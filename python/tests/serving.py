@@ -10,6 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = {"qwen3.5-kjv": REPO / "models" / "qwen3.5-kjv", "qwen3-kjv": REPO / "models" / "qwen3-kjv"}
+# A tiny Qwen3-Embedding checkpoint with transformers' vectors (tools/oracle).
+EMBEDDING_MODEL = REPO / "tests" / "fixtures" / "embedding" / "qwen3_tiny"
 CLI = Path(os.environ.get("QHX_CLI", REPO / "build" / "qhx"))
 SERVER_MODEL: dict[str, str] = {}  # url -> the model it serves
 
