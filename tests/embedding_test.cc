@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/convert.h"
 #include "io/safetensors.h"
 #include "qhx/qhx.h"
 #include "runtime/embedding.h"
@@ -258,6 +259,38 @@ TEST(Embedding, CancelledBetweenPasses) {
   EXPECT_EQ(embed_tokens(*model, *state, ids, {.cancel = &cancel}), std::nullopt);
   const std::atomic<bool> go{false};
   EXPECT_TRUE(embed_tokens(*model, *state, ids, {.cancel = &go}).has_value());
+}
+
+// A bundle carries the checkpoint's pooling, normalization and prompts in its manifest: an f32
+// one embeds as the checkpoint does; W8 (int8 activations) stays close to it.
+TEST(Embedding, BundlesEmbedAsTheirCheckpoint) {
+  const Golden& g = golden();
+  const test::TempDir dir;
+  for (const DType weights : {DType::kF32, DType::kW8}) {
+    const fs::path bundle = dir.path() / std::string(dtype_name(weights));
+    ConvertOptions options;
+    options.weights = weights;
+    options.gate = false;  // random weights: the logit gate says nothing about vectors
+    forge_convert(kFixture, bundle, options);
+    Opened m(bundle);
+    qhx_model_info info;
+    ASSERT_EQ(qhx_model_get_info(m.model, &info), QHX_OK);
+    EXPECT_STREQ(info.pooling, "last");
+    qhx_embed_options query = defaults();
+    query.prompt_name = "query";
+    std::vector<float> got = m.embed(g.queries, query);
+    const std::vector<float> documents = m.embed(g.documents, defaults());
+    got.insert(got.end(), documents.begin(), documents.end());
+    if (weights == DType::kF32) {
+      expect_near(got, g.last_token, kTolerance, "f32 bundle");
+      continue;
+    }
+    for (size_t t = 0; t < g.texts.size(); ++t) {
+      double dot = 0;
+      for (size_t k = 0; k < 64; ++k) dot += got[t * 64 + k] * g.last_token[t * 64 + k];
+      EXPECT_GT(dot, 0.99) << "W8 bundle, text " << t;  // unit vectors: the cosine
+    }
+  }
 }
 
 // The sentence-transformers files: what would give other vectors than theirs is refused by name.

@@ -21,6 +21,7 @@
 #include "models/families.h"
 #include "models/model.h"
 #include "models/weights.h"
+#include "runtime/embedding.h"
 #include "runtime/generation_config.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -405,6 +406,11 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         {"kv_cache", "f32"}}},
       {"files", files},
       {"gate", nullptr}};
+  // An embedding checkpoint's sentence-transformers files, as the runtime reads them (checked
+  // here: files that would change the vectors fail the conversion).
+  if (const EmbeddingConfig embedding = read_embedding_config(hf_dir); embedding.pooling) {
+    manifest["embedding"] = embedding_json(embedding);
+  }
   write_manifest(temp, manifest);
 
   if (options.gate) {

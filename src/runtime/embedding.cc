@@ -51,23 +51,30 @@ void read_pooling(const fs::path& file, EmbeddingConfig& config) {
   }
 }
 
-void read_prompts(const fs::path& file, EmbeddingConfig& config) {
-  if (!fs::exists(file)) return;
-  const std::string where = file.string();
-  const Json j = read_json_file(file);
-  if (!j.is_object()) fail(where, "expected a JSON object");
-  if (const auto prompts = j.find("prompts"); prompts != j.end() && !prompts->is_null()) {
+// The prompts and default_prompt_name of `object` (named `where`).
+void parse_prompts(const Json& object, const std::string& where, EmbeddingConfig& config) {
+  if (const auto prompts = object.find("prompts"); prompts != object.end() && !prompts->is_null()) {
     if (!prompts->is_object()) fail(field(where, "prompts"), "expected a JSON object");
     for (const auto& [name, text] : prompts->items()) {
       if (!text.is_string()) fail(field(where, "prompts." + name), "expected a string");
       config.prompts.emplace_back(name, text.get<std::string>());
     }
   }
-  if (const auto name = j.find("default_prompt_name"); name != j.end() && !name->is_null()) {
+  const auto name = object.find("default_prompt_name");
+  if (name != object.end() && !name->is_null()) {
     if (!name->is_string()) fail(field(where, "default_prompt_name"), "expected a string");
     config.default_prompt_name = name->get<std::string>();
-    config.prompt(config.default_prompt_name);  // it must name one of them
+    if (!config.default_prompt_name.empty()) {
+      config.prompt(config.default_prompt_name);  // it must name one of them
+    }
   }
+}
+
+void read_prompts(const fs::path& file, EmbeddingConfig& config) {
+  if (!fs::exists(file)) return;
+  const Json j = read_json_file(file);
+  if (!j.is_object()) fail(file.string(), "expected a JSON object");
+  parse_prompts(j, file.string(), config);
 }
 
 }  // namespace
@@ -103,8 +110,39 @@ const std::string& EmbeddingConfig::prompt(std::string_view name) const {
   fail("prompt_name", what);
 }
 
+nlohmann::json embedding_json(const EmbeddingConfig& config) {
+  Json prompts = Json::object();
+  for (const auto& [name, text] : config.prompts) prompts[name] = text;
+  return {{"pooling", config.pooling ? Json(pooling_name(*config.pooling)) : Json(nullptr)},
+          {"normalize", config.normalize},
+          {"prompts", prompts},
+          {"default_prompt_name", config.default_prompt_name}};
+}
+
+namespace {
+
+EmbeddingConfig from_manifest(const fs::path& file) {
+  const std::string where = file.string();
+  const Json manifest = read_json_file(file);
+  EmbeddingConfig config;
+  const auto it = manifest.find("embedding");
+  if (it == manifest.end() || it->is_null()) return config;
+  const std::string at = field(where, "embedding");
+  const Json& e = *it;
+  if (!e.is_object()) fail(at, "expected a JSON object");
+  const std::string pooling = require_string(e, "pooling", at);
+  config.pooling = parse_pooling(pooling);
+  if (!config.pooling) fail(field(at, "pooling"), "'" + pooling + "' is not last, mean or cls");
+  config.normalize = flag(e, "normalize", at);
+  parse_prompts(e, at, config);
+  return config;
+}
+
+}  // namespace
+
 EmbeddingConfig read_embedding_config(const fs::path& dir) {
   EmbeddingConfig config;
+  if (fs::exists(dir / "manifest.json")) return from_manifest(dir / "manifest.json");
   const fs::path modules_file = dir / "modules.json";
   if (!fs::exists(modules_file)) {
     // Some exports keep the pooling config alone (text-embeddings-inference reads it so).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "util/json_file.h"
 
 namespace qhx {
 
@@ -40,11 +41,14 @@ struct EmbeddingConfig {
 };
 
 // Reads modules.json (else a bare 1_Pooling/config.json) and config_sentence_transformers.json in
-// `dir`. A directory without them gives an EmbeddingConfig without pooling. Modules that would
-// change the vector in ways not computed here (Dense, LayerNorm, several pooling modes at once,
-// max or weighted-mean pooling, a prompt left out of mean pooling) are an Error naming the file
-// and field, never vectors that differ from sentence-transformers'.
+// `dir`, or a bundle's manifest.json "embedding" (what forge convert took from them:
+// embedding_json). A directory without them gives an EmbeddingConfig without pooling. Modules that
+// would change the vector in ways not computed here (Dense, LayerNorm, several pooling modes at
+// once, max or weighted-mean pooling, a prompt left out of mean pooling) are an Error naming the
+// file and field, never vectors that differ from sentence-transformers'.
 EmbeddingConfig read_embedding_config(const std::filesystem::path& dir);
+// {"pooling", "normalize", "prompts", "default_prompt_name"}: a bundle manifest's "embedding".
+nlohmann::json embedding_json(const EmbeddingConfig& config);
 
 struct EmbedParams {
   Pooling pooling = Pooling::kLastToken;
