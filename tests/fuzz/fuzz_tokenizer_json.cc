@@ -1,5 +1,5 @@
-// Fuzz target: any bytes as tokenizer.json must load (and then encode and decode a fixed text)
-// or give qhx::Error.
+// Fuzz target: any bytes as tokenizer.json must load (and then encode, with and without its
+// post-processor's special tokens, and decode a fixed text) or give qhx::Error.
 #include <unistd.h>
 
 #include <cstddef>
@@ -35,6 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const qhx::Tokenizer tokenizer = qhx::Tokenizer::load(dir);
     const auto ids = tokenizer.encode("Hello, wörld! 123 <|im_end|>\n");
     tokenizer.decode(ids);
+    tokenizer.decode(tokenizer.encode_with_special_tokens("Hello"));
   } catch (const qhx::Error&) {
   }
   return 0;
