@@ -421,6 +421,41 @@ TEST_F(ServerAbuseTest, ApiKeyIsChecked) {
   EXPECT_EQ(get_with("/health", {})->status, 200);
 }
 
+// The chat page: served at / without the key (it asks for it), as HTML that loads nothing from
+// elsewhere; its own requests carry their origin and pass; a page elsewhere's still do not, nor
+// does a rebound domain claiming to be the page.
+TEST_F(ServerAbuseTest, ChatPageIsServedAndOnlyItsOwnOriginPasses) {
+  ServerOptions o;
+  o.api_key = "sekrit";
+  start(o);
+  const std::string port = std::to_string(port_);
+  const auto page = get_with("/", {});
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(page->get_header_value("Content-Security-Policy").find("connect-src 'self'"),
+            std::string::npos);
+  EXPECT_EQ(page->body, test::read_file(test::source_dir() / "src/server/chat_page.html"));
+  auto c = client();
+  const auto post_page = c.Post("/", "{}", "application/json");
+  ASSERT_TRUE(post_page);
+  EXPECT_EQ(post_page->status, 405);
+  const Json request = {{"prompt", "And"}, {"max_tokens", 1}};
+  const httplib::Headers own = {{"Host", "127.0.0.1:" + port},
+                                {"Origin", "http://127.0.0.1:" + port},
+                                {"Authorization", "Bearer sekrit"}};
+  EXPECT_EQ(post_with("/v1/completions", request, own).first, 200);
+  expect_error(post_with("/v1/completions", request,
+                         {{"Origin", "http://evil.example"}, {"Authorization", "Bearer sekrit"}}),
+               403, "", "origin_not_allowed");
+  // A rebound domain's page sends its own name as Host and Origin alike: the Host check stops it.
+  expect_error(post_with("/v1/completions", request,
+                         {{"Host", "rebound.example:" + port},
+                          {"Origin", "http://rebound.example:" + port},
+                          {"Authorization", "Bearer sekrit"}}),
+               403, "", "host_not_allowed");
+}
+
 // D8: a page on another site (or a rebound domain) cannot use the server; an allowed origin can,
 // preflight included.
 TEST_F(ServerAbuseTest, HostAndOriginAreChecked) {

@@ -137,6 +137,24 @@ void mhd_logger(void* cls, const char* format, va_list args) {
   static_cast<Server::Impl*>(cls)->log_line(line);
 }
 
+// The chat page (server/chat_page.html, compiled in): its script and style are inline, and it
+// talks to this server alone.
+Reply chat_page() {
+  static const std::string page =
+#include "chat_page.inc"
+      ;
+  return {200,
+          page,
+          {{"Content-Type", "text/html; charset=utf-8"},
+           {"Cache-Control", "no-cache"},
+           {"X-Content-Type-Options", "nosniff"},
+           {"Content-Security-Policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+            "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'"}},
+          ""};
+}
+
 void add_cors_headers(MHD_Response* response, const Exchange& x) {
   if (x.allow_origin.empty()) return;
   MHD_add_response_header(response, "Access-Control-Allow-Origin", x.allow_origin.c_str());
@@ -268,7 +286,13 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, co
       }
     }
   }
-  if (const char* origin = header("Origin")) {
+  const char* origin = header("Origin");
+  // The chat page's own requests: a browser sends Origin on a same-origin POST too. The Host
+  // passed the check above, so a page of another site cannot claim it.
+  const char* host = header("Host");
+  const bool same_origin =
+      origin != nullptr && host != nullptr && lower(origin) == "http://" + lower(host);
+  if (origin != nullptr && !same_origin) {
     const bool any = std::find(options.cors_origins.begin(), options.cors_origins.end(), "*") !=
                      options.cors_origins.end();
     const bool listed = std::find(options.cors_origins.begin(), options.cors_origins.end(),
@@ -285,7 +309,7 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, co
   const bool is_post = std::strcmp(method, "POST") == 0;
   const bool wants_post =
       x.path == "/v1/completions" || x.path == "/v1/chat/completions" || x.path == "/v1/embeddings";
-  const bool known = wants_post || x.path == "/health" || x.path == "/v1/models";
+  const bool known = wants_post || x.path == "/" || x.path == "/health" || x.path == "/v1/models";
   if (!known) {
     return ApiError{404, "no such endpoint: " + x.method + " " + x.path, "", "not_found"};
   }
@@ -295,7 +319,8 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, co
     e.headers.emplace_back("Allow", wants_post ? "POST, OPTIONS" : "GET, OPTIONS");
     return e;
   }
-  if (!options.api_key.empty() && x.path != "/health") {
+  // The page carries no secret: it asks for the key, which its requests then carry.
+  if (!options.api_key.empty() && x.path != "/health" && x.path != "/") {
     const char* authorization = header("Authorization");
     const std::string given = authorization != nullptr ? authorization : "";
     const bool bearer = lower(given.substr(0, 7)) == "bearer ";
@@ -389,6 +414,7 @@ MHD_Result Server::Impl::respond(const std::shared_ptr<Exchange>& held) {
           {"Vary", "Access-Control-Request-Headers"}};
       return send(x, preflight);
     }
+    if (x.path == "/") return send(x, chat_page());
     if (x.path == "/health") return send(x, {200, to_text(health()), {}, ""});
     if (x.path == "/v1/models") return send(x, {200, to_text(models()), {}, ""});
     // Refused at once when it could not be queued anyway: a client retrying against a full
@@ -432,7 +458,11 @@ MHD_Result Server::Impl::send(Exchange& x, const Reply& reply) {
   MHD_Response* response = MHD_create_response_from_buffer(
       reply.body.size(), const_cast<char*>(reply.body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;
-  if (!reply.body.empty()) MHD_add_response_header(response, "Content-Type", "application/json");
+  const bool typed = std::any_of(reply.headers.begin(), reply.headers.end(),
+                                 [](const auto& h) { return h.first == "Content-Type"; });
+  if (!reply.body.empty() && !typed) {
+    MHD_add_response_header(response, "Content-Type", "application/json");
+  }
   for (const auto& [name, value] : reply.headers) {
     MHD_add_response_header(response, name.c_str(), value.c_str());
   }
