@@ -251,6 +251,91 @@ TEST(Embedding, BadRequestsAreNamed) {
       << qhx_last_error();
 }
 
+// A copy of the fixture with `edit` applied to the files it names (name -> new JSON).
+struct EditedFixture {
+  test::TempDir dir;
+  explicit EditedFixture(const std::vector<std::pair<std::string, Json>>& edits) {
+    fs::copy(kFixture, dir.path(), fs::copy_options::recursive);
+    for (const auto& [name, json] : edits) std::ofstream(dir.path() / name) << json.dump();
+  }
+};
+
+// What a failed call leaves behind is an empty state: the session generates as a fresh one.
+TEST(Embedding, AFailedCallLeavesTheSessionAsNew) {
+  Opened m(kFixture, /*prefill_chunk=*/7);
+  std::vector<int32_t> ids = golden().ids[1];
+  ids.push_back(99999);  // outside the vocabulary, after several chunks' worth of good ids
+  const size_t offsets[] = {0, ids.size()};
+  std::vector<float> out(64);
+  const qhx_embed_options o = defaults();
+  EXPECT_EQ(
+      qhx_embed_tokens(m.session, ids.data(), offsets, 1, &o, out.data(), out.size(), nullptr),
+      QHX_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qhx_last_error()).find("input[0]: tokens: [44] = 99999 is outside"),
+            std::string::npos)
+      << qhx_last_error();
+  const auto reply = [](qhx_model* model, qhx_session* session) {
+    qhx_generate_options g;
+    qhx_generate_options_default(model, &g);
+    g.max_new_tokens = 8;
+    g.sampling.greedy = 1;
+    g.stop_at_eos = 0;
+    const int32_t prompt[] = {5, 6, 7};
+    qhx_generate_result result;
+    EXPECT_EQ(qhx_session_generate(session, prompt, 3, &g, nullptr, nullptr, &result), QHX_OK)
+        << qhx_last_error();
+    const std::string text = result.text;
+    qhx_string_free(result.text);
+    return text + "/" + std::to_string(result.n_reused);
+  };
+  Opened fresh;
+  EXPECT_EQ(reply(m.model, m.session), reply(fresh.model, fresh.session));
+}
+
+// An untied base model saved without its head (as Qwen3-Embedding-8B's shape is) embeds; asked
+// for tokens, it says why it has none.
+TEST(Embedding, HeadlessUntiedCheckpointsEmbedButDoNotGenerate) {
+  Json config = read_json_file(kFixture / "config.json");
+  config["tie_word_embeddings"] = false;
+  const EditedFixture untied({{"config.json", config}});
+  const Golden& g = golden();
+  Opened m(untied.dir.path());
+  expect_near(m.embed(g.documents, defaults()),
+              std::vector<float>(g.last_token.begin() + 2 * 64, g.last_token.end()), kTolerance,
+              "untied, headless");
+  qhx_generate_options o;
+  qhx_generate_options_default(m.model, &o);
+  const int32_t prompt[] = {5, 6, 7};
+  EXPECT_NE(qhx_session_generate(m.session, prompt, 3, &o, nullptr, nullptr, nullptr), QHX_OK);
+  EXPECT_NE(std::string(qhx_last_error()).find("has no lm_head.weight"), std::string::npos)
+      << qhx_last_error();
+}
+
+// sentence_bert_config.json's max_seq_length cuts a text as sentence-transformers does: its ids
+// first, <|endoftext|> kept (the oracle checks that sentence-transformers cuts so).
+TEST(Embedding, LongTextsAreCutToMaxSeqLength) {
+  const EditedFixture short_inputs(
+      {{"sentence_bert_config.json", Json{{"max_seq_length", 16}, {"do_lower_case", false}}}});
+  Opened m(short_inputs.dir.path());
+  const Golden& g = golden();
+  const std::string& text = g.documents[1];  // 55 ids with <|endoftext|>
+  const char* texts[] = {text.c_str(), "short"};
+  std::vector<float> out(2 * 64);
+  qhx_embed_result result;
+  const qhx_embed_options o = defaults();
+  ASSERT_EQ(qhx_embed(m.session, texts, nullptr, 2, &o, out.data(), out.size(), &result), QHX_OK)
+      << qhx_last_error();
+  EXPECT_EQ(result.n_truncated, 1);
+  std::vector<int32_t> cut(g.ids[3].begin(), g.ids[3].begin() + 15);
+  cut.push_back(g.ids[3].back());
+  const size_t offsets[] = {0, cut.size()};
+  std::vector<float> want(64);
+  ASSERT_EQ(
+      qhx_embed_tokens(m.session, cut.data(), offsets, 1, &o, want.data(), want.size(), nullptr),
+      QHX_OK);
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 64), want);
+}
+
 TEST(Embedding, CancelledBetweenPasses) {
   const std::unique_ptr<Model> model = load_model(kFixture);
   const std::unique_ptr<ModelState> state = model->new_state();
@@ -332,6 +417,27 @@ TEST(EmbeddingConfig, FilesThatWouldChangeTheVectorsAreRefused) {
       with({transformer, pool}, {{"pooling_mode_mean_tokens", true}, {"include_prompt", false}})
           .find("include_prompt: false is supported with last-token pooling only"),
       std::string::npos);
+  EXPECT_NE(with({transformer, pool}, {{"pooling_mode_lasttoken", true}, {"include_prompt", 0}})
+                .find("include_prompt: expected true or false"),
+            std::string::npos);
+  {
+    test::TempDir dir;
+    fs::create_directories(dir.path() / "1_Pooling");
+    std::ofstream(dir.path() / "modules.json") << Json{transformer, pool}.dump();
+    std::ofstream(dir.path() / "1_Pooling/config.json") << last.dump();
+    std::ofstream(dir.path() / "sentence_bert_config.json") << R"({"do_lower_case": true})";
+    test::expect_error([&] { read_embedding_config(dir.path()); },
+                       {"sentence_bert_config.json: do_lower_case: true is not supported"});
+    std::ofstream(dir.path() / "sentence_bert_config.json") << R"({"max_seq_length": 0})";
+    test::expect_error([&] { read_embedding_config(dir.path()); },
+                       {"sentence_bert_config.json: max_seq_length: expected a positive integer"});
+    fs::remove(dir.path() / "sentence_bert_config.json");
+    std::ofstream(dir.path() / "config_sentence_transformers.json")
+        << R"({"prompts": {"query": "Q:"}, "default_prompt_name": "passage"})";
+    test::expect_error(
+        [&] { read_embedding_config(dir.path()); },
+        {"config_sentence_transformers.json: default_prompt_name: 'passage' is not one of its"});
+  }
   EXPECT_NE(with({transformer, pool}, {{"pooling_mode_cls_token", "yes"}})
                 .find("pooling_mode_cls_token: expected true or false"),
             std::string::npos);
@@ -341,6 +447,7 @@ TEST(EmbeddingConfig, FilesThatWouldChangeTheVectorsAreRefused) {
   EXPECT_TRUE(fixture.normalize);
   EXPECT_EQ(fixture.prompt("query"), golden().query_prompt);
   EXPECT_EQ(fixture.prompt("document"), "");
+  EXPECT_EQ(fixture.max_seq_length, 512);
   EXPECT_EQ(read_embedding_config(test::source_dir() / "models/qwen3-kjv").pooling, std::nullopt);
 }
 

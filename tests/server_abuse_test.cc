@@ -456,6 +456,24 @@ TEST_F(ServerAbuseTest, ChatPageIsServedAndOnlyItsOwnOriginPasses) {
                403, "", "host_not_allowed");
 }
 
+// With every Host answered (--allowed-host '*'), a name in Host and Origin proves nothing: only an
+// IP address's page counts as the chat page's own.
+TEST_F(ServerAbuseTest, AnyHostLeavesOnlyIpOriginsTheirOwn) {
+  ServerOptions o;
+  o.allowed_hosts = {"*"};
+  start(o);
+  const std::string port = std::to_string(port_);
+  const Json request = {{"prompt", "And"}, {"max_tokens", 1}};
+  expect_error(post_with("/v1/completions", request,
+                         {{"Host", "rebound.example:" + port},
+                          {"Origin", "http://rebound.example:" + port}}),
+               403, "", "origin_not_allowed");
+  EXPECT_EQ(post_with("/v1/completions", request,
+                      {{"Host", "127.0.0.1:" + port}, {"Origin", "http://127.0.0.1:" + port}})
+                .first,
+            200);
+}
+
 // D8: a page on another site (or a rebound domain) cannot use the server; an allowed origin can,
 // preflight included.
 TEST_F(ServerAbuseTest, HostAndOriginAreChecked) {

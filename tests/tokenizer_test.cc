@@ -477,11 +477,29 @@ TEST(TokenizerLoad, PostProcessorTemplates) {
     EXPECT_EQ(tok.encode_with_special_tokens("Hello world"),
               (std::vector<int32_t>{151644, 9707, 1879, 151643, 151644}));
     EXPECT_EQ(tok.encode_with_special_tokens(""), (std::vector<int32_t>{151644, 151643, 151644}));
+    // Cut as tokenizer(..., truncation=True, max_length=N): the text's ids go, the special
+    // tokens stay.
+    bool cut = false;
+    EXPECT_EQ(tok.encode_with_special_tokens("Hello world", "text", 4, &cut),
+              (std::vector<int32_t>{151644, 9707, 151643, 151644}));
+    EXPECT_TRUE(cut);
+    EXPECT_EQ(tok.encode_with_special_tokens("Hello world", "text", 5, &cut).size(), 5u);
+    EXPECT_FALSE(cut);
   }
+  // A post-processor qhx cannot follow leaves the tokenizer loading (generation adds no special
+  // tokens); what would add them says why not.
   const auto error_for = [&](const Json& processor) {
     TempDir dir;
     with_processor(processor, dir);
-    return load_error(dir.path());
+    EXPECT_EQ(load_error(dir.path()), "");
+    const Tokenizer tok = Tokenizer::load(dir.path());
+    EXPECT_EQ(tok.encode("Hello world"), (std::vector<int32_t>{9707, 1879}));
+    try {
+      tok.encode_with_special_tokens("Hello world", "input[0]");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
   };
   EXPECT_NE(error_for({{"type", "RobertaProcessing"}})
                 .find("tokenizer.json: post_processor.type: unsupported 'RobertaProcessing'"),

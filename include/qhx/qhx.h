@@ -40,7 +40,7 @@ typedef enum qhx_status {
   QHX_ERROR_STATE_FILE = 6, /* a state file could not be written, read, or belongs elsewhere */
   QHX_ERROR_BUFFER_TOO_SMALL = 7, /* the output did not fit; the needed size was stored */
   QHX_ERROR_INTERNAL = 8,         /* a bug: please report the message */
-  QHX_ERROR_CANCELLED = 9 /* qhx_session_cancel stopped a call that has no partial result */
+  QHX_ERROR_CANCELLED = 9         /* qhx_session_cancel stopped a call that has no partial result */
 } qhx_status;
 
 const char* qhx_version(void);
@@ -311,7 +311,8 @@ qhx_status qhx_session_token_logprobs(const qhx_session* session, qhx_token_logp
  */
 typedef struct qhx_embed_options {
   const char* pooling;     /* NULL (default): the model's; "last", "mean" or "cls" */
-  int32_t normalize;       /* -1 (default): the model's (a Normalize module); 0: no; 1: L2 */
+  int32_t normalize;       /* -1 (default): the model's (a Normalize module; L2 for a model
+                              without sentence-transformers files); 0: no; 1: L2 */
   int64_t dimensions;      /* 0 (default): embedding_size; 1..embedding_size: the first N (as
                               Matryoshka-trained models allow), normalized after the cut */
   const char* prompt;      /* qhx_embed: text put before every input (Qwen3-Embedding's queries
@@ -324,16 +325,19 @@ typedef struct qhx_embed_result {
   int64_t dimensions; /* floats per vector */
   int64_t n_tokens;   /* tokens run, of every input (prompts and special tokens included) */
   double ms;
+  int64_t n_truncated; /* qhx_embed: texts cut to the model's max_seq_length (its
+                          sentence_bert_config.json), as sentence-transformers cuts them */
 } qhx_embed_result;
 
 void qhx_embed_options_default(qhx_embed_options* options);
 /* One vector per text, each text tokenized as Hugging Face's tokenizer(prompt + text) does (with
- * the special tokens its post-processor adds: Qwen3-Embedding appends <|endoftext|>); text_lens
+ * the special tokens its post-processor adds: Qwen3-Embedding appends <|endoftext|>; cut to the
+ * model's max_seq_length as sentence-transformers cuts it, the special tokens kept); text_lens
  * NULL: the texts are NUL-terminated. `embeddings` receives n_texts vectors of
  * result->dimensions floats, one after the other. `capacity` (floats) too small: nothing runs,
  * QHX_ERROR_BUFFER_TOO_SMALL, result->dimensions says the size. An input longer than the
- * session's context is QHX_ERROR_CONTEXT_FULL; qhx_session_cancel: QHX_ERROR_CANCELLED. The
- * result may be NULL. */
+ * session's context is QHX_ERROR_CONTEXT_FULL (before any input runs); qhx_session_cancel:
+ * QHX_ERROR_CANCELLED. The result may be NULL. */
 qhx_status qhx_embed(qhx_session* session, const char* const* texts, const size_t* text_lens,
                      size_t n_texts, const qhx_embed_options* options, float* embeddings,
                      size_t capacity, qhx_embed_result* result);

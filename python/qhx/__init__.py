@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import numbers
 import queue
 import threading
 import time
@@ -338,6 +339,11 @@ class Session(_Closable):
             self._handle = None
 
 
+def _single_input(input) -> bool:
+    """One text, or one list of token ids (ints of any kind: numpy's too)."""
+    return isinstance(input, str) or (len(input) > 0 and isinstance(input[0], numbers.Integral))
+
+
 def _embed(session, input, prompt_name, prompt, pooling, normalize, dimensions):
     """(vectors, qhx_embed_result): one list per input, or one list for a single input (a str,
     or a list of token ids)."""
@@ -348,7 +354,7 @@ def _embed(session, input, prompt_name, prompt, pooling, normalize, dimensions):
     if normalize is not None:
         o.normalize = int(bool(normalize))
     o.dimensions = dimensions
-    single = isinstance(input, str) or (len(input) > 0 and isinstance(input[0], int))
+    single = _single_input(input)
     inputs = [input] if single else list(input)
     if not inputs:
         return [], None
@@ -363,6 +369,8 @@ def _embed(session, input, prompt_name, prompt, pooling, normalize, dimensions):
             session, texts, lens, len(data), ctypes.byref(o), out, n, ctypes.byref(result))
     else:
         flat = [int(i) for ids in inputs for i in ids]
+        if any(not 0 <= i < 2**31 for i in flat):
+            raise QhxError(1, "embed: token ids must be from 0 to 2**31 - 1")
         offsets = [0]
         for ids in inputs:
             offsets.append(offsets[-1] + len(ids))
@@ -624,8 +632,9 @@ class Model(_Closable):
         """Sentence embeddings, as sentence-transformers' ``encode`` computes them from the
         checkpoint's modules.json and 1_Pooling/config.json (Qwen3-Embedding: the last token,
         L2-normalised): a list of floats for one text (or one list of token ids), a list of them
-        for a list. Texts are tokenized as Hugging Face's ``tokenizer(prompt + text)``; token ids
-        are taken as they are.
+        for a list. Texts are tokenized as Hugging Face's ``tokenizer(prompt + text)`` and cut to
+        the checkpoint's max_seq_length as sentence-transformers cuts them; token ids are taken
+        as they are.
 
         Args:
             prompt_name: one of the model's prompts (config_sentence_transformers.json;
@@ -635,7 +644,9 @@ class Model(_Closable):
             pooling: "last", "mean" or "cls" (default: the checkpoint's; needed for a model
                 without one).
             normalize: L2-normalise (default: the checkpoint's Normalize module).
-            dimensions: keep the first N (Matryoshka), normalised after the cut; 0: all.
+            dimensions: keep the first N (Matryoshka), normalised after the cut as OpenAI's
+                ``dimensions`` is (sentence-transformers' ``truncate_dim`` cuts the normalised
+                vector: the same cosines, other lengths); 0: all.
 
         Runs on the model's own session, whose conversation it drops.
         """
@@ -643,17 +654,18 @@ class Model(_Closable):
                                      pooling=pooling, normalize=normalize, dimensions=dimensions)
 
     def create_embedding(self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
-                         **options: Any) -> dict:
+                         *, prompt_name: str | None = None, prompt: str | None = None,
+                         pooling: str | None = None, normalize: bool | None = None,
+                         dimensions: int = 0) -> dict:
         """An OpenAI-shaped embeddings answer (as llama-cpp-python's ``create_embedding``); the
         options are :meth:`embed`'s."""
         session = self._session()
         with session._lock:
             if session._running is not None:
                 raise QhxError(1, "the model's session is generating: finish its stream first")
-            vectors, result = _embed(session._handle, input, options.get("prompt_name"),
-                                     options.get("prompt"), options.get("pooling"),
-                                     options.get("normalize"), options.get("dimensions", 0))
-        if isinstance(input, str) or (len(input) > 0 and isinstance(input[0], int)):
+            vectors, result = _embed(session._handle, input, prompt_name, prompt, pooling,
+                                     normalize, dimensions)
+        if _single_input(input):
             vectors = [vectors]
         n_tokens = result.n_tokens if result is not None else 0
         return {"object": "list",

@@ -134,7 +134,8 @@ class EmbedOptions(Structure):
 
 
 class EmbedResult(Structure):
-    _fields_ = [("dimensions", c_int64), ("n_tokens", c_int64), ("ms", c_double)]
+    _fields_ = [("dimensions", c_int64), ("n_tokens", c_int64), ("ms", c_double),
+                ("n_truncated", c_int64)]
 
 
 class SessionOptions(Structure):

@@ -76,6 +76,10 @@ def test_openai_shape_and_errors(model):
         model.embed([[]])
     with pytest.raises(qhx.QhxError, match="must all be strings or all token-id lists"):
         model.embed(["a", [1]])
+    with pytest.raises(TypeError):
+        model.create_embedding("a", dimension=8)  # misspelt: not silently ignored
+    with pytest.raises(qhx.QhxError, match="token ids must be from 0"):
+        model.embed([-1, 2])
     # Embedding drops the default session's conversation; generating works after it.
     assert isinstance(model.generate("a", max_tokens=2, temperature=0), str)
     assert model.embed(meta["documents"][0]) == model.embed(meta["documents"][0])

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -863,11 +864,15 @@ EmbedRequest embed_request(const qhx_model& model, const qhx_embed_options& o) {
   return r;
 }
 
-// Embeds each input of `inputs` (token ids) into `out`, after the checks that need no work.
-qhx_status run_embedding(
-    qhx_session* session, const qhx_embed_options* options,
-    const std::function<std::vector<std::vector<int32_t>>(const EmbedRequest&)>& inputs,
-    size_t n_inputs, float* out, size_t capacity, qhx_embed_result* result) {
+// The inputs as token ids, and how many of them were cut to the model's max_seq_length.
+using EmbedInputs =
+    std::function<std::vector<std::vector<int32_t>>(const EmbedRequest&, int64_t& truncated)>;
+
+// Embeds each input of `inputs` into `out`, after the checks that need no work; `function` names
+// the call in its messages.
+qhx_status run_embedding(qhx_session* session, const char* function,
+                         const qhx_embed_options* options, const EmbedInputs& inputs,
+                         size_t n_inputs, float* out, size_t capacity, qhx_embed_result* result) {
   if (result != nullptr) *result = {};
   qhx_embed_options defaults;
   if (options == nullptr) {
@@ -884,17 +889,30 @@ qhx_status run_embedding(
   });
   if (status != QHX_OK) return status;
   if (result != nullptr) result->dimensions = dims;
+  if (n_inputs > SIZE_MAX / sizeof(float) / static_cast<size_t>(dims)) {
+    return failed(QHX_ERROR_INVALID_ARGUMENT, std::string(function) + ": too many inputs");
+  }
   const size_t needed = n_inputs * static_cast<size_t>(dims);
   if (needed > capacity) {
     return failed(QHX_ERROR_BUFFER_TOO_SMALL,
-                  "qhx_embed: " + std::to_string(n_inputs) + " vectors of " + std::to_string(dims) +
-                      " floats do not fit in " + std::to_string(capacity));
+                  std::string(function) + ": " + std::to_string(n_inputs) + " vectors of " +
+                      std::to_string(dims) + " floats do not fit in " + std::to_string(capacity));
   }
   const auto start = std::chrono::steady_clock::now();
-  int64_t n_tokens = 0;
+  int64_t n_tokens = 0, truncated = 0;
   bool cancelled = false;
   status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
-    const std::vector<std::vector<int32_t>> ids = inputs(request);
+    const std::vector<std::vector<int32_t>> ids = inputs(request, truncated);
+    // Every input fits, or none runs.
+    const int64_t context = session->session->context_length();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (static_cast<int64_t>(ids[i].size()) > context) {
+        qhx::fail("input[" + std::to_string(i) + "]: context",
+                  std::to_string(ids[i].size()) + " tokens exceed the context length (" +
+                      std::to_string(context) + ")",
+                  qhx::ErrorKind::kContextFull);
+      }
+    }
     request.params.cancel = &session->cancel;
     for (size_t i = 0; i < ids.size() && !cancelled; ++i) {
       try {
@@ -911,9 +929,10 @@ qhx_status run_embedding(
     }
   });
   if (status != QHX_OK) return status;
-  if (cancelled) return failed(QHX_ERROR_CANCELLED, "qhx_embed: cancelled");
+  if (cancelled) return failed(QHX_ERROR_CANCELLED, std::string(function) + ": cancelled");
   if (result != nullptr) {
     result->n_tokens = n_tokens;
+    result->n_truncated = truncated;
     result->ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
@@ -934,18 +953,23 @@ qhx_status qhx_embed(qhx_session* session, const char* const* texts, const size_
                     "qhx_embed: texts[" + std::to_string(i) + "] is NULL");
     }
   }
-  const auto tokenize = [&](const EmbedRequest& request) {
+  const auto tokenize = [&](const EmbedRequest& request, int64_t& truncated) {
     const qhx::Tokenizer& tokenizer = tokenizer_of(session->model);
+    const auto max_length = static_cast<size_t>(session->model->embedding.max_seq_length);
     std::vector<std::vector<int32_t>> ids(n_texts);
     for (size_t i = 0; i < n_texts; ++i) {
       const char* text = texts[i] == nullptr ? "" : texts[i];
       const size_t len = text_lens != nullptr ? text_lens[i] : std::strlen(text);
+      bool cut = false;
       ids[i] = tokenizer.encode_with_special_tokens(request.prompt + std::string(text, len),
-                                                    "input[" + std::to_string(i) + "]");
+                                                    "input[" + std::to_string(i) + "]", max_length,
+                                                    &cut);
+      truncated += cut;
     }
     return ids;
   };
-  return run_embedding(session, options, tokenize, n_texts, embeddings, capacity, result);
+  return run_embedding(session, "qhx_embed", options, tokenize, n_texts, embeddings, capacity,
+                       result);
 }
 
 qhx_status qhx_embed_tokens(qhx_session* session, const int32_t* ids, const size_t* offsets,
@@ -962,12 +986,13 @@ qhx_status qhx_embed_tokens(qhx_session* session, const int32_t* ids, const size
                                                     std::to_string(i) + "]");
     }
   }
-  const auto split = [&](const EmbedRequest&) {
+  const auto split = [&](const EmbedRequest&, int64_t&) {
     std::vector<std::vector<int32_t>> inputs(n_inputs);
     for (size_t i = 0; i < n_inputs; ++i) inputs[i].assign(ids + offsets[i], ids + offsets[i + 1]);
     return inputs;
   };
-  return run_embedding(session, options, split, n_inputs, embeddings, capacity, result);
+  return run_embedding(session, "qhx_embed_tokens", options, split, n_inputs, embeddings, capacity,
+                       result);
 }
 
 int64_t qhx_session_reusable(const qhx_session* session, const int32_t* tokens, size_t n_tokens) {

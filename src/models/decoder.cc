@@ -230,7 +230,7 @@ class Decoder final : public Model {
   // first when packing). Weights: DecoderWeights, const or not.
   template <typename Weights>
   static auto matrix_list(Weights& weights) -> std::vector<decltype(&weights.lm_head)> {
-    std::vector<decltype(&weights.lm_head)> matrices{&weights.lm_head};
+    std::vector<decltype(&weights.lm_head)> matrices{&weights.lm_head};  // null when headless
     for (auto& l : weights.layers) {
       for (auto* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj,
                       &l.attention.o_proj, &l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z,
@@ -348,6 +348,11 @@ Plan Decoder::build_mtp_plan(int64_t n_tokens, bool logits) const {
 
 int64_t Decoder::activation_bytes(int64_t n_tokens) const {
   const CpuContext::Turn turn(*context_);
+  if (weights_.lm_head.data == nullptr) {  // headless: its passes give final-norm rows only
+    return runner_.arena_bytes(
+               {n_tokens, variant(LogitsFor::kNone, PlanKind::kForwardWithHidden)}) +
+           n_tokens * config_.hidden_size * static_cast<int64_t>(sizeof(float));
+  }
   return runner_.arena_bytes({n_tokens, variant(LogitsFor::kLastToken, PlanKind::kForward)}) +
          config_.vocab_size * static_cast<int64_t>(sizeof(float));
 }
@@ -364,6 +369,12 @@ void Decoder::forward(std::span<const int32_t> ids, ModelState& base_state, Logi
   }
   if (which == LogitsFor::kNone && hidden == nullptr) {
     fail("forward", "a pass without logits computes the final-norm rows: pass `hidden`");
+  }
+  if (weights_.lm_head.data == nullptr && which != LogitsFor::kNone &&
+      which != LogitsFor::kNoneStepwise) {
+    fail(checkpoint_.dir().string(),
+         "has no lm_head.weight (a base model saved alone, tie_word_embeddings false): it "
+         "computes embeddings, not tokens");
   }
   if (first_pos + n_tokens > config_.max_position_embeddings) {
     fail("context", std::to_string(first_pos + n_tokens) +

@@ -117,6 +117,9 @@ MatrixRef lm_head_or_tied(const Checkpoint& checkpoint, const ModelConfig& confi
         .matrix("lm_head.weight", config.vocab_size, config.hidden_size);
   }
   if (!config.tie_word_embeddings) {
+    // A base model saved alone (an embedding checkpoint such as Qwen3-Embedding-8B) has no head:
+    // it computes final-norm rows, and a pass that wants logits says why it cannot.
+    if (text_decoder_prefix(checkpoint).empty()) return MatrixRef{};
     fail(checkpoint.dir().string(),
          "missing tensor 'lm_head.weight' and config.json says tie_word_embeddings is false");
   }

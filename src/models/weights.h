@@ -46,7 +46,8 @@ void check_sizes_against_weights(const ModelConfig& config, const Checkpoint& ch
 std::string text_decoder_prefix(const Checkpoint& checkpoint);
 
 // lm_head.weight when the checkpoint has it; otherwise the embedding table, if the config says
-// the two are tied (spec §1.5: tying is decided by the file contents).
+// the two are tied (spec §1.5: tying is decided by the file contents); none (data null) for a
+// base model saved alone with untied weights, which embeds but cannot produce logits.
 MatrixRef lm_head_or_tied(const Checkpoint& checkpoint, const ModelConfig& config,
                           const MatrixRef& embed_tokens);
 

@@ -44,9 +44,9 @@ void read_pooling(const fs::path& file, EmbeddingConfig& config) {
   }
   config.pooling = set[0].second;
   // Without the prompt, mean and cls pooling would skip its tokens; the last token is never one.
-  const auto include = j.find("include_prompt");
-  if (include != j.end() && include->is_boolean() && !include->get<bool>() &&
-      config.pooling != Pooling::kLastToken) {
+  const bool include_prompt = !j.contains("include_prompt") || j["include_prompt"].is_null() ||
+                              flag(j, "include_prompt", where);
+  if (!include_prompt && config.pooling != Pooling::kLastToken) {
     fail(field(where, "include_prompt"), "false is supported with last-token pooling only");
   }
 }
@@ -64,9 +64,31 @@ void parse_prompts(const Json& object, const std::string& where, EmbeddingConfig
   if (name != object.end() && !name->is_null()) {
     if (!name->is_string()) fail(field(where, "default_prompt_name"), "expected a string");
     config.default_prompt_name = name->get<std::string>();
-    if (!config.default_prompt_name.empty()) {
-      config.prompt(config.default_prompt_name);  // it must name one of them
+    const auto& p = config.prompts;
+    if (!config.default_prompt_name.empty() && std::none_of(p.begin(), p.end(), [&](const auto& e) {
+          return e.first == config.default_prompt_name;
+        })) {
+      fail(field(where, "default_prompt_name"),
+           "'" + config.default_prompt_name + "' is not one of its prompts");
     }
+  }
+}
+
+// sentence_bert_config.json: the length sentence-transformers cuts inputs to; lowercasing (which
+// qhx does not do) is refused.
+void read_transformer_settings(const fs::path& file, EmbeddingConfig& config) {
+  if (!fs::exists(file)) return;
+  const std::string where = file.string();
+  const Json j = read_json_file(file);
+  if (!j.is_object()) fail(where, "expected a JSON object");
+  if (flag(j, "do_lower_case", where)) {
+    fail(field(where, "do_lower_case"), "true is not supported: the inputs would differ");
+  }
+  if (const auto n = j.find("max_seq_length"); n != j.end() && !n->is_null()) {
+    if (!n->is_number_integer() || n->get<int64_t>() < 1) {
+      fail(field(where, "max_seq_length"), "expected a positive integer");
+    }
+    config.max_seq_length = n->get<int64_t>();
   }
 }
 
@@ -116,7 +138,8 @@ nlohmann::json embedding_json(const EmbeddingConfig& config) {
   return {{"pooling", config.pooling ? Json(pooling_name(*config.pooling)) : Json(nullptr)},
           {"normalize", config.normalize},
           {"prompts", prompts},
-          {"default_prompt_name", config.default_prompt_name}};
+          {"default_prompt_name", config.default_prompt_name},
+          {"max_seq_length", config.max_seq_length}};
 }
 
 namespace {
@@ -135,6 +158,12 @@ EmbeddingConfig from_manifest(const fs::path& file) {
   if (!config.pooling) fail(field(at, "pooling"), "'" + pooling + "' is not last, mean or cls");
   config.normalize = flag(e, "normalize", at);
   parse_prompts(e, at, config);
+  if (const auto n = e.find("max_seq_length"); n != e.end() && !n->is_null()) {
+    if (!n->is_number_integer() || n->get<int64_t>() < 0) {
+      fail(field(at, "max_seq_length"), "expected a whole number");
+    }
+    config.max_seq_length = n->get<int64_t>();
+  }
   return config;
 }
 
@@ -149,6 +178,7 @@ EmbeddingConfig read_embedding_config(const fs::path& dir) {
     if (fs::exists(dir / "1_Pooling" / "config.json")) {
       read_pooling(dir / "1_Pooling" / "config.json", config);
       read_prompts(dir / "config_sentence_transformers.json", config);
+      read_transformer_settings(dir / "sentence_bert_config.json", config);
     }
     return config;
   }
@@ -173,6 +203,7 @@ EmbeddingConfig read_embedding_config(const fs::path& dir) {
   }
   if (!config.pooling) fail(where, "has no Pooling module");
   read_prompts(dir / "config_sentence_transformers.json", config);
+  read_transformer_settings(dir / "sentence_bert_config.json", config);
   return config;
 }
 
@@ -187,6 +218,14 @@ std::optional<std::vector<float>> embed_tokens(const Model& model, ModelState& s
                            std::to_string(params.dimensions));
   }
   if (params.chunk < 1) fail("chunk", "must be >= 1");
+  // All of them before the first pass: a bad id late in a long input wastes no work.
+  const int64_t vocab = model.config().vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      fail("tokens", "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                         " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
   state.reset();
   state.reserve(n);
   std::vector<double> sum(H, 0.0);  // of the rows pooled

@@ -35,6 +35,9 @@ struct EmbeddingConfig {
   // and default_prompt_name ("" for none).
   std::vector<std::pair<std::string, std::string>> prompts;
   std::string default_prompt_name;
+  // sentence_bert_config.json's max_seq_length: inputs are cut to it (their text, not the special
+  // tokens), as sentence-transformers cuts them; 0: no bound but the context.
+  int64_t max_seq_length = 0;
 
   // The prompt called `name`; Error naming the names there are when it has none.
   const std::string& prompt(std::string_view name) const;

@@ -94,9 +94,12 @@ std::optional<std::vector<float>> Session::embed(std::span<const int32_t> ids, E
   }
   reset();
   params.chunk = options_.prefill_chunk;
-  std::optional<std::vector<float>> out = embed_tokens(model_, *state_, ids, params);
-  state_->reset();  // nothing of the input stays for a next turn to reuse
-  return out;
+  // Nothing of the input stays, whether it ends well or not: the state holds no conversation.
+  struct Emptied {
+    ModelState& state;
+    ~Emptied() { state.reset(); }
+  } emptied{*state_};
+  return embed_tokens(model_, *state_, ids, params);
 }
 
 int64_t Session::bytes() const {

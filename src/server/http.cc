@@ -287,11 +287,14 @@ std::optional<ApiError> Server::Impl::refusal(MHD_Connection* c, Exchange& x, co
     }
   }
   const char* origin = header("Origin");
-  // The chat page's own requests: a browser sends Origin on a same-origin POST too. The Host
-  // passed the check above, so a page of another site cannot claim it.
+  // The chat page's own requests: a browser sends Origin on a same-origin POST too. It is its
+  // own only when the Host is one this server answers to (the check above ran) or an IP address:
+  // a rebound domain's page would claim a name of its own. (Behind a TLS proxy the page's origin
+  // is https://...: give it with --cors-origin.)
   const char* host = header("Host");
-  const bool same_origin =
-      origin != nullptr && host != nullptr && lower(origin) == "http://" + lower(host);
+  const bool same_origin = origin != nullptr && host != nullptr &&
+                           (!any_host || is_ip_literal(host_name_of(host))) &&
+                           lower(origin) == "http://" + lower(host);
   if (origin != nullptr && !same_origin) {
     const bool any = std::find(options.cors_origins.begin(), options.cors_origins.end(), "*") !=
                      options.cors_origins.end();

@@ -391,11 +391,11 @@ void RequestRules::parse_embeddings(const Json& body, Embeddings& e) const {
     e.texts.push_back(input->get<std::string>());
   } else if (!input->is_array() || input->empty()) {
     throw wrong_type("input", "a string, or a non-empty array of strings or of token ids");
-  } else if (input->size() > kMaxInputs) {
-    throw bad_value("input", "has " + std::to_string(input->size()) + " entries, more than " +
-                                 std::to_string(kMaxInputs));
   } else if ((*input)[0].is_number()) {
-    add_ids(*input, "input");
+    add_ids(*input, "input");  // one input of ids: the context bounds it
+  } else if (input->size() > kMaxInputs) {
+    throw bad_value("input", "has " + std::to_string(input->size()) + " inputs, more than " +
+                                 std::to_string(kMaxInputs));
   } else {
     for (size_t i = 0; i < input->size(); ++i) {
       const Json& item = (*input)[i];

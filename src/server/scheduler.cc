@@ -40,9 +40,10 @@ void Server::Impl::prepare_loop() {
   }
 }
 
-// Parses, checks and tokenizes a request, then queues it for a slot. Everything the C API would
-// refuse is refused here, so a 200 is only ever followed by an answer (or, in a stream that
-// already began, an error event).
+// Parses, checks and tokenizes a request, then queues it for a slot. For a completion, everything
+// the C API would refuse is refused here, so a 200 is only ever followed by an answer (or, in a
+// stream that already began, an error event); an embeddings request (never streamed) is checked
+// here for its shape, and by the C API for the model's options before any input runs.
 void Server::Impl::prepare(const std::shared_ptr<Exchange>& x) {
   std::optional<ApiError> error;
   try {
@@ -198,24 +199,40 @@ Outcome Server::Impl::run(Slot& slot, Exchange& x) {
   if (x.abandoned) {
     outcome.result.stop_reason = QHX_STOP_CANCELLED;
   } else if (x.embeddings.requested) {
+    // One input per call, the request's state checked between them: a cancel sent while a call
+    // starts could be cleared by it, and an embeddings call has no token callback to notice.
     const Embeddings& e = x.embeddings;
-    const int64_t dims = e.options.dimensions > 0 ? e.options.dimensions : rules.embedding_size;
-    outcome.vectors.resize(e.inputs() * static_cast<size_t>(dims));
-    if (e.texts.empty()) {
-      outcome.status =
-          qhx_embed_tokens(slot.session, e.ids.data(), e.offsets.data(), e.inputs(), &e.options,
-                           outcome.vectors.data(), outcome.vectors.size(), &outcome.embedded);
-    } else {
-      std::vector<const char*> texts;
-      std::vector<size_t> lens;
-      for (const std::string& t : e.texts) {
-        texts.push_back(t.data());
-        lens.push_back(t.size());
+    const size_t dims =
+        static_cast<size_t>(e.options.dimensions > 0 ? e.options.dimensions : rules.embedding_size);
+    outcome.vectors.resize(e.inputs() * dims);
+    outcome.embedded.dimensions = static_cast<int64_t>(dims);
+    for (size_t i = 0; i < e.inputs() && outcome.status == QHX_OK; ++i) {
+      if (x.abandoned) {
+        outcome.status = QHX_ERROR_CANCELLED;
+        break;
       }
-      outcome.status = qhx_embed(slot.session, texts.data(), lens.data(), texts.size(), &e.options,
-                                 outcome.vectors.data(), outcome.vectors.size(), &outcome.embedded);
+      qhx_embed_result one{};
+      float* out = outcome.vectors.data() + i * dims;
+      if (e.texts.empty()) {
+        const size_t offsets[] = {0, e.offsets[i + 1] - e.offsets[i]};
+        outcome.status = qhx_embed_tokens(slot.session, e.ids.data() + e.offsets[i], offsets, 1,
+                                          &e.options, out, dims, &one);
+      } else {
+        const char* text = e.texts[i].data();
+        const size_t len = e.texts[i].size();
+        outcome.status = qhx_embed(slot.session, &text, &len, 1, &e.options, out, dims, &one);
+      }
+      if (outcome.status != QHX_OK) {
+        // The call's one input is the request's i-th.
+        outcome.error = qhx_last_error();
+        const std::string one_input = "input[0]: ";
+        if (outcome.error.starts_with(one_input)) {
+          outcome.error.replace(0, one_input.size(), "input[" + std::to_string(i) + "]: ");
+        }
+      }
+      outcome.embedded.n_tokens += one.n_tokens;
+      outcome.embedded.ms += one.ms;
     }
-    if (outcome.status != QHX_OK) outcome.error = qhx_last_error();
   } else {
     TokenSink sink{this, &slot, &x};
     const Completion& c = x.request;

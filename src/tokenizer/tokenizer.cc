@@ -482,6 +482,7 @@ struct Tokenizer::Impl {
   bool add_bos = false;
   // What the post_processor puts before and after one sequence (add_special_tokens=True).
   std::vector<int32_t> template_prefix, template_suffix;
+  std::string post_processor_error;  // why it cannot be followed, if so
   std::vector<std::pair<std::string, std::string>> special_token_strings;
 
   // Records token `id` as the bytes appended to token_text since `begin`.
@@ -974,7 +975,15 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
     fail_field(file, "decoder.type", "unsupported '" + decoder_type + "', expected ByteLevel");
   }
   impl->load_config(dir);
-  impl->load_post_processor(root, file);  // after every added token is known
+  // After every added token is known. Generation never adds these tokens, so a post-processor
+  // qhx cannot follow fails only the calls that would (embeddings), not the load.
+  try {
+    impl->load_post_processor(root, file);
+  } catch (const Error& e) {
+    impl->template_prefix.clear();
+    impl->template_suffix.clear();
+    impl->post_processor_error = e.what();
+  }
   return Tokenizer(std::move(impl));
 }
 
@@ -1001,9 +1010,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, std::string_view w
 }
 
 std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text,
-                                                           std::string_view where) const {
+                                                           std::string_view where,
+                                                           size_t max_length,
+                                                           bool* truncated) const {
+  if (!impl_->post_processor_error.empty()) fail(where, impl_->post_processor_error);
   std::vector<int32_t> ids = impl_->template_prefix;
-  const std::vector<int32_t> body = encode(text, where);
+  std::vector<int32_t> body = encode(text, where);
+  const size_t specials = impl_->template_prefix.size() + impl_->template_suffix.size();
+  const bool cut = max_length > 0 && body.size() + specials > max_length;
+  if (cut) body.resize(max_length > specials ? max_length - specials : 0);
+  if (truncated != nullptr) *truncated = cut;
   ids.insert(ids.end(), body.begin(), body.end());
   ids.insert(ids.end(), impl_->template_suffix.begin(), impl_->template_suffix.end());
   return ids;

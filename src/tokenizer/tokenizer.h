@@ -29,8 +29,12 @@ class Tokenizer {
   // What Hugging Face's tokenizer(text) gives (add_special_tokens=True): encode()'s ids within
   // those tokenizer.json's post_processor puts around one sequence (its TemplateProcessing;
   // Qwen3-Embedding's appends <|endoftext|>, the Qwen3 and Qwen3.5 tokenizers add nothing).
+  // max_length > 0: cut as tokenizer(text, truncation=True, max_length=...) does, the text's ids
+  // first (the special tokens stay), and *truncated (if given) says whether it was.
   std::vector<int32_t> encode_with_special_tokens(std::string_view text,
-                                                  std::string_view where = "prompt") const;
+                                                  std::string_view where = "prompt",
+                                                  size_t max_length = 0,
+                                                  bool* truncated = nullptr) const;
 
   // Joins the tokens' bytes and replaces invalid UTF-8 with U+FFFD, one per maximal invalid
   // subpart (as Python's errors="replace"). Ids no token has are skipped, as Hugging Face does.

@@ -106,11 +106,11 @@ int run_embed(const EmbedArgs& args) {
       data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", vector_of(i)}});
     }
     std::cout << nlohmann::ordered_json{{"object", "list"},
-                                {"data", data},
-                                {"model", info.name},
-                                {"usage",
-                                 {{"prompt_tokens", result.n_tokens},
-                                  {"total_tokens", result.n_tokens}}}}
+                                        {"data", data},
+                                        {"model", info.name},
+                                        {"usage",
+                                         {{"prompt_tokens", result.n_tokens},
+                                          {"total_tokens", result.n_tokens}}}}
               << "\n";
   } else {
     // Cosine similarity, row i against column j (the dot product when the vectors are unit).
@@ -126,6 +126,12 @@ int run_embed(const EmbedArgs& args) {
       }
       std::printf("\n");
     }
+  }
+  if (result.n_truncated > 0) {
+    std::fprintf(stderr,
+                 "embed: %lld inputs cut to the model's max_seq_length "
+                 "(sentence_bert_config.json), as sentence-transformers cuts them\n",
+                 static_cast<long long>(result.n_truncated));
   }
   std::fprintf(stderr, "embed: %zu inputs, %lld tokens, %lld dimensions, %.1f ms (%.1f tokens/s)\n",
                inputs.size(), static_cast<long long>(result.n_tokens),

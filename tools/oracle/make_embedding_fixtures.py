@@ -179,6 +179,14 @@ def main():
     diff = float((st_all - last).abs().max())
     assert diff < 2e-6, diff
 
+    # sentence-transformers cuts a long text to max_seq_length as tokenizer(truncation=True)
+    # does: the text's ids, then <|endoftext|> (what qhx's truncation is tested against).
+    st.max_seq_length = 16
+    cut_ids = ids[3][:15] + [KEEP]
+    cut = model(input_ids=torch.tensor([cut_ids])).last_hidden_state[0, -1]
+    st_cut = st.encode([DOCUMENTS[1]], convert_to_tensor=True)[0]
+    assert float((F.normalize(cut, dim=0) - st_cut).abs().max()) < 2e-6
+
     meta = dict(
         transformers=transformers.__version__, torch=torch.__version__,
         sentence_transformers=sentence_transformers.__version__,
