@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -30,3 +33,23 @@ def events(data: bytes) -> list[dict]:
     """A stream's chunks, [DONE] left out."""
     return [json.loads(line[6:]) for line in data.decode().splitlines()
             if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@contextlib.contextmanager
+def serve(path: Path, *options: str):
+    """`qhx serve --port 0` on the model at `path` (with more `options`): its url."""
+    assert CLI.exists(), f"no qhx binary at {CLI} (QHX_CLI names it)"
+    proc = subprocess.Popen([str(CLI), "serve", "-m", str(path), "--port", "0", "--threads", "2",
+                             *options], stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:
+            found = re.search(r"listening on (http://\S+)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url, "qhx serve did not start"
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -832,9 +832,7 @@ EmbedRequest embed_request(const qhx_model& model, const qhx_embed_options& o) {
   const qhx::EmbeddingConfig& config = model.embedding;
   EmbedRequest r;
   if (o.pooling != nullptr) {
-    const auto pooling = qhx::parse_pooling(o.pooling);
-    if (!pooling) qhx::fail("pooling", "'" + std::string(o.pooling) + "' is not last, mean or cls");
-    r.params.pooling = *pooling;
+    r.params.pooling = qhx::parse_pooling(o.pooling, "pooling");
   } else if (config.pooling) {
     r.params.pooling = *config.pooling;
   } else {
@@ -845,12 +843,8 @@ EmbedRequest embed_request(const qhx_model& model, const qhx_embed_options& o) {
   if (o.normalize < -1 || o.normalize > 1) qhx::fail("normalize", "must be -1, 0 or 1");
   r.params.normalize =
       o.normalize == -1 ? (config.pooling ? config.normalize : true) : o.normalize == 1;
+  qhx::check_dimensions(o.dimensions, model.model->config().hidden_size);
   r.params.dimensions = o.dimensions;
-  const int64_t hidden = model.model->config().hidden_size;
-  if (o.dimensions < 0 || o.dimensions > hidden) {
-    qhx::fail("dimensions", "must be 0 (all) or 1.." + std::to_string(hidden) + ", got " +
-                                std::to_string(o.dimensions));
-  }
   if (o.prompt != nullptr && o.prompt_name != nullptr) {
     qhx::fail("prompt", "give prompt or prompt_name, not both");
   }

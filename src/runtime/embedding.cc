@@ -101,11 +101,20 @@ void read_prompts(const fs::path& file, EmbeddingConfig& config) {
 
 }  // namespace
 
-std::optional<Pooling> parse_pooling(std::string_view name) {
-  if (name == "last") return Pooling::kLastToken;
-  if (name == "mean") return Pooling::kMean;
-  if (name == "cls") return Pooling::kCls;
-  return std::nullopt;
+Pooling parse_pooling(std::string_view name, std::string_view where) {
+  for (const Pooling p : {Pooling::kLastToken, Pooling::kMean, Pooling::kCls}) {
+    if (name == pooling_name(p)) return p;
+  }
+  std::string what = "'";
+  what.append(name).append("' is not last, mean or cls");
+  fail(where, what);
+}
+
+void check_dimensions(int64_t dimensions, int64_t hidden_size) {
+  if (dimensions < 0 || dimensions > hidden_size) {
+    fail("dimensions", "must be 0 (all) or 1.." + std::to_string(hidden_size) + ", got " +
+                           std::to_string(dimensions));
+  }
 }
 
 const char* pooling_name(Pooling pooling) {
@@ -154,8 +163,7 @@ EmbeddingConfig from_manifest(const fs::path& file) {
   const Json& e = *it;
   if (!e.is_object()) fail(at, "expected a JSON object");
   const std::string pooling = require_string(e, "pooling", at);
-  config.pooling = parse_pooling(pooling);
-  if (!config.pooling) fail(field(at, "pooling"), "'" + pooling + "' is not last, mean or cls");
+  config.pooling = parse_pooling(pooling, field(at, "pooling"));
   config.normalize = flag(e, "normalize", at);
   parse_prompts(e, at, config);
   if (const auto n = e.find("max_seq_length"); n != e.end() && !n->is_null()) {
@@ -213,17 +221,15 @@ std::optional<std::vector<float>> embed_tokens(const Model& model, ModelState& s
   const int64_t H = model.config().hidden_size;
   const int64_t n = static_cast<int64_t>(ids.size());
   if (n == 0) fail("tokens", "none to embed (an empty input)");
-  if (params.dimensions < 0 || params.dimensions > H) {
-    fail("dimensions", "must be 1.." + std::to_string(H) + " (the model's hidden size), got " +
-                           std::to_string(params.dimensions));
-  }
+  check_dimensions(params.dimensions, H);
   if (params.chunk < 1) fail("chunk", "must be >= 1");
   // All of them before the first pass: a bad id late in a long input wastes no work.
   const int64_t vocab = model.config().vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
-      fail("tokens", "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
-                         " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      fail(
+          "tokens[" + std::to_string(i) + "]",
+          std::to_string(ids[i]) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
   state.reset();

@@ -23,9 +23,13 @@ namespace qhx {
 // <|endoftext|>, whose row it is), the mean of every token's, or the first token's.
 enum class Pooling { kLastToken, kMean, kCls };
 
-// "last", "mean", "cls" (the names llama.cpp's --pooling uses); nullopt for anything else.
-std::optional<Pooling> parse_pooling(std::string_view name);
+// "last", "mean", "cls" (the names llama.cpp's --pooling uses); anything else is an Error naming
+// `where`.
+Pooling parse_pooling(std::string_view name, std::string_view where);
 const char* pooling_name(Pooling pooling);
+
+// Error naming "dimensions" unless 0 (all of them) or 1..hidden_size.
+void check_dimensions(int64_t dimensions, int64_t hidden_size);
 
 // What a checkpoint directory's sentence-transformers files say.
 struct EmbeddingConfig {

@@ -3,20 +3,19 @@ driven by selenium): a conversation typed and answered with the API key asked fo
 API's own and in a screenshot (read back by tesseract), kept across a reload, regenerated; on a
 phone's screen. Thinking folded and Stop against a scripted server that streams the page's API.
 
-Run by ctest (ChatPage.HeadlessChromium) with QHX_CLI naming the qhx binary.
+Run by ctest (ChatPage.HeadlessChromium), with python/tests on PYTHONPATH and QHX_CLI naming the
+qhx binary.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from selenium import webdriver
@@ -25,8 +24,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-REPO = Path(__file__).resolve().parents[2]
-CLI = Path(os.environ.get("QHX_CLI", REPO / "build" / "qhx"))
+from serving import REPO, serve  # python/tests, on PYTHONPATH
+
 MODEL = REPO / "models" / "qwen3.5-kjv"
 PAGE = REPO / "src" / "server" / "chat_page.html"
 KEY = "s3cret-key"
@@ -71,21 +70,17 @@ def words(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server():
-    assert CLI.exists(), f"no qhx binary at {CLI} (QHX_CLI names it)"
-    proc = subprocess.Popen([str(CLI), "serve", "-m", str(MODEL), "--port", "0", "--threads", "2",
-                             "--api-key", KEY], stderr=subprocess.PIPE, text=True)
-    try:
-        url = None
-        for line in proc.stderr:
-            found = re.search(r"listening on (http://\S+)", line)
-            if found:
-                url = found.group(1)
-                break
-        assert url, "qhx serve did not start"
+    with serve(MODEL, "--api-key", KEY) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+
+
+def open_with_key(driver, url: str) -> None:
+    """Opens the page, which asks for the server's key before anything else, and gives it."""
+    driver.get(url + "/")
+    key = WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "api-key"))
+    WebDriverWait(driver, 30).until(lambda d: key.is_displayed())
+    key.send_keys(KEY)
+    driver.find_element(By.ID, "api-key-save").click()
 
 
 def api_answer(url: str, messages: list[dict], max_tokens: int) -> str:
@@ -113,12 +108,7 @@ def test_served_page_is_self_contained(server):
 def test_a_typed_conversation_is_answered(server):
     driver = browser(1280, 900)
     try:
-        driver.get(server + "/")
-        # The server wants a key: the page asks for it before anything else.
-        key = WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "api-key"))
-        WebDriverWait(driver, 30).until(lambda d: key.is_displayed())
-        key.send_keys(KEY)
-        driver.find_element(By.ID, "api-key-save").click()
+        open_with_key(driver, server)
         WebDriverWait(driver, 30).until(
             lambda d: d.find_element(By.ID, "model").text == "qwen3.5-kjv")
         # Greedy, short answers: the same as the API gives.
@@ -177,11 +167,7 @@ def test_a_typed_conversation_is_answered(server):
 def test_phone_screen(server):
     driver = browser(390, 844, phone=True)
     try:
-        driver.get(server + "/")
-        key = WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "api-key"))
-        WebDriverWait(driver, 30).until(lambda d: key.is_displayed())
-        key.send_keys(KEY)
-        driver.find_element(By.ID, "api-key-save").click()
+        open_with_key(driver, server)
         prompt = driver.find_element(By.ID, "prompt")
         prompt.send_keys(PROMPT + Keys.ENTER)
         wait_idle(driver)

@@ -19,6 +19,19 @@ struct BundleManifest;
 
 namespace qhx::cli {
 
+// A model and a session of the C API, closed when it goes out of scope.
+struct OpenedModel {
+  qhx_model* model = nullptr;
+  qhx_session* session = nullptr;
+  OpenedModel() = default;
+  OpenedModel(const OpenedModel&) = delete;
+  OpenedModel& operator=(const OpenedModel&) = delete;
+  ~OpenedModel() {
+    qhx_session_destroy(session);
+    qhx_model_close(model);
+  }
+};
+
 // The process's peak resident memory so far, in MB.
 double peak_rss_mb();
 

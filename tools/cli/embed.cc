@@ -36,15 +36,6 @@ std::vector<std::string> read_inputs(const EmbedArgs& args) {
   return inputs;
 }
 
-struct Opened {
-  qhx_model* model = nullptr;
-  qhx_session* session = nullptr;
-  ~Opened() {
-    qhx_session_destroy(session);
-    qhx_model_close(model);
-  }
-};
-
 }  // namespace
 
 int run_embed(const EmbedArgs& args) {
@@ -55,7 +46,7 @@ int run_embed(const EmbedArgs& args) {
   model_options.device = args.devices.device.c_str();
   model_options.device_check = args.devices.device_check.c_str();
   if (!args.devices.qnn_lib.empty()) model_options.qnn_lib = args.devices.qnn_lib.c_str();
-  Opened m;
+  OpenedModel m;
   if (qhx_model_open(args.model.c_str(), &model_options, &m.model) != QHX_OK) {
     qhx::fail(args.model, qhx_last_error());
   }

@@ -69,16 +69,6 @@ std::string response_format(const GenerateArgs& args) {
   return text_or_file(args.response_format, "--response-format");
 }
 
-// Frees what the C API allocated when it goes out of scope.
-struct OpenedModel {
-  qhx_model* model = nullptr;
-  qhx_session* session = nullptr;
-  ~OpenedModel() {
-    qhx_session_destroy(session);
-    qhx_model_close(model);
-  }
-};
-
 void check(qhx_status status) {
   if (status != QHX_OK) qhx::fail("generate", qhx_last_error());
 }
