@@ -77,6 +77,8 @@ struct OpCase {
   std::vector<LayerState> layers;
   std::vector<int32_t> ids;
   int64_t first_pos = 0;
+  std::vector<int32_t> positions;    // M-RoPE positions, [3, rows]
+  std::vector<int8_t> rope_axes;     // what a kRope node's rope_axes point into
   std::deque<WeightVector> vectors;  // weights the nodes point into
   std::deque<test::TestMatrix> matrices;
   WeightList weights;  // the two above, numbered as a model's are (a device prepares them)
@@ -174,7 +176,8 @@ Outcome run_on(const OpCase& c, Backend& backend) {
   }
   Outcome out;
   out.layers = states_for(c.layers, backend);
-  execute(s, backends, {.ids = c.ids, .first_pos = c.first_pos, .layers = out.layers});
+  execute(s, backends,
+          {.ids = c.ids, .first_pos = c.first_pos, .positions = c.positions, .layers = out.layers});
   for (const Value& value : s.plan.values) {
     std::vector<float>& got = out.values.emplace_back(value.floats());
     arena.read(value.offset * sizeof(float), got.data(), got.size() * sizeof(float));
@@ -339,6 +342,49 @@ std::deque<OpCase> cases_for(const ModelConfig& c, const std::vector<int64_t>& r
       r.width = hd;
       r.rotary_dim = rotary;
       r.vector = k.vector(rotary / 2, 6, 0.5f, 0.5f);
+    });
+    add("rope, M-RoPE axes", rows, [&](OpCase& k, int64_t n) {
+      k.first_pos = 9;  // not read: the rows have positions of their own
+      for (int64_t i = 0; i < rotary / 2; ++i) k.rope_axes.push_back(static_cast<int8_t>(i % 3));
+      for (int64_t axis = 0; axis < 3; ++axis) {
+        for (int64_t t = 0; t < n; ++t)
+          k.positions.push_back(static_cast<int32_t>(5 + 3 * t + axis * (t % 4)));
+      }
+      Node& r = k.node(Op::kRope, n);
+      r.out = {k.plan.add_value(n, q_width)};
+      r.width = hd;
+      r.rotary_dim = rotary;
+      r.rope_axes = k.rope_axes.data();
+      r.vector = k.vector(rotary / 2, 6, 0.5f, 0.5f);
+    });
+    add("layer_norm", rows, [&](OpCase& k, int64_t n) {
+      Node& l = k.node(Op::kLayerNorm, n);
+      l.in[0] = {k.plan.add_value(n, H)};
+      l.out = {k.plan.add_value(n, H)};
+      l.width = H;
+      l.vector = k.vector(H, 21, 0.5f, 1.0f);
+      l.vector2 = k.vector(H, 22, 0.5f);
+      l.eps = 1e-6f;
+    });
+    add("add_bias", rows, [&](OpCase& k, int64_t n) {
+      Node& b = k.node(Op::kAddBias, n);
+      b.out = {k.plan.add_value(n, H)};
+      b.vector = k.vector(H, 23);
+    });
+    for (const Op gelu : {Op::kGelu, Op::kGeluTanh}) {
+      add(op_name(gelu), rows, [&](OpCase& k, int64_t n) {
+        Node& g = k.node(gelu, n);
+        g.out = {k.plan.add_value(n, I)};
+      });
+    }
+    add("bidirectional_attention", rows * 3, [&](OpCase& k, int64_t n) {
+      Node& a = k.node(Op::kBidirectionalAttention, n);
+      a.in[0] = {k.plan.add_value(n, q_width)};
+      a.in[1] = {k.plan.add_value(n, kv_width)};
+      a.in[2] = {k.plan.add_value(n, kv_width)};
+      a.out = {k.plan.add_value(n, q_width)};
+      a.attention = shape;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     });
     for (const bool split : {false, true}) {
       add(split ? "split_heads + q/k rms_norm + rope" : "q/k rms_norm + rope", rows,
@@ -511,6 +557,17 @@ TEST(BackendOps, EveryOpOnEveryBackendMatchesTheReferenceOnEveryFixturesShapes) 
 // Every device kind the registry has (backend/devices.h), on the first device of that kind, in
 // the variants its factory gives: each op against the reference. A kind with no device here is
 // skipped, or fails under its factory's required switch (QHX_REQUIRE_VULKAN in CI).
+// The vision tower's ops, which the devices leave to the CPU (as they do rope with M-RoPE axes).
+const std::set<Op> kVisionOps = {Op::kLayerNorm, Op::kAddBias, Op::kGelu, Op::kGeluTanh,
+                                 Op::kBidirectionalAttention};
+bool left_to_the_cpu(const Node& n) {
+  return kVisionOps.contains(n.op) || (n.op == Op::kRope && n.rope_axes != nullptr);
+}
+bool takes_case(const Backend& backend, const OpCase& c) {
+  return std::all_of(c.plan.nodes.begin(), c.plan.nodes.end(),
+                     [&](const Node& n) { return backend.supports(n); });
+}
+
 TEST(BackendOps, EveryOpOnEveryDeviceMatchesTheReferenceOnEveryFixturesShapes) {
   CpuContext reference_context(1, CpuKernels{});
   CpuBackend reference(reference_context, /*fusion=*/false);
@@ -539,9 +596,15 @@ TEST(BackendOps, EveryOpOnEveryDeviceMatchesTheReferenceOnEveryFixturesShapes) {
         for (const OpCase& c : cases) {
           if (v.matmuls_only && c.plan.nodes.front().op != Op::kMatmul) continue;
           const PreparedWeights prepared(*backend, c.weights);
-          // A device that takes only some ops (or shapes) is tested on the cases it takes.
-          if (!v.every_op && !std::all_of(c.plan.nodes.begin(), c.plan.nodes.end(),
-                                          [&](const Node& n) { return backend->supports(n); })) {
+          // A device that takes only some ops (or shapes) is tested on the cases it takes; one
+          // that takes every op leaves only the vision tower's and M-RoPE to the CPU.
+          if (!takes_case(*backend, c)) {
+            if (v.every_op) {
+              for (const Node& n : c.plan.nodes) {
+                EXPECT_TRUE(backend->supports(n) || left_to_the_cpu(n))
+                    << v.name << " does not take " << c.plan.describe(n);
+              }
+            }
             continue;
           }
           for (const Node& n : c.plan.nodes) covered.insert(n.op);
@@ -554,7 +617,7 @@ TEST(BackendOps, EveryOpOnEveryDeviceMatchesTheReferenceOnEveryFixturesShapes) {
         }
       }
       if (v.every_op && !v.matmuls_only) {
-        EXPECT_EQ(covered.size(), static_cast<size_t>(kOpKinds))
+        EXPECT_EQ(covered.size() + kVisionOps.size(), static_cast<size_t>(kOpKinds))
             << v.name << ": an op kind has no case";
       }
       std::string ops;
@@ -664,6 +727,7 @@ TEST(BackendOps, VulkanProfilingTimesEveryNodeAtItsCost) {
   const ModelConfig config = load_model_config(test::fixture_checkpoints().front() / "config.json");
   for (const OpCase& c : cases_for(config)) {
     const PreparedWeights prepared(backend, c.weights);
+    if (!takes_case(backend, c)) continue;  // the vision tower's ops
     expect_close(run_on(c, backend), run_on(c, reference), c.name);
     const DeviceProfile profile = backend.take_profile();
     std::map<std::tuple<std::string, std::string, int64_t>, std::pair<int64_t, NodeCost>> want;
@@ -695,7 +759,7 @@ TEST(BackendOps, VulkanProfilingTimesEveryNodeAtItsCost) {
     EXPECT_NEAR(sum, profile.seconds, 1e-9 + 1e-9 * sum) << c.name;
     EXPECT_GE(profile.submissions, 1) << c.name;
   }
-  EXPECT_EQ(timed.size(), static_cast<size_t>(kOpKinds));
+  EXPECT_EQ(timed.size() + kVisionOps.size(), static_cast<size_t>(kOpKinds));
   EXPECT_TRUE(backend.take_profile().ops.empty()) << "taken twice";
 
   const DevicePeaks peaks = backend.measure_peaks();

@@ -20,6 +20,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
 #include "util/sha256.h"
+#include "vision/image.h"
 
 namespace qhx {
 namespace {
@@ -242,6 +243,69 @@ TEST_F(BundleTest, QuantizedBundlesPassTheirGate) {
       }
     }
   }
+}
+
+// A checkpoint with a vision tower: the bundle carries it (vision.qhxt, W8 matrices in a W8
+// bundle) with the image processor's settings, reads images as the checkpoint does, and the gate
+// measures it on prompts with images. An f32 bundle gives the checkpoint's bits with images.
+TEST_F(BundleTest, VisionCheckpointsCarryTheirTowerAndAreGatedOnImages) {
+  const fs::path fixtures = test::source_dir() / "tests/fixtures/vision";
+  for (const char* name : {"tied_bf16", "untied_f32"}) {
+    SCOPED_TRACE(name);
+    const fs::path source = fixtures / name;
+    ConvertOptions o;
+    o.weights = DType::kW8;
+    const ConvertResult r = forge_convert(source, bundle(std::string("w8-") + name), o);
+    ASSERT_TRUE(r.gate.has_value());
+    EXPECT_TRUE(r.published) << r.gate->summary();
+    int images = 0;
+    for (const GatePromptResult& p : r.gate->prompts) {
+      if (!p.name.starts_with("image")) continue;
+      ++images;
+      EXPECT_GE(p.pearson_min, r.gate->thresholds.min_pearson) << p.name;
+      EXPECT_GT(p.positions, 20) << p.name;  // the image's tokens are among them
+    }
+    EXPECT_EQ(images, 2);
+    const Json m = manifest(bundle(std::string("w8-") + name));
+    EXPECT_EQ(m["plan"]["vision"]["file"], "vision.qhxt");
+    EXPECT_EQ(m["precision_policy"]["vision_matrices"], "w8");
+    EXPECT_EQ(m["source"]["skipped_tensors"], 0);
+
+    ConvertOptions half;  // an f16 tower passes the f16 gate, images included
+    half.weights = DType::kF16;
+    const ConvertResult f16 = forge_convert(source, bundle(std::string("f16-") + name), half);
+    EXPECT_TRUE(f16.published) << (f16.gate ? f16.gate->summary() : "no gate");
+    EXPECT_EQ(manifest(bundle(std::string("f16-") + name))["precision_policy"]["vision_matrices"],
+              "f16");
+
+    const fs::path f32 = convert(source, std::string("f32-") + name, f32_options());
+    const auto from_bundle = load_model(f32, {.verify_sha256 = true});
+    const auto from_source = load_model(source);
+    ASSERT_TRUE(from_bundle->has_vision()) << from_bundle->vision_unavailable();
+    const PixelValues pixels = preprocess_image(read_image(fixtures / "images/rgb_256x320.png"),
+                                                from_bundle->image_processor(), "rgb_256x320");
+    const auto prompt = [&](const Model& model) {
+      std::vector<int32_t> ids = {5, 9, 377};
+      const std::vector<int32_t> image = model.image_ids(pixels);
+      ids.insert(ids.end(), image.begin(), image.end());
+      ids.insert(ids.end(), {378, 11, 3});
+      return ids;
+    };
+    std::vector<float> want, got;
+    from_source->forward(prompt(*from_source), *from_source->new_state(), LogitsFor::kEveryToken,
+                         want);
+    from_bundle->forward(prompt(*from_bundle), *from_bundle->new_state(), LogitsFor::kEveryToken,
+                         got);
+    EXPECT_EQ(got, want);
+  }
+  // A bundle whose vision file was changed is refused, naming it.
+  const fs::path b = bundle("w8-tied_bf16");
+  {
+    std::fstream f(b / "vision.qhxt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x5a');
+  }
+  expect_error([&] { load_model(b, {.verify_sha256 = true}); }, {"vision.qhxt", "sha256"});
 }
 
 // The real Qwen3.5 vocabulary (248,320 rows, an untied head) and tokenizer: W8 and W4 bundles

@@ -492,6 +492,52 @@ TEST(Cli, ServeRefusesAnEmptyApiKey) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
 }
 
+// Calibrated W4 with mixed precision on the shipped Qwen3.5 model: the statistics and the choice
+// are recorded, the budget is kept, the gate passes, and the bundle scores the held-out text
+// closer to the float model than plain W4 does.
+TEST(CliForge, CalibratedMixedW4KeepsTheBudgetAndDivergesLess) {
+  test::TempDir dir;
+  const fs::path text = kDefaultModel / "calibration.txt";
+  const std::string plain = (dir.path() / "plain").string(),
+                    mixed = (dir.path() / "mixed").string();
+  ASSERT_EQ(
+      qhx("forge convert " + kDefaultModel.string() + " -o " + plain + " --weights w4 --no-gate")
+          .exit_code,
+      0);
+  // The plain bundle's tensor files (every matrix W4, and their headers) and 150 kB more.
+  uint64_t budget = 150000;
+  const Json manifest = read_json_file(dir.path() / "plain" / "manifest.json");
+  for (const Json& f : manifest.at("files")) {
+    if (f.at("path").get<std::string>().ends_with(".qhxt")) budget += f.at("size").get<uint64_t>();
+  }
+  CliRun r = qhx("forge convert " + kDefaultModel.string() + " -o " + mixed +
+                 " --weights w4 --calibrate " + text.string() +
+                 " --calibrate-tokens 1024 --sensitivity-tokens 128 --size-budget " +
+                 std::to_string(budget) + " --gate-prompts 2 --gate-tokens 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json policy = read_json_file(dir.path() / "mixed" / "manifest.json").at("precision_policy");
+  EXPECT_EQ(policy.at("calibration").at("method"), "gptq");
+  EXPECT_EQ(policy.at("calibration").at("tokens"), 1024);
+  EXPECT_FALSE(policy.at("mixed").at("w8_matrices").empty());
+  EXPECT_LE(policy.at("mixed").at("weight_bytes").get<uint64_t>(), budget);
+  const auto kl = [&](const std::string& bundle) {
+    const CliRun p =
+        qhx("perplexity -m " + bundle + " -f " + (kDefaultModel / "held_out.txt").string() +
+            " --max-tokens 1025 --kl-divergence " + kDefaultModel.string() + " --json");
+    EXPECT_EQ(p.exit_code, 0) << p.err;
+    return Json::parse(p.out).at("kl_mean").get<double>();
+  };
+  EXPECT_LT(kl(mixed), 0.6 * kl(plain));
+  expect_user_error(
+      qhx("forge convert " + kDefaultModel.string() + " -o " + (dir.path() / "x").string() +
+          " --weights w4 --calibrate " + text.string() + " --size-budget 1M --no-gate"),
+      {"--size-budget", "every matrix in W4"});
+  expect_user_error(
+      qhx("forge convert " + kDefaultModel.string() + " -o " + (dir.path() / "x").string() +
+          " --weights bf16 --calibrate " + text.string() + " --no-gate"),
+      {"--calibrate", "w8 or w4"});
+}
+
 TEST(CliForge, ConvertVerifyGateAndRun) {
   test::TempDir dir;
   const std::string b = (dir.path() / "b").string();

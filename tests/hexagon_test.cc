@@ -713,7 +713,7 @@ TEST(HexagonPack, TheAcceptanceOfEachWayItRunsIsInTheManifestAndTheCard) {
   NpuPackOptions options;
   options.form = NpuForm::kW8A16;
   options.calibration_ids = {long_prompt(400, vocab)};
-  options.suite = {{"a", long_prompt(150, vocab)}, {"b", long_prompt(140, vocab / 3)}};
+  options.suite = {{"a", long_prompt(150, vocab), {}}, {"b", long_prompt(140, vocab / 3), {}}};
   options.suite_name = "two prompts";
   options.suite_tokens = 4;
   options.decode = true;

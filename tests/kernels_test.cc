@@ -308,6 +308,35 @@ TEST(Kernels, FastAttentionMatchesTheReference) {
   }
 }
 
+// The fast bidirectional attention (the vision tower's) against the reference, on threads that
+// take whole heads or parts of them, with and without the heads' rows gathered.
+TEST(Kernels, FastBidirectionalAttentionMatchesTheReference) {
+  if (fast_kernels_are_the_reference()) GTEST_SKIP() << "no SIMD attention here";
+  const struct {
+    AttentionShape shape;
+    int64_t rows;
+  } cases[] = {{{16, 16, 64}, 70}, {{2, 2, 16}, 9}, {{4, 2, 32}, 33}, {{12, 12, 64}, 5}};
+  for (const int threads : {1, 2, 3}) {
+    CpuContext cx(threads, CpuKernels::from_environment());
+    for (const auto& c : cases) {
+      const int64_t q_width = c.shape.n_heads * c.shape.head_dim;
+      const int64_t kv_width = c.shape.n_kv_heads * c.shape.head_dim;
+      const std::vector<float> q = random_vector(c.rows * q_width, 41);
+      const std::vector<float> k = random_vector(c.rows * kv_width, 42);
+      const std::vector<float> v = random_vector(c.rows * kv_width, 43);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.shape.head_dim));
+      std::vector<float> expected(c.rows * q_width), fast(expected.size()), scores(c.rows);
+      ref::bidirectional_attention(q.data(), c.rows, k.data(), v.data(), c.shape, scale,
+                                   expected.data(), scores.data());
+      bidirectional_attention(cx, q.data(), c.rows, k.data(), v.data(), c.shape, scale,
+                              fast.data());
+      for (size_t i = 0; i < fast.size(); ++i) {
+        ASSERT_NEAR(fast[i], expected[i], 1e-5f) << "rows " << c.rows << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(Kernels, RmsNorm) {
   const std::vector<float> x = random_vector(64, 3, 5.0f), w = random_vector(64, 4);
   std::vector<float> y(64);

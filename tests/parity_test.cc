@@ -367,7 +367,7 @@ TEST_P(Parity, PerplexityMatchesReferenceLogits) {
       expected += negative_log_likelihood(
           std::span<const float>(p.logits).subspan(t * vocab, vocab), p.ids[t + 1]);
     }
-    const PerplexityResult one = perplexity(*model_, p.ids, n - 1);
+    const PerplexityResult one = perplexity(*model_, p.ids, {n - 1});
     EXPECT_EQ(one.scored, n - 1);
     EXPECT_EQ(one.windows, 1);
     EXPECT_NEAR(one.nll_sum, expected, 1e-4 * std::max(1.0, std::fabs(expected))) << p.name;
@@ -380,11 +380,24 @@ TEST_P(Parity, PerplexityMatchesReferenceLogits) {
       first += negative_log_likelihood(std::span<const float>(p.logits).subspan(t * vocab, vocab),
                                        p.ids[t + 1]);
     }
-    const PerplexityResult split = perplexity(*model_, std::span(p.ids).first(window + 1), window);
+    const PerplexityResult split =
+        perplexity(*model_, std::span(p.ids).first(window + 1), {window});
     EXPECT_NEAR(split.nll_sum, first, 1e-4 * std::max(1.0, std::fabs(first))) << p.name;
-    const PerplexityResult all = perplexity(*model_, p.ids, window);
+    const PerplexityResult all = perplexity(*model_, p.ids, {window});
     EXPECT_EQ(all.scored, n - 1);
     EXPECT_EQ(all.windows, (n - 1 + window - 1) / window);
+
+    // llama-perplexity's chunks: the prompt as one chunk, only its second half scored.
+    if (n < 3) continue;
+    double second = 0;
+    for (int64_t t = n / 2; t + 1 < n; ++t) {
+      second += negative_log_likelihood(std::span<const float>(p.logits).subspan(t * vocab, vocab),
+                                        p.ids[t + 1]);
+    }
+    const PerplexityResult half = perplexity(*model_, p.ids, {.window = n, .second_half = true});
+    EXPECT_EQ(half.scored, n - 1 - n / 2);
+    EXPECT_EQ(half.windows, 1);
+    EXPECT_NEAR(half.nll_sum, second, 1e-4 * std::max(1.0, std::fabs(second))) << p.name;
   }
 }
 

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "support/server_fixture.h"
+#include "util/base64.h"
 #include "util/json_file.h"
+#include "util/mapped_file.h"
 
 namespace qhx::server {
 namespace {
@@ -715,6 +717,49 @@ TEST_F(EmbeddingServerTest, BadRequestsGetOpenAiErrors) {
   const auto r = c.Get("/v1/embeddings");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 405);
+}
+
+// A Qwen3.5 checkpoint with a vision tower (tests/fixtures/vision): image_url parts with data:
+// URLs are read as transformers' processor reads the conversation.
+class VisionServerTest : public ServerTest {
+ protected:
+  static void SetUpTestSuite() { open_model(kVision.string(), 512); }
+  static inline const std::filesystem::path kVision =
+      test::source_dir() / "tests/fixtures/vision/tied_bf16";
+};
+
+TEST_F(VisionServerTest, AnImageUrlDataUrlIsReadAsTheProcessorReadsIt) {
+  start(1);
+  const Json golden = read_json_file(kVision / "chat.json");
+  const Json& chat = golden["chats"]["one_image"];
+  const MappedFile png(kVision.parent_path() / "images/rgb_256x320.png");
+  const std::string url = "data:image/png;base64," + base64_encode(png.bytes());
+  const auto ask = [&](const std::string& image_url) {
+    return post(
+        "/v1/chat/completions",
+        Json{{"messages",
+              {{{"role", "user"},
+                {"content",
+                 {{{"type", "image_url"}, {"image_url", {{"url", image_url}}}},
+                  {{"type", "text"}, {"text", chat["messages"][0]["content"][1]["text"]}}}}}}},
+             {"temperature", 0},
+             {"max_tokens", golden["max_new_tokens"]}});
+  };
+  const auto [status, body] = ask(url);
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["message"]["content"], chat["reply_text"]) << body;
+  expect_usage(body["usage"], static_cast<int64_t>(chat["ids"].size()),
+               static_cast<int64_t>(chat["greedy"].size()));
+  // The same conversation again reuses its state, the image's tokens included.
+  const auto [again_status, again] = ask(url);
+  ASSERT_EQ(again_status, 200) << again;
+  EXPECT_EQ(again["choices"][0]["message"], body["choices"][0]["message"]);
+  EXPECT_GT(again["timings"]["cache_n"].get<int64_t>(), 12) << again["timings"];
+
+  expect_error(ask("https://example.com/a.png"), 400, "messages[0].content[0].image_url.url",
+               "invalid_value");
+  expect_error(ask("data:image/png;base64," + base64_encode(png.bytes().first(100))), 400,
+               "messages[0].content[0]");
 }
 
 }  // namespace

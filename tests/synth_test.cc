@@ -13,6 +13,7 @@
 #include "runtime/bench.h"
 #include "support/fixtures.h"
 #include "util/error.h"
+#include "vision/image.h"
 
 namespace qhx {
 namespace {
@@ -103,6 +104,27 @@ TEST(Synth, WrittenCheckpointsLoadAndRun) {
         std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
     EXPECT_THROW(write_synthetic_checkpoint(shape, dir.path() / "ckpt", 7), Error);  // exists
   }
+}
+
+// With a tower (the multimodal layout, the released preprocessor_config.json), the checkpoint
+// reads images, and the image benchmark times them; a text model takes no tower.
+TEST(Synth, ACheckpointWithAVisionTowerReadsImages) {
+  const SynthShape shape{"tiny", true, 512, 64, 128, 4, 4, 2, 32, 2, 4, 16, 256};
+  const SynthVision tower{2, 32, 2, 64, 64};
+  test::TempDir dir;
+  write_synthetic_checkpoint(shape, dir.path() / "ckpt", 7, &tower);
+  const auto model = load_model(dir.path() / "ckpt");
+  ASSERT_TRUE(model->has_vision()) << model->vision_unavailable();
+  RgbImage image{300, 200, std::vector<uint8_t>(300 * 200 * 3, 99)};
+  const PixelValues pixels = preprocess_image(image, model->image_processor(), "image");
+  const ImageBenchResult r = run_image_bench(*model, pixels, 2);
+  EXPECT_EQ(r.patches, pixels.grid.patches());
+  EXPECT_EQ(r.tokens, r.patches / 4);
+  EXPECT_GT(r.encode_ms.mean, 0);
+  EXPECT_GT(r.prefill_ms.mean, 0);
+  const SynthShape dense{"tiny", false, 512, 64, 128, 4, 4, 2, 32, 0, 0, 0, 256};
+  EXPECT_THROW(write_synthetic_checkpoint(dense, dir.path() / "dense", 7, &tower), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "dense"));
 }
 
 // The chat benchmark keeps the state: after the first turn only the user's tokens and the last

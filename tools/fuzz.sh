@@ -14,7 +14,7 @@ if ! grep -q '^QHX_FUZZ:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
     >/dev/null
 fi
 targets=(safetensors config tokenizer tokenizer_json manifest qhxt session_state chat_template
-  request draft_vocab npu_pack embedding_config)
+  request draft_vocab npu_pack embedding_config image)
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
 mkdir -p "$build/crashes"
 for t in "${targets[@]}"; do

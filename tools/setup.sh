@@ -8,6 +8,7 @@ shift || true
 
 tools/install_packages.sh build-essential cmake pkg-config nlohmann-json3-dev libpcre2-dev \
   libicu-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libcpp-httplib-dev libmicrohttpd-dev \
+  libpng-dev libjpeg-dev \
   libvulkan-dev glslc mesa-vulkan-drivers python3-pytest python3-venv \
   python3-jsonschema chromium chromium-driver python3-selenium tesseract-ocr tesseract-ocr-eng \
   fonts-dejavu-core

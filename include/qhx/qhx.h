@@ -26,9 +26,11 @@ extern "C" {
 #endif
 
 #define QHX_API_VERSION                                                       \
-  3 /* 2: qhx_model_options.qnn_lib and npu_pack,                             \
+  5 /* 2: qhx_model_options.qnn_lib and npu_pack,                             \
         qhx_generate_result.device_tokens appended; 3: embeddings (qhx_embed, \
-        qhx_model_info.embedding_size and pooling, QHX_ERROR_CANCELLED) */
+        qhx_model_info.embedding_size and pooling, QHX_ERROR_CANCELLED);      \
+        4: images (qhx_image_tokens, qhx_image_tokens_from_file);             \
+        5: image parts in chat requests, qhx_chat_tokens */
 
 typedef enum qhx_status {
   QHX_OK = 0,
@@ -113,6 +115,8 @@ typedef struct qhx_model_info {
   int64_t embedding_size;     /* floats in a vector of qhx_embed (the hidden size) */
   const char* pooling;        /* an embedding checkpoint's pooling (its sentence-transformers
                                  files: "last", "mean" or "cls"), or "" for a generative one */
+  int32_t reads_images;       /* 1: qhx_image_tokens works (a vision tower); else 0 */
+  const char* vision_note;    /* why the model reads no images, or "" */
 } qhx_model_info;
 
 /* The pointers stay valid while the model is open. */
@@ -133,6 +137,19 @@ qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_le
  * has no token for (padding rows) decode to nothing. */
 qhx_status qhx_detokenize(const qhx_model* model, const int32_t* ids, size_t n_ids,
                           int32_t skip_special, char* text, size_t capacity, size_t* text_len);
+
+/* Images (Qwen3.5 checkpoints with their vision tower, docs/vision.md): a PNG or JPEG file's
+ * bytes (`name` names it in errors) decoded, preprocessed as transformers' image processor does
+ * and encoded by the tower, as the ids that stand for the image's tokens: put them in a prompt in
+ * place of its <|image_pad|> (between <|vision_start|> and <|vision_end|>), and generate as with
+ * any ids. The same image gives the same ids (it is encoded once while the model keeps it), so a
+ * conversation that keeps an image reuses its state. A bad image is QHX_ERROR_INVALID_ARGUMENT
+ * naming it; a model without a tower is QHX_ERROR_MODEL. Too small a buffer works as for
+ * qhx_tokenize (the image is encoded once either way). */
+qhx_status qhx_image_tokens(const qhx_model* model, const void* bytes, size_t n_bytes,
+                            const char* name, int32_t* ids, size_t capacity, size_t* n_ids);
+qhx_status qhx_image_tokens_from_file(const qhx_model* model, const char* path, int32_t* ids,
+                                      size_t capacity, size_t* n_ids);
 
 /* One token's bytes as the tokenizer holds them (a piece of UTF-8 that may end inside a
  * character; a special token's text), not NUL-terminated; a buffer too small works as for
@@ -155,6 +172,17 @@ void qhx_template_options_default(qhx_template_options* options);
  * *text is allocated; free it with qhx_string_free. */
 qhx_status qhx_apply_chat_template(const qhx_model* model, const char* request_json,
                                    const qhx_template_options* options, char** text);
+
+/* The ids the model reads for a conversation: request_json rendered (as qhx_apply_chat_template)
+ * and tokenized, with each image part's ids (as qhx_image_tokens gives them) in place of the
+ * <|image_pad|> the template wrote for it. An image part is {"type": "image", "image": SOURCE}
+ * ("path" or "url" for "image" also do; transformers' names) or OpenAI's {"type": "image_url",
+ * "image_url": {"url": SOURCE}}, SOURCE a file's path or a base64 data: URL (qhx fetches
+ * nothing). An image part for a model without a tower is QHX_ERROR_MODEL; a bad image
+ * QHX_ERROR_INVALID_ARGUMENT naming the part. Too small a buffer works as for qhx_tokenize. */
+qhx_status qhx_chat_tokens(const qhx_model* model, const char* request_json,
+                           const qhx_template_options* options, int32_t* ids, size_t capacity,
+                           size_t* n_ids);
 
 /* ---------------------------------------------------------------------------------------------
  * Generation
@@ -279,7 +307,8 @@ qhx_status qhx_session_generate(qhx_session* session, const int32_t* tokens, siz
 qhx_status qhx_session_chat_tokens(qhx_session* session, const int32_t* tokens, size_t n_tokens,
                                    const qhx_generate_options* options, qhx_token_callback callback,
                                    void* user_data, qhx_generate_result* result);
-/* Renders request_json (as qhx_apply_chat_template) and continues that conversation. */
+/* Continues the conversation request_json holds, read as qhx_chat_tokens reads it (images
+ * included). */
 qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
                             const qhx_template_options* template_options,
                             const qhx_generate_options* options, qhx_token_callback callback,

@@ -104,6 +104,8 @@ class ModelInfo:
     admission_note: str
     embedding_size: int = 0
     pooling: str = ""  # an embedding checkpoint's ("last", "mean", "cls"), else ""
+    reads_images: bool = False  # a Qwen3.5 checkpoint with its vision tower (docs/vision.md)
+    vision_note: str = ""  # why it reads no images, or ""
 
 
 def _int_array(values: Sequence[int]) -> ctypes.Array:
@@ -452,7 +454,8 @@ class Model(_Closable):
             prefill_device=s(i.prefill_device), decode_device=s(i.decode_device),
             device_note=s(i.device_note), model_note=s(i.model_note),
             admission_note=s(i.admission_note), embedding_size=i.embedding_size,
-            pooling=s(i.pooling))
+            pooling=s(i.pooling), reads_images=bool(i.reads_images),
+            vision_note=s(i.vision_note))
 
     # -- text ------------------------------------------------------------------------------
 

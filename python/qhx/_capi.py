@@ -1,4 +1,4 @@
-"""ctypes declarations of qhx's C API (include/qhx/qhx.h, QHX_API_VERSION 3).
+"""ctypes declarations of qhx's C API (include/qhx/qhx.h, QHX_API_VERSION 5).
 
 The structs mirror the header field by field, in order: the header only ever appends fields, so a
 newer libqhx reads these structs correctly. ctypes releases the GIL around every foreign call, so
@@ -13,7 +13,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, 
                     c_int64, c_size_t, c_uint64, c_void_p)
 from pathlib import Path
 
-API_VERSION = 3
+API_VERSION = 5
 
 
 class ModelOptions(Structure):
@@ -52,6 +52,8 @@ class ModelInfo(Structure):
         ("model_note", c_char_p),
         ("embedding_size", c_int64),
         ("pooling", c_char_p),
+        ("reads_images", c_int32),
+        ("vision_note", c_char_p),
     ]
 
 

@@ -23,8 +23,14 @@ bool same(const Operand& a, const Operand& b) {
 }
 
 // cos and sin of each RoPE angle at `position`, as transformers computes them (in f32).
-void rotary_angles(int64_t position, const Node& rope, float* cos, float* sin) {
+// Row t's RoPE angles: at first_pos + t, or with M-RoPE axes, at the row's position on the axis
+// of each frequency.
+void rotary_angles(const RunInputs& inputs, int64_t t, const Node& rope, float* cos, float* sin) {
+  const bool axes = rope.rope_axes != nullptr && !inputs.positions.empty();
+  const int64_t rows = static_cast<int64_t>(inputs.positions.size()) / 3;
   for (int64_t i = 0; i < rope.rotary_dim / 2; ++i) {
+    const int64_t position =
+        axes ? inputs.positions[rope.rope_axes[i] * rows + t] : inputs.first_pos + t;
     const float angle = static_cast<float>(position) * (*rope.vector)[i];
     cos[i] = std::cos(angle);
     sin[i] = std::sin(angle);
@@ -172,7 +178,6 @@ void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeAr
   const int64_t q_width = plan.values[nq.out.value].cols;
   const int64_t kv_width = plan.values[nk.out.value].cols;
   const int64_t n_heads = q_width / hd, n_kv = kv_width / hd;
-  const int64_t first_pos = args.inputs->first_pos;
   cx.split_rows(head.rows, 1, head.rows * (q_width + kv_width), [&](int64_t begin, int64_t end) {
     float cos[kMaxRotaryPairs], sin[kMaxRotaryPairs];
     for (int64_t t = begin; t < end; ++t) {
@@ -185,7 +190,7 @@ void CpuBackend::run(const Plan& plan, std::span<const Node> nodes, const NodeAr
       for (int64_t h = 0; h < n_kv; ++h) {
         rms_norm(cx, kt + h * hd, nk.vector->data(), hd, nk.eps, kt + h * hd);
       }
-      rotary_angles(first_pos + t, rope, cos, sin);
+      rotary_angles(*args.inputs, t, rope, cos, sin);
       rope_rotate_half(cx, qt, n_heads, hd, rope.rotary_dim, cos, sin);
       rope_rotate_half(cx, kt, n_kv, hd, rope.rotary_dim, cos, sin);
     }
@@ -236,7 +241,7 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
       cx.split_rows(node.rows, 1, node.rows * width, [&](int64_t begin, int64_t end) {
         float cos[kMaxRotaryPairs], sin[kMaxRotaryPairs];
         for (int64_t t = begin; t < end; ++t) {
-          rotary_angles(inputs.first_pos + t, node, cos, sin);
+          rotary_angles(inputs, t, node, cos, sin);
           rope_rotate_half(cx, out + t * width, width / node.width, node.width, node.rotary_dim,
                            cos, sin);
         }
@@ -295,6 +300,37 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
       }
       return gated_delta_rule_chunked(cx, q, k, v, beta, g, node.rows, node.heads, node.chunk,
                                       state, out);
+    }
+    case Op::kLayerNorm: {
+      const int64_t n = node.rows * cols(node.out) / node.width;
+      const float* in = at(node.in[0]);
+      cx.split_rows(n, 16, n * node.width, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          ref::layer_norm(in + i * node.width, node.vector->data(), node.vector2->data(),
+                          node.width, node.eps, out + i * node.width);
+        }
+      });
+      return;
+    }
+    case Op::kAddBias: {
+      const int64_t width = cols(node.out);
+      for (int64_t t = 0; t < node.rows; ++t) {
+        for (int64_t i = 0; i < width; ++i) out[t * width + i] += (*node.vector)[i];
+      }
+      return;
+    }
+    case Op::kGelu:
+    case Op::kGeluTanh: {
+      const int64_t n = node.rows * cols(node.out);
+      const bool tanh = node.op == Op::kGeluTanh;
+      cx.split_rows(n, 4096, 10 * n, [&](int64_t begin, int64_t end) {
+        (tanh ? ref::gelu_tanh : ref::gelu)(out + begin, end - begin);
+      });
+      return;
+    }
+    case Op::kBidirectionalAttention: {
+      return bidirectional_attention(cx, at(node.in[0]), node.rows, at(node.in[1]), at(node.in[2]),
+                                     node.attention, node.scale, out);
     }
     case Op::kCopy: {
       // The source may be another backend's memory the host cannot address.

@@ -31,12 +31,17 @@
 #include "runtime/session.h"
 #include "runtime/stop_strings.h"
 #include "tokenizer/tokenizer.h"
+#include "util/base64.h"
 #include "util/error.h"
+#include "util/image_pads.h"
+#include "vision/image.h"
+#include "vision/image_processor.h"
 
 namespace fs = std::filesystem;
 
 struct qhx_model {
   fs::path dir;
+  std::string vision_note;  // qhx_model_info's
   std::string name, family;
   std::unique_ptr<qhx::Model> model;
   std::unique_ptr<qhx::Model> draft_model;  // speculative "draft"
@@ -461,6 +466,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->family = config.family == qhx::Family::kQwen3 ? "qwen3" : "qwen3_5";
     opened->generation = qhx::load_generation_config(dir, config);
     opened->embedding = qhx::read_embedding_config(dir);
+    opened->vision_note = opened->model->has_vision() ? "" : opened->model->vision_unavailable();
     if (fs::exists(dir / "tokenizer.json")) {
       const int64_t before_tokenizer = qhx::resident_memory_bytes();
       opened->tokenizer = qhx::Tokenizer::load(dir);
@@ -560,6 +566,8 @@ qhx_status qhx_model_get_info(const qhx_model* model, qhx_model_info* info) {
   info->model_note = model->model_note.c_str();
   info->embedding_size = model->model->config().hidden_size;
   info->pooling = model->embedding.pooling ? qhx::pooling_name(*model->embedding.pooling) : "";
+  info->reads_images = model->model->has_vision() ? 1 : 0;
+  info->vision_note = model->vision_note.c_str();
   return QHX_OK;
 }
 
@@ -582,6 +590,66 @@ qhx_status qhx_tokenize(const qhx_model* model, const char* text, size_t text_le
   }
   std::copy(encoded.begin(), encoded.end(), ids);
   return QHX_OK;
+}
+
+namespace {
+
+// The ids that stand for an image's tokens: preprocessed as the checkpoint's processor says and
+// encoded by the tower (or found encoded).
+std::vector<int32_t> ids_of_image(const qhx_model* model, const qhx::RgbImage& image,
+                                  const std::string& name) {
+  return model->model->image_ids(
+      qhx::preprocess_image(image, model->model->image_processor(), name));
+}
+
+qhx_status image_tokens(const qhx_model* model, const std::function<qhx::RgbImage()>& read,
+                        const std::string& name, int32_t* ids, size_t capacity, size_t* n_ids,
+                        const char* function) {
+  if (!model->model->has_vision()) {
+    return failed(QHX_ERROR_MODEL, std::string(function) + ": " + model->dir.string() +
+                                       " reads no images: " + model->model->vision_unavailable());
+  }
+  std::vector<int32_t> image;
+  const qhx_status status =
+      guarded(QHX_ERROR_INVALID_ARGUMENT, [&] { image = ids_of_image(model, read(), name); });
+  if (status != QHX_OK) return status;
+  *n_ids = image.size();
+  if (image.size() > capacity) {
+    return failed(QHX_ERROR_BUFFER_TOO_SMALL, std::string(function) + ": " +
+                                                  std::to_string(image.size()) +
+                                                  " ids do not fit in " + std::to_string(capacity));
+  }
+  std::copy(image.begin(), image.end(), ids);
+  return QHX_OK;
+}
+
+}  // namespace
+
+qhx_status qhx_image_tokens(const qhx_model* model, const void* bytes, size_t n_bytes,
+                            const char* name, int32_t* ids, size_t capacity, size_t* n_ids) {
+  QHX_REQUIRE(model, "qhx_image_tokens");
+  QHX_REQUIRE(n_ids, "qhx_image_tokens");
+  QHX_REQUIRE_BUFFER(ids, capacity, "qhx_image_tokens");
+  QHX_REQUIRE_BUFFER(bytes, n_bytes, "qhx_image_tokens");
+  const std::string where = name != nullptr ? name : "image";
+  return image_tokens(
+      model,
+      [&] {
+        return qhx::decode_image(
+            std::span(static_cast<const std::byte*>(bytes), bytes == nullptr ? 0 : n_bytes), where);
+      },
+      where, ids, capacity, n_ids, "qhx_image_tokens");
+}
+
+qhx_status qhx_image_tokens_from_file(const qhx_model* model, const char* path, int32_t* ids,
+                                      size_t capacity, size_t* n_ids) {
+  QHX_REQUIRE(model, "qhx_image_tokens_from_file");
+  QHX_REQUIRE(n_ids, "qhx_image_tokens_from_file");
+  QHX_REQUIRE_BUFFER(ids, capacity, "qhx_image_tokens_from_file");
+  QHX_REQUIRE(path, "qhx_image_tokens_from_file");
+  return image_tokens(
+      model, [&] { return qhx::read_image(path); }, path, ids, capacity, n_ids,
+      "qhx_image_tokens_from_file");
 }
 
 namespace {
@@ -663,14 +731,13 @@ namespace {
 
 // Renders a chat request: a malformed request is the caller's error, a failing template the
 // template's.
-qhx_status render_chat(const qhx_model* model, const char* request_json,
-                       const qhx_template_options* options, std::string& text) {
+qhx_status parse_chat(const qhx_model* model, const char* request_json,
+                      const qhx_template_options* options, qhx::ChatTemplateInputs& inputs) {
   qhx_template_options defaults;
   if (options == nullptr) {
     qhx_template_options_default(&defaults);
     options = &defaults;
   }
-  qhx::ChatTemplateInputs inputs;
   const qhx_status parsed = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
     if (!model->chat_template) qhx::fail(model->dir.string(), "the tokenizer has no chat template");
     inputs = qhx::parse_chat_request(request_json, "chat request");
@@ -679,7 +746,106 @@ qhx_status render_chat(const qhx_model* model, const char* request_json,
   // The options, where they differ from their defaults, win over the request's kwargs.
   if (options->add_generation_prompt == 0) inputs.add_generation_prompt = false;
   if (options->enable_thinking >= 0) inputs.set_enable_thinking(options->enable_thinking != 0);
+  return QHX_OK;
+}
+
+qhx_status render_inputs(const qhx_model* model, const qhx::ChatTemplateInputs& inputs,
+                         std::string& text) {
   return guarded(QHX_ERROR_TEMPLATE, [&] { text = model->chat_template->render(inputs); });
+}
+
+qhx_status render_chat(const qhx_model* model, const char* request_json,
+                       const qhx_template_options* options, std::string& text) {
+  qhx::ChatTemplateInputs inputs;
+  if (qhx_status s = parse_chat(model, request_json, options, inputs); s != QHX_OK) return s;
+  return render_inputs(model, inputs, text);
+}
+
+// Whether a content part is an image, by the test Qwen3.5's template applies.
+bool is_image_part(const nlohmann::ordered_json& part) {
+  return part.is_object() && (part.contains("image") || part.contains("image_url") ||
+                              part.value("type", "") == "image");
+}
+
+// An image part's picture: {"type": "image", "image"|"path"|"url": a file's path or a data: URL}
+// (transformers' names) or OpenAI's {"type": "image_url", "image_url": {"url": a data: URL}}.
+qhx::RgbImage read_image_part(const nlohmann::ordered_json& part, const std::string& where) {
+  const nlohmann::ordered_json* source = nullptr;
+  std::string field;
+  for (const char* key : {"image_url", "image", "path", "url"}) {
+    if (!part.contains(key)) continue;
+    source = &part[key];
+    field = where + "." + key;
+    if (source->is_object() && source->contains("url")) {
+      source = &(*source)["url"];
+      field += ".url";
+    }
+    break;
+  }
+  if (source == nullptr || !source->is_string()) {
+    qhx::fail(field.empty() ? where : field, "an image part needs a file path or a data: URL");
+  }
+  const std::string& text = source->get_ref<const std::string&>();
+  const qhx::DataUrl data = qhx::decode_data_url(text);
+  switch (data.status) {
+    case qhx::DataUrl::kOk:
+      return qhx::decode_image(data.bytes, field);
+    case qhx::DataUrl::kNotBase64:
+      qhx::fail(field, "must be a base64 data: URL (data:<type>;base64,...)");
+    case qhx::DataUrl::kBadBase64:
+      qhx::fail(field, "holds no valid base64");
+    case qhx::DataUrl::kNotADataUrl:
+      break;
+  }
+  if (text.find("://") != std::string::npos) {
+    qhx::fail(field, "is a URL; qhx fetches nothing: give a file's path or a data: URL");
+  }
+  return qhx::read_image(text);
+}
+
+// The conversation as the model reads it: rendered, tokenized, and each image part's tokens (the
+// tower's encoding) in place of the <|image_pad|> the template wrote for it.
+qhx_status chat_prompt(const qhx_model* model, const char* request_json,
+                       const qhx_template_options* options, std::vector<int32_t>& prompt) {
+  qhx::ChatTemplateInputs inputs;
+  if (qhx_status s = parse_chat(model, request_json, options, inputs); s != QHX_OK) return s;
+  std::vector<std::vector<int32_t>> images;
+  for (size_t i = 0; i < inputs.messages.size(); ++i) {
+    // Looked up, not indexed: a message without content must reach the template without one.
+    nlohmann::ordered_json& message = inputs.messages[i];
+    const auto found = message.is_object() ? message.find("content") : message.end();
+    if (!message.is_object() || found == message.end() || !found->is_array()) continue;
+    nlohmann::ordered_json& content = *found;
+    for (size_t j = 0; j < content.size(); ++j) {
+      const std::string where =
+          "messages[" + std::to_string(i) + "].content[" + std::to_string(j) + "]";
+      const nlohmann::ordered_json& part = content[j];
+      if (part.is_object() && (part.contains("video") || part.value("type", "") == "video")) {
+        return failed(QHX_ERROR_INVALID_ARGUMENT,
+                      where + ": a video; qhx reads images, not videos (send frames as images)");
+      }
+      if (!is_image_part(part)) continue;
+      if (!model->model->has_vision()) {
+        return failed(QHX_ERROR_MODEL,
+                      where + " is an image; " + model->dir.string() +
+                          " reads no images: " + model->model->vision_unavailable());
+      }
+      const qhx_status read = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+        images.push_back(ids_of_image(model, read_image_part(part, where), where));
+      });
+      if (read != QHX_OK) return read;
+      content[j] = {{"type", "image"}};  // read: the template needs only to see an image
+    }
+  }
+  std::string text;
+  if (qhx_status s = render_inputs(model, inputs, text); s != QHX_OK) return s;
+  return guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+    const std::vector<int32_t> ids = tokenizer_of(model).encode(text, "rendered chat");
+    // Without images the ids are the text's (a literal <|image_pad|> in it is its own token).
+    prompt = images.empty() ? ids
+                            : qhx::expand_image_pads(ids, model->model->config().image_token_id,
+                                                     images, "chat request");
+  });
 }
 
 }  // namespace
@@ -693,6 +859,24 @@ qhx_status qhx_apply_chat_template(const qhx_model* model, const char* request_j
   std::string rendered;
   if (qhx_status s = render_chat(model, request_json, options, rendered); s != QHX_OK) return s;
   return guarded(QHX_ERROR_INTERNAL, [&] { *text = copy_string(rendered); });
+}
+
+qhx_status qhx_chat_tokens(const qhx_model* model, const char* request_json,
+                           const qhx_template_options* options, int32_t* ids, size_t capacity,
+                           size_t* n_ids) {
+  QHX_REQUIRE(model, "qhx_chat_tokens");
+  QHX_REQUIRE(request_json, "qhx_chat_tokens");
+  QHX_REQUIRE(n_ids, "qhx_chat_tokens");
+  QHX_REQUIRE_BUFFER(ids, capacity, "qhx_chat_tokens");
+  std::vector<int32_t> prompt;
+  if (qhx_status s = chat_prompt(model, request_json, options, prompt); s != QHX_OK) return s;
+  *n_ids = prompt.size();
+  if (prompt.size() > capacity) {
+    return failed(QHX_ERROR_BUFFER_TOO_SMALL, "qhx_chat_tokens: " + std::to_string(prompt.size()) +
+                                                  " ids do not fit in " + std::to_string(capacity));
+  }
+  std::copy(prompt.begin(), prompt.end(), ids);
+  return QHX_OK;
 }
 
 qhx_status qhx_generate_options_default(const qhx_model* model, qhx_generate_options* options) {
@@ -777,16 +961,11 @@ qhx_status qhx_session_chat(qhx_session* session, const char* request_json,
                             void* user_data, qhx_generate_result* result) {
   QHX_REQUIRE(session, "qhx_session_chat");
   QHX_REQUIRE(request_json, "qhx_session_chat");
-  std::string text;
-  if (qhx_status s = render_chat(session->model, request_json, template_options, text);
+  std::vector<int32_t> tokens;
+  if (qhx_status s = chat_prompt(session->model, request_json, template_options, tokens);
       s != QHX_OK) {
     return s;
   }
-  std::vector<int32_t> tokens;
-  const qhx_status status = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
-    tokens = tokenizer_of(session->model).encode(text, "rendered chat");
-  });
-  if (status != QHX_OK) return status;
   return qhx_session_chat_tokens(session, tokens.data(), tokens.size(), options, callback,
                                  user_data, result);
 }

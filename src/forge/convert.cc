@@ -3,14 +3,17 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
 #include "forge/model_card.h"
+#include "forge/weight_calibration.h"
 #include "io/bundle.h"
 #include "io/checkpoint.h"
 #include "io/draft_vocab.h"
@@ -81,8 +84,14 @@ int64_t fitting_group(int64_t wanted, int64_t cols) {
   fail("--group-size", "no even group size divides " + std::to_string(cols) + " columns");
 }
 
+// How a quantized matrix is rounded: on its own (no gram), or for the inputs it met.
+struct Rounding {
+  const InputGram* gram = nullptr;
+  CalibrationMethod method = CalibrationMethod::kGptq;
+};
+
 TensorToWrite encode_tensor(const TensorView& source, const std::string& name, DType dtype,
-                            int64_t group_size) {
+                            int64_t group_size, const Rounding& rounding) {
   int64_t rows = 0, cols = 0;
   const std::vector<float> w = read_f32(source, rows, cols);
   TensorToWrite t;
@@ -105,7 +114,12 @@ TensorToWrite encode_tensor(const TensorView& source, const std::string& name, D
     case DType::kW8: {
       std::vector<int8_t> q(w.size());
       std::vector<float> scales(rows);
-      quantize_w8(w.data(), rows, cols, q.data(), scales.data());
+      if (rounding.gram != nullptr) {
+        quantize_w8_calibrated(w.data(), rows, cols, rounding.gram->sum, rounding.method, q.data(),
+                               scales.data());
+      } else {
+        quantize_w8(w.data(), rows, cols, q.data(), scales.data());
+      }
       t.data = as_bytes(q);
       t.scales = as_bytes(scales);
       break;
@@ -114,7 +128,12 @@ TensorToWrite encode_tensor(const TensorView& source, const std::string& name, D
       t.group_size = fitting_group(group_size, cols);
       std::vector<uint8_t> packed(w.size() / 2);
       std::vector<uint16_t> scales(rows * (cols / t.group_size));
-      quantize_w4(w.data(), rows, cols, t.group_size, packed.data(), scales.data());
+      if (rounding.gram != nullptr) {
+        quantize_w4_calibrated(w.data(), rows, cols, t.group_size, rounding.gram->sum,
+                               rounding.method, packed.data(), scales.data());
+      } else {
+        quantize_w4(w.data(), rows, cols, t.group_size, packed.data(), scales.data());
+      }
       t.data = as_bytes(packed);
       t.scales = as_bytes(scales);
       break;
@@ -127,9 +146,9 @@ TensorToWrite encode_tensor(const TensorView& source, const std::string& name, D
 
 // Encodes one tensor; errors (non-finite weights, impossible groups) name the source tensor.
 TensorToWrite encode(const TensorView& source, const std::string& name, DType dtype,
-                     int64_t group_size) {
+                     int64_t group_size, const Rounding& rounding = {}) {
   try {
-    return encode_tensor(source, name, dtype, group_size);
+    return encode_tensor(source, name, dtype, group_size, rounding);
   } catch (const Error& e) {
     fail(source.file->string() + ": tensor '" + source.name + "'", e.what());
   }
@@ -151,6 +170,15 @@ TableDtypes table_dtypes(const ConvertOptions& o, bool tied) {
   d.head = o.lm_head.value_or(tied ? d.embed : default_table_dtype(o.weights));
   d.separate_head = !tied || d.head != d.embed;
   return d;
+}
+
+// The vision tower's: its matrices in W8 when the decoder's are quantized (a W4 tower is not
+// offered: its error would reach every image token) or in the requested float dtype; the patch
+// embedding (a Conv3d kernel) as the tables; the position table, biases and norms in f32.
+DType vision_dtype_for(const std::string& name, const TensorView& t, DType weights) {
+  if (name.ends_with("patch_embed.proj.weight")) return default_table_dtype(weights);
+  if (t.shape.size() != 2 || name.ends_with("pos_embed.weight")) return DType::kF32;
+  return is_quantized(weights) ? DType::kW8 : weights;
 }
 
 DType dtype_for(const std::string& name, const TensorView& t, DType weights,
@@ -192,6 +220,78 @@ void write_manifest(const fs::path& dir, const Json& manifest) {
       << sha256_file(dir / "manifest.json") << "  manifest.json\n";
 }
 
+uint64_t bytes_of(std::span<const TensorToWrite> tensors) {
+  uint64_t sum = 0;
+  for (const TensorToWrite& t : tensors) sum += t.data.size() + t.scales.size();
+  return sum;
+}
+
+// A layer's tensor as encoded, and where it came from.
+struct LayerTensor {
+  TensorToWrite* encoded;
+  const TensorView* source;
+};
+
+// Mixed precision: which W4 matrices become W8 within options.size_budget bytes of weights
+// (`fixed_bytes` are the bytes of everything but the layers), by each one's sensitivity — the
+// mean KL divergence from the float model when it alone is quantized — per byte W8 adds; those
+// are re-encoded in place. The manifest's record of it.
+Json keep_sensitive_in_w8(const fs::path& hf_dir, std::span<const int32_t> ids,
+                          const std::map<std::string, LayerTensor>& layers, uint64_t fixed_bytes,
+                          const ConvertOptions& options, bool int8_activations,
+                          const std::function<Rounding(const std::string&)>& rounding_of) {
+  uint64_t total = fixed_bytes;
+  std::vector<StandIn> stand_ins;
+  std::vector<const LayerTensor*> candidates;
+  for (const auto& [name, layer] : layers) {
+    const TensorToWrite& t = *layer.encoded;
+    total += t.data.size() + t.scales.size();
+    if (t.dtype != DType::kW4) continue;
+    MatrixRef m{DType::kW4, t.data.data(), t.shape[0], t.shape[1]};
+    m.scales = t.scales.data();
+    m.group_size = t.group_size;
+    if (int8_activations) m.activations = Activations::kInt8;
+    stand_ins.push_back({layer.source->name, m});
+    candidates.push_back(&layer);
+  }
+  if (total > options.size_budget) {
+    fail("--size-budget", std::to_string(options.size_budget) + " bytes is less than the " +
+                              std::to_string(total) +
+                              " the bundle's weights take with every "
+                              "matrix in W4");
+  }
+  const std::vector<double> kl = measure_sensitivity(hf_dir, ids, stand_ins);
+  std::vector<uint64_t> extra(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const TensorToWrite& t = *candidates[i]->encoded;
+    extra[i] = matrix_bytes(DType::kW8, t.shape[0], t.shape[1], 0) +
+               matrix_scale_bytes(DType::kW8, t.shape[0], t.shape[1], 0) - t.data.size() -
+               t.scales.size();
+  }
+  std::vector<size_t> order(candidates.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return kl[a] * static_cast<double>(extra[b]) > kl[b] * static_cast<double>(extra[a]);
+  });
+  Json w8 = Json::array(), sensitivity = Json::object();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    sensitivity[candidates[i]->encoded->name] = kl[i];
+  }
+  for (const size_t i : order) {
+    if (total + extra[i] > options.size_budget) continue;
+    TensorToWrite& t = *candidates[i]->encoded;
+    const TensorView& source = *candidates[i]->source;
+    t = encode(source, t.name, DType::kW8, 0, rounding_of(source.name));
+    total += extra[i];
+    w8.push_back(t.name);
+  }
+  return {{"size_budget", options.size_budget},
+          {"weight_bytes", total},
+          {"sensitivity_tokens", static_cast<int64_t>(ids.size())},
+          {"w8_matrices", w8},
+          {"kl_alone_w4", sensitivity}};
+}
+
 }  // namespace
 
 DType default_table_dtype(DType weights) {
@@ -220,11 +320,12 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
                                   ? std::min(options.max_context, config.max_position_embeddings)
                                   : config.max_position_embeddings;
 
-  // Encode every tensor of the text decoder under its canonical name, and the multi-token-
-  // prediction head's (mtp.*, a drafter) under its own; vision tensors are not part of the plan.
-  std::vector<TensorToWrite> embed, output;
+  // Encode every tensor of the text decoder under its canonical name, the multi-token-
+  // prediction head's (mtp.*, a drafter) under its own, and the vision tower's (model.visual.*)
+  // when config.json has one qhx reads.
+  std::vector<TensorToWrite> embed, output, vision;
   std::map<int64_t, std::vector<TensorToWrite>> by_layer;
-  std::map<int64_t, uint64_t> layer_bytes;
+  std::map<std::string, const TensorView*> layer_sources;  // by canonical name
   int64_t skipped = 0;
   const bool tied = !checkpoint.contains("lm_head.weight");
   const TableDtypes tables = table_dtypes(options, tied);
@@ -236,6 +337,30 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
   }
   ConvertResult result;
   result.int8_activations = any_quantized && options.int8_activations.value_or(true);
+  // Calibration runs the checkpoint first; its statistics name the matrices by source name.
+  InputStatistics calibration;
+  std::vector<std::vector<int32_t>> calibration_ids;
+  Json calibration_json = nullptr;
+  if (!options.calibration_texts.empty()) {
+    if (!is_quantized(options.weights)) {
+      fail("--calibrate", "needs --weights w8 or w4: float matrices are not rounded");
+    }
+    calibration_ids = calibration_sequences(hf_dir, options.calibration_texts, 2048);
+    calibration = collect_input_statistics(hf_dir, calibration_ids,
+                                           {.max_tokens = options.calibration_tokens});
+    Json texts = Json::array();
+    for (const fs::path& text : options.calibration_texts) {
+      texts.push_back({{"file", text.filename().string()}, {"sha256", sha256_file(text)}});
+    }
+    calibration_json = {{"method", calibration_method_name(options.calibration_method)},
+                        {"tokens", calibration.tokens},
+                        {"texts", texts}};
+  }
+  const auto rounding_of = [&](const std::string& source_name) {
+    const auto gram = calibration.grams.find(source_name);
+    return Rounding{gram == calibration.grams.end() ? nullptr : gram->second.get(),
+                    options.calibration_method};
+  };
   // A tensor of the text model the index lists and no file holds is refused here (--no-gate
   // never loads the model, and the bundle would lack it); the optional parts are not carried.
   for (const std::string& name : checkpoint.listed_but_absent()) {
@@ -251,6 +376,12 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
     for (const auto& [source_name, view] : file->tensors()) {
       std::string name;
       const bool mtp = source_name.starts_with("mtp.");
+      if (source_name.starts_with("model.visual.") && config.vision) {
+        vision.push_back(encode(view, source_name,
+                                vision_dtype_for(source_name, view, options.weights),
+                                options.group_size));
+        continue;
+      }
       if (source_name.starts_with(prefix)) {
         name = "model." + source_name.substr(prefix.size());
       } else if (source_name == "lm_head.weight" || (mtp && mtp_unusable.empty())) {
@@ -259,8 +390,8 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         ++skipped;
         continue;
       }
-      TensorToWrite t =
-          encode(view, name, dtype_for(name, view, options.weights, tables), options.group_size);
+      TensorToWrite t = encode(view, name, dtype_for(name, view, options.weights, tables),
+                               options.group_size, rounding_of(source_name));
       if (name == "model.embed_tokens.weight") {
         if (tied && tables.separate_head) {
           output.push_back(encode(view, "lm_head.weight", tables.head, options.group_size));
@@ -269,7 +400,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
       } else if (name.starts_with("mtp.")) {
         output.push_back(std::move(t));  // with the lm_head it drafts through
       } else if (const int64_t layer = layer_of_tensor(name); layer >= 0) {
-        layer_bytes[layer] += t.data.size() + t.scales.size();
+        layer_sources[name] = &view;
         by_layer[layer].push_back(std::move(t));
       } else {
         output.push_back(std::move(t));
@@ -281,6 +412,27 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
     fail(hf_dir.string(), "tensors for " + std::to_string(by_layer.size()) +
                               " layers, config.json says " + std::to_string(config.num_layers));
   }
+
+  Json mixed = nullptr;
+  if (options.size_budget > 0) {
+    if (options.weights != DType::kW4 || options.calibration_texts.empty()) {
+      fail("--size-budget",
+           "needs --weights w4 and --calibrate (sensitivity is measured on the "
+           "calibration text)");
+    }
+    std::map<std::string, LayerTensor> layers;
+    for (auto& [layer, tensors] : by_layer) {
+      for (TensorToWrite& t : tensors) layers[t.name] = {&t, layer_sources.at(t.name)};
+    }
+    const std::vector<int32_t>& first = calibration_ids.front();
+    const auto ids = std::span(first).first(
+        std::min<size_t>(first.size(), static_cast<size_t>(options.sensitivity_tokens)));
+    mixed = keep_sensitive_in_w8(hf_dir, ids, layers,
+                                 bytes_of(embed) + bytes_of(output) + bytes_of(vision), options,
+                                 result.int8_activations, rounding_of);
+  }
+  std::map<int64_t, uint64_t> layer_bytes;
+  for (const auto& [layer, tensors] : by_layer) layer_bytes[layer] = bytes_of(tensors);
 
   // Decoder shards: consecutive layer ranges, balanced by bytes (or bounded by max bytes).
   std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -327,6 +479,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
     shards_json.push_back({{"file", file}, {"layers", {ranges[s].first, ranges[s].second}}});
   }
   write_qhxt(temp / "output.qhxt", output);
+  if (!vision.empty()) write_qhxt(temp / "vision.qhxt", vision);
 
   std::vector<std::string> tokenizer_files;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
@@ -343,6 +496,11 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
     fs::copy_file(hf_dir / "generation_config.json", temp / "generation_config.json");
     extra_files.push_back("generation_config.json");
   }
+  // The image processor's settings go with the tower (the model reads them to make pixels).
+  if (!vision.empty() && fs::exists(hf_dir / "preprocessor_config.json")) {
+    fs::copy_file(hf_dir / "preprocessor_config.json", temp / "preprocessor_config.json");
+    extra_files.push_back("preprocessor_config.json");
+  }
   // The MTP head's draft vocabulary goes with it (checked first: a bad list fails here).
   if (fs::exists(hf_dir / kDraftVocabFile)) {
     read_draft_vocab(hf_dir / kDraftVocabFile, config.vocab_size);
@@ -358,6 +516,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
 
   Json files = Json::array();
   std::vector<std::string> listed = {"embed.qhxt", "output.qhxt"};
+  if (!vision.empty()) listed.push_back("vision.qhxt");
   for (const auto& s : shards_json) listed.push_back(s["file"]);
   listed.insert(listed.end(), tokenizer_files.begin(), tokenizer_files.end());
   listed.insert(listed.end(), extra_files.begin(), extra_files.end());
@@ -385,6 +544,7 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
          {{"file", "output.qhxt"},
           {"lm_head", tables.separate_head ? "lm_head.weight" : "tied"},
           {"dtype", weight_dtype_name(tables.head)}}},
+        {"vision", vision.empty() ? Json(nullptr) : Json{{"file", "vision.qhxt"}}},
         {"generate",
          {{"op", family + "_generate"},
           {"max_context", max_context},
@@ -398,11 +558,17 @@ ConvertResult forge_convert(const fs::path& hf_dir, const fs::path& out,
         {"w4_group_size", options.weights == DType::kW4 ? Json(options.group_size) : Json(nullptr)},
         {"embed", weight_dtype_name(tables.embed)},
         {"lm_head", weight_dtype_name(tables.head)},
+        {"vision_matrices",
+         vision.empty() ? Json(nullptr)
+                        : Json(weight_dtype_name(is_quantized(options.weights) ? DType::kW8
+                                                                               : options.weights))},
         {"norms", "f32"},
         {"gdn_A_log_dt_bias_conv", "f32"},
         {"gdn_gate_projections", "f32"},
         {"gdn_recurrent_state", "f32"},
         {"activations", result.int8_activations ? "int8" : "f32"},
+        {"calibration", calibration_json},
+        {"mixed", mixed},
         {"kv_cache", "f32"}}},
       {"files", files},
       {"gate", nullptr}};
@@ -475,6 +641,16 @@ GateReport forge_gate(const fs::path& bundle, const fs::path& reference,
   } else {
     suite = gate_prompt_suite(tokenizer ? &*tokenizer : nullptr, candidate->config().vocab_size,
                               suite_options.prompts);
+  }
+  // A model that reads images is gated on images too.
+  if (ref->has_vision()) {
+    if (!candidate->has_vision()) {
+      fail(bundle.string(), "reads no images (" + candidate->vision_unavailable() +
+                                "), its reference " + reference.string() + " does");
+    }
+    const std::vector<GatePrompt> images =
+        gate_image_prompts(*ref, tokenizer ? &*tokenizer : nullptr);
+    suite.insert(suite.end(), images.begin(), images.end());
   }
   const auto matrices = parse_weight_dtype(manifest.precision_policy.value("matrices", "f32"));
   return run_gate(*candidate, *ref, suite, suite_options.greedy_tokens,

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
+#include "forge/calibrated_quant.h"
 #include "runtime/gate.h"
 
 namespace qhx {
@@ -21,6 +23,17 @@ struct ConvertOptions {
   // How W8/W4 matrices multiply their activations: int8 (quantized on the fly, the fast integer
   // kernels) or f32. Unset: int8 where the gate accepts it, else f32 (int8 when not gated).
   std::optional<bool> int8_activations;
+  // Calibrated quantization (forge/calibrated_quant.h): W8/W4 matrices' scales and rounding chosen
+  // for the inputs they meet when the checkpoint (in f32, on the CPU) reads these texts, at most
+  // calibration_tokens of them. Empty: each weight rounded on its own (kernels/quant.h).
+  std::vector<std::filesystem::path> calibration_texts;
+  CalibrationMethod calibration_method = CalibrationMethod::kGptq;
+  int64_t calibration_tokens = 4096;
+  // Mixed precision (W4 only, with calibration): the bundle's weight bytes at most this (0: every
+  // matrix W4), spent on keeping in W8 the matrices whose quantization alone costs the most KL
+  // divergence on the first sensitivity_tokens calibration tokens, per byte W8 adds.
+  uint64_t size_budget = 0;
+  int64_t sensitivity_tokens = 512;
   int64_t shards = 1;            // decoder shards by layer range...
   uint64_t max_shard_bytes = 0;  // ...or as many as needed to stay under this size
   std::string target = "generic";

@@ -7,86 +7,36 @@
 #include <sstream>
 #include <thread>
 
-#include "backend/cpu_backend.h"
+#include "forge/matmul_observer.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace qhx {
 namespace fs = std::filesystem;
-namespace {
-
-// A backend that takes every matmul and computes it with the CPU's kernels, unfused, noting the
-// range of what it reads and writes: the scheduler places it as it would the NPU (a value it
-// reads is materialized, whatever the CPU would have fused).
-class RangeRecorder final : public Backend {
- public:
-  explicit RangeRecorder(std::shared_ptr<CpuContext> context)
-      : context_(std::move(context)), cpu_(*context_, /*fusion=*/false) {}
-
-  std::string name() const override { return "calibration"; }
-  const BufferType& buffer_type() const override { return cpu_.buffer_type(); }
-  bool supports(const Node& node) const override {
-    return node.op == Op::kMatmul || node.op == Op::kCopy;
-  }
-  bool claims(const Node& node) const override { return node.op == Op::kMatmul; }
-  Buffer& arena(size_t bytes) override { return cpu_.arena(bytes); }
-  void run(const Plan& plan, std::span<const Node> nodes, const NodeArgs& args) override {
-    cpu_.run(plan, nodes, args);
-    const Node& n = nodes.front();
-    if (n.op != Op::kMatmul) return;
-    if (n.matrix->id < 0) return;
-    MatmulRanges& r = ranges_[n.matrix->id];
-    const auto note = [&](const Operand& o, ActivationRange& range) {
-      const TensorRef& t = args.values[o.value];
-      const float* row = args.at(o);
-      for (int64_t i = 0; i < n.rows; ++i, row += t.strides[0]) {
-        for (int64_t c = 0; c < plan.values[o.value].cols; ++c) range.include(row[c]);
-      }
-    };
-    note(n.in[0], r.in);
-    note(n.out, r.out);
-  }
-
-  const ActivationRanges& ranges() const { return ranges_; }
-
- private:
-  std::shared_ptr<CpuContext> context_;
-  CpuBackend cpu_;
-  ActivationRanges ranges_;
-};
-
-}  // namespace
 
 Calibration calibrate_npu_ranges(const fs::path& bundle,
                                  std::span<const std::vector<int32_t>> sequences,
                                  const CalibrationOptions& options) {
-  if (options.pass_tokens <= 0 || options.max_tokens <= 0) {
-    fail("calibration", "pass_tokens and max_tokens must be positive");
-  }
-  const int threads = options.n_threads > 0
-                          ? options.n_threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  auto context = std::make_shared<CpuContext>(threads, CpuKernels::from_environment());
-  auto recorder = std::make_shared<RangeRecorder>(context);
-  const auto model = load_model(bundle, {.context = context, .devices = {recorder}});
-  std::vector<float> logits;
-  int64_t read = 0;
-  for (const std::vector<int32_t>& ids : sequences) {
-    if (read >= options.max_tokens) break;
-    auto state = model->new_state();
-    const int64_t n =
-        std::min<int64_t>(static_cast<int64_t>(ids.size()), options.max_tokens - read);
-    for (int64_t begin = 0; begin < n; begin += options.pass_tokens) {
-      const int64_t count = std::min(options.pass_tokens, n - begin);
-      model->forward(std::span(ids).subspan(begin, count), *state, LogitsFor::kLastToken, logits);
+  auto context = calibration_context(options.n_threads);
+  // The range of what each matmul reads and writes.
+  ActivationRanges ranges;
+  const auto note = [](const float* row, int64_t stride, int64_t rows, int64_t cols,
+                       ActivationRange& range) {
+    for (int64_t i = 0; i < rows; ++i, row += stride) {
+      for (int64_t c = 0; c < cols; ++c) range.include(row[c]);
     }
-    read += n;
-  }
-  if (read == 0 || recorder->ranges().empty()) {
-    fail(bundle.string(), "calibration read no tokens (give text that is not empty)");
-  }
-  for (const auto& [weight, r] : recorder->ranges()) {
+  };
+  auto recorder = std::make_shared<MatmulObserver>(context, [&](const ObservedMatmul& m) {
+    if (m.w.id < 0) return;
+    MatmulRanges& r = ranges[m.w.id];
+    note(m.x, m.x_stride, m.rows, m.w.cols, r.in);
+    note(m.y, m.y_stride, m.rows, m.w.rows, r.out);
+  });
+  const auto model = load_model(bundle, {.context = context, .devices = {recorder}});
+  const int64_t read = read_calibration_passes(*model, sequences, options, bundle.string());
+  if (ranges.empty()) fail(bundle.string(), "calibration reached no matrix");
+  for (const auto& [weight, r] : ranges) {
     for (const float v : {r.in.lo, r.in.hi, r.out.lo, r.out.hi}) {
       if (!std::isfinite(v)) {
         fail(bundle.string(), "matrix " + std::to_string(weight) +
@@ -95,7 +45,36 @@ Calibration calibrate_npu_ranges(const fs::path& bundle,
       }
     }
   }
-  return {recorder->ranges(), read};
+  return {ranges, read};
+}
+
+std::shared_ptr<CpuContext> calibration_context(int n_threads) {
+  const int threads = n_threads > 0
+                          ? n_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::make_shared<CpuContext>(threads, CpuKernels::from_environment());
+}
+
+int64_t read_calibration_passes(const Model& model, std::span<const std::vector<int32_t>> sequences,
+                                const CalibrationOptions& options, const std::string& where) {
+  if (options.pass_tokens <= 0 || options.max_tokens <= 0) {
+    fail("calibration", "pass_tokens and max_tokens must be positive");
+  }
+  std::vector<float> logits;
+  int64_t read = 0;
+  for (const std::vector<int32_t>& ids : sequences) {
+    if (read >= options.max_tokens) break;
+    auto state = model.new_state();
+    const int64_t n =
+        std::min<int64_t>(static_cast<int64_t>(ids.size()), options.max_tokens - read);
+    for (int64_t begin = 0; begin < n; begin += options.pass_tokens) {
+      const int64_t count = std::min(options.pass_tokens, n - begin);
+      model.forward(std::span(ids).subspan(begin, count), *state, LogitsFor::kLastToken, logits);
+    }
+    read += n;
+  }
+  if (read == 0) fail(where, "calibration read no tokens (give text that is not empty)");
+  return read;
 }
 
 std::vector<std::vector<int32_t>> calibration_sequences(const fs::path& bundle,

@@ -5,10 +5,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/qnn/npu_weights.h"
+#include "models/model.h"
 
 namespace qhx {
 
@@ -30,6 +33,15 @@ struct Calibration {
 Calibration calibrate_npu_ranges(const std::filesystem::path& bundle,
                                  std::span<const std::vector<int32_t>> sequences,
                                  const CalibrationOptions& options = {});
+
+// The CPU context calibration computes on: n_threads, or the machine's cores when 0.
+std::shared_ptr<CpuContext> calibration_context(int n_threads);
+
+// Reads `sequences` with `model` in prompt passes of options.pass_tokens, each sequence from a
+// fresh state, until options.max_tokens in all; returns the tokens read. Error naming `where`
+// when it reads none.
+int64_t read_calibration_passes(const Model& model, std::span<const std::vector<int32_t>> sequences,
+                                const CalibrationOptions& options, const std::string& where);
 
 // Token ids of calibration text files, cut into sequences of at most `sequence_tokens`, by the
 // bundle's tokenizer (Error naming a file that cannot be read or a bundle without a tokenizer).

@@ -31,7 +31,37 @@ bool is_full_attention(const SynthShape& p, int64_t layer) {
 
 }  // namespace
 
-Json synthetic_config_json(const SynthShape& p) {
+Json synthetic_config_json(const SynthShape& p, const SynthVision* vision) {
+  if (vision != nullptr) {
+    if (!p.hybrid) fail("--vision", p.name + " is a text model: only Qwen3.5 reads images");
+    Json text = synthetic_config_json(p);
+    // The released ids; a shape whose vocabulary is smaller (tests) takes its last five.
+    const int64_t base = p.vocab > 248057 ? 248053 : p.vocab - 5;
+    text["model_type"] = "qwen3_5_text";
+    text.erase("architectures");
+    return {{"architectures", {"Qwen3_5ForConditionalGeneration"}},
+            {"model_type", "qwen3_5"},
+            {"tie_word_embeddings", true},
+            {"image_token_id", base + 3},
+            {"video_token_id", base + 4},
+            {"vision_start_token_id", base},
+            {"vision_end_token_id", base + 1},
+            {"text_config", text},
+            {"vision_config",
+             {{"model_type", "qwen3_5_vision"},
+              {"depth", vision->depth},
+              {"hidden_size", vision->hidden},
+              {"hidden_act", "gelu_pytorch_tanh"},
+              {"intermediate_size", vision->intermediate},
+              {"num_heads", vision->heads},
+              {"in_channels", 3},
+              {"patch_size", 16},
+              {"spatial_merge_size", 2},
+              {"temporal_patch_size", 2},
+              {"out_hidden_size", p.hidden},
+              {"num_position_embeddings", vision->positions},
+              {"deepstack_visual_indexes", Json::array()}}}};
+  }
   Json c = {{"attention_bias", false},
             {"attention_dropout", 0.0},
             {"dtype", "bfloat16"},
@@ -90,11 +120,44 @@ struct SynthTensor {
   Fill fill;
 };
 
-std::vector<SynthTensor> tensor_list(const SynthShape& p) {
+std::vector<SynthTensor> tensor_list(const SynthShape& p, const SynthVision* vision) {
   std::vector<SynthTensor> out;
+  // The text model's tensors under model.language_model. in the multimodal layout.
+  const std::string text_prefix = vision != nullptr ? "model.language_model." : "model.";
   const auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape, Fill fill) {
+    if (name.starts_with("model.") && !name.starts_with("model.visual.")) {
+      name = text_prefix + name.substr(6);
+    }
     out.push_back({{std::move(name), dtype, std::move(shape)}, fill});
   };
+  if (vision != nullptr) {  // Qwen3.5's tower: LayerNorms and biases identity and zero
+    const int64_t H = vision->hidden, I = vision->intermediate, merged = 4 * H;
+    const std::string v = "model.visual.";
+    add(v + "patch_embed.proj.weight", DType::kBF16, {H, 3, 2, 16, 16}, Fill::kMatrix);
+    add(v + "patch_embed.proj.bias", DType::kBF16, {H}, Fill::kZeros);
+    add(v + "pos_embed.weight", DType::kBF16, {vision->positions, H}, Fill::kMatrix);
+    for (int64_t i = 0; i < vision->depth; ++i) {
+      const std::string b = v + "blocks." + std::to_string(i) + ".";
+      for (const char* norm : {"norm1", "norm2"}) {
+        add(b + norm + ".weight", DType::kBF16, {H}, Fill::kOnes);
+        add(b + norm + ".bias", DType::kBF16, {H}, Fill::kZeros);
+      }
+      add(b + "attn.qkv.weight", DType::kBF16, {3 * H, H}, Fill::kMatrix);
+      add(b + "attn.qkv.bias", DType::kBF16, {3 * H}, Fill::kZeros);
+      add(b + "attn.proj.weight", DType::kBF16, {H, H}, Fill::kMatrix);
+      add(b + "attn.proj.bias", DType::kBF16, {H}, Fill::kZeros);
+      add(b + "mlp.linear_fc1.weight", DType::kBF16, {I, H}, Fill::kMatrix);
+      add(b + "mlp.linear_fc1.bias", DType::kBF16, {I}, Fill::kZeros);
+      add(b + "mlp.linear_fc2.weight", DType::kBF16, {H, I}, Fill::kMatrix);
+      add(b + "mlp.linear_fc2.bias", DType::kBF16, {H}, Fill::kZeros);
+    }
+    add(v + "merger.norm.weight", DType::kBF16, {H}, Fill::kOnes);
+    add(v + "merger.norm.bias", DType::kBF16, {H}, Fill::kZeros);
+    add(v + "merger.linear_fc1.weight", DType::kBF16, {merged, merged}, Fill::kMatrix);
+    add(v + "merger.linear_fc1.bias", DType::kBF16, {merged}, Fill::kZeros);
+    add(v + "merger.linear_fc2.weight", DType::kBF16, {p.hidden, merged}, Fill::kMatrix);
+    add(v + "merger.linear_fc2.bias", DType::kBF16, {p.hidden}, Fill::kZeros);
+  }
   // Qwen3.5 norms are zero-centred (weight 0 = identity), Qwen3's plain (weight 1 = identity).
   const Fill identity_norm = p.hybrid ? Fill::kZeros : Fill::kOnes;
   const int64_t H = p.hidden;
@@ -198,14 +261,33 @@ const SynthShape& synth_preset(const std::string& name) {
   fail("--preset", "'" + name + "' is not one of " + known);
 }
 
-void write_synthetic_checkpoint(const SynthShape& p, const fs::path& out, uint64_t seed) {
+void write_synthetic_checkpoint(const SynthShape& p, const fs::path& out, uint64_t seed,
+                                const SynthVision* vision) {
   if (fs::exists(out)) fail(out.string(), "already exists");
+  const Json config = synthetic_config_json(p, vision);  // refuses a tower on a text model
   fs::create_directories(out);
-  std::ofstream(out / "config.json") << synthetic_config_json(p).dump(2) << "\n";
+  std::ofstream(out / "config.json") << config.dump(2) << "\n";
+  if (vision != nullptr) {  // the released settings: 65,536 to 16,777,216 pixels
+    const Json preprocessor = {{"image_processor_type", "Qwen2VLImageProcessorFast"},
+                               {"processor_class", "Qwen3VLProcessor"},
+                               {"do_convert_rgb", true},
+                               {"do_normalize", true},
+                               {"do_rescale", true},
+                               {"do_resize", true},
+                               {"image_mean", {0.5, 0.5, 0.5}},
+                               {"image_std", {0.5, 0.5, 0.5}},
+                               {"merge_size", 2},
+                               {"patch_size", 16},
+                               {"resample", 3},
+                               {"rescale_factor", 1.0 / 255.0},
+                               {"size", {{"longest_edge", 16777216}, {"shortest_edge", 65536}}},
+                               {"temporal_patch_size", 2}};
+    std::ofstream(out / "preprocessor_config.json") << preprocessor.dump(2) << "\n";
+  }
   const Json generation = {{"eos_token_id", p.hybrid ? Json{248044} : Json{151645, 151643}},
                            {"do_sample", false}};
   std::ofstream(out / "generation_config.json") << generation.dump(2) << "\n";
-  const std::vector<SynthTensor> tensors = tensor_list(p);
+  const std::vector<SynthTensor> tensors = tensor_list(p, vision);
   std::vector<SafetensorsEntry> entries;
   for (const SynthTensor& t : tensors) entries.push_back(t.entry);
   write_safetensors(out / "model.safetensors", entries, [&](size_t i, std::span<std::byte> bytes) {

@@ -74,6 +74,18 @@ NodeCost node_cost(const Plan& plan, const Node& node, int64_t first_pos) {
       const double gates = 2 * rows * static_cast<double>(h.n_v_heads);
       return {(2 * state + qk + 2 * v + gates) * kFloat, 7 * rows * state};
     }
+    case Op::kLayerNorm:  // mean, variance, scale, weight and bias
+      return {(2 * out + 2 * static_cast<double>(node.width)) * kFloat, 7 * out};
+    case Op::kAddBias:
+      return {(2 * out + cols(node.out)) * kFloat, out};
+    case Op::kGelu:
+    case Op::kGeluTanh:
+      return {2 * out * kFloat, 10 * out};
+    case Op::kBidirectionalAttention: {  // every query dots and weighs every row's key
+      const AttentionShape& a = node.attention;
+      const double width = static_cast<double>(a.n_heads * a.head_dim);
+      return {4 * rows * width * kFloat, 4 * rows * rows * width};
+    }
     case Op::kCopy:
       return {2 * out * kFloat, 0.0};
   }

@@ -9,6 +9,9 @@ bool updates_in_place(Op op) {
     case Op::kSigmoidGate:
     case Op::kL2Norm:
     case Op::kDeltaGates:
+    case Op::kAddBias:
+    case Op::kGelu:
+    case Op::kGeluTanh:
       return true;
     default:
       return false;
@@ -49,6 +52,16 @@ const char* op_name(Op op) {
       return "delta_gates";
     case Op::kDeltaRule:
       return "delta_rule";
+    case Op::kLayerNorm:
+      return "layer_norm";
+    case Op::kAddBias:
+      return "add_bias";
+    case Op::kGelu:
+      return "gelu";
+    case Op::kGeluTanh:
+      return "gelu_tanh";
+    case Op::kBidirectionalAttention:
+      return "bidirectional_attention";
     case Op::kCopy:
       return "copy";
   }

@@ -36,7 +36,9 @@ enum class Op : uint8_t {
   kCopyColumns,  // out = in0[:, offset : offset + out.cols]
   kSplitHeads,  // in0 [rows, heads·2·width] as [query | gate] per head: out = queries, out2 = gates
   kRope,        // in place on out: rotate-half RoPE of each `width`-element head at positions
-                // first_pos + row, on its first rotary_dim elements (frequencies `vector`)
+                // first_pos + row, on its first rotary_dim elements (frequencies `vector`); with
+                // `rope_axes`, frequency i turns by the row's position on axis rope_axes[i]
+                // (RunInputs::positions: M-RoPE's temporal, height, width) when there are any
   kAttention,    // appends in1 (keys) and in2 (values) to layer's KV cache, then
                  // out = causal attention of queries in0 over the cache
   kSigmoidGate,  // out *= sigmoid(in0)
@@ -48,7 +50,13 @@ enum class Op : uint8_t {
   kDeltaRule,   // out = gated delta rule of q in0, k in1, v in2, β in3, g in4, continuing the
                 // layer's recurrent state (one token, or chunk 0: the recurrent step;
                 // more: chunked)
-  kCopy,        // out = in0 (inserted by the scheduler where a value changes backend)
+  kLayerNorm,  // each `width` elements of in0: (x − mean) / sqrt(var + eps) · `vector` + `vector2`
+  kAddBias,    // in place: every row of out += `vector`
+  kGelu,       // in place: x · Φ(x) (erf)
+  kGeluTanh,                // in place: transformers' gelu_pytorch_tanh
+  kBidirectionalAttention,  // out = attention of queries in0 over all rows' keys in1 and values
+                            // in2 (no mask, no cache): an image's patches see each other
+  kCopy,                    // out = in0 (inserted by the scheduler where a value changes backend)
 };
 inline constexpr int kOpKinds = static_cast<int>(Op::kCopy) + 1;
 const char* op_name(Op op);
@@ -91,6 +99,7 @@ struct Node {
   AttentionShape attention{};             // kAttention
   DeltaRuleShape heads{};                 // kDeltaRule
   int64_t rotary_dim = 0;                 // kRope
+  const int8_t* rope_axes = nullptr;      // kRope: rotary_dim / 2 axes (0 t, 1 h, 2 w), or none
   int64_t chunk = 0;  // kDeltaRule: the prefill chunk of the WY form (0: recurrent)
 
   // Set by the scheduler: the backend that runs it, and how many of the nodes that follow it
@@ -127,6 +136,9 @@ void number_weights(const WeightList& weights);
 struct RunInputs {
   std::span<const int32_t> ids = {};
   int64_t first_pos = 0;
+  // M-RoPE positions of the rows, [3, rows] (temporal, height, width), for kRope nodes with
+  // rope_axes; empty: first_pos + row on every axis.
+  std::span<const int32_t> positions = {};
   std::span<LayerState> layers = {};
   std::span<Buffer* const> external = {};
 };

@@ -167,15 +167,20 @@ bool Runner::decodes_on_devices() const {
 }
 
 void Runner::execute_on(const PlanKey& key, bool devices, std::span<const int32_t> ids,
-                        Sequence& sequence, std::span<Buffer* const> outputs) const {
-  const RunInputs inputs{
-      .ids = ids, .first_pos = sequence.tokens, .layers = sequence.layers, .external = outputs};
+                        Sequence& sequence, std::span<Buffer* const> outputs,
+                        std::span<const int32_t> positions) const {
+  const RunInputs inputs{.ids = ids,
+                         .first_pos = sequence.tokens,
+                         .positions = positions,
+                         .layers = sequence.layers,
+                         .external = outputs};
   execute(schedule_for(key, devices), backends(devices), inputs);
 }
 
 void Runner::run_on_cpu(std::span<const int32_t> ids, const PlanKey& plan, Sequence& sequence,
-                        std::span<Buffer* const> outputs) const {
-  execute_on(plan, false, ids, sequence, outputs);
+                        std::span<Buffer* const> outputs,
+                        std::span<const int32_t> positions) const {
+  execute_on(plan, false, ids, sequence, outputs, positions);
   sequence.tokens += static_cast<int64_t>(ids.size());
 }
 

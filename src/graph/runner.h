@@ -131,9 +131,9 @@ class Runner {
   // context's turn.
   void run(std::span<const int32_t> ids, const Pass& pass, Sequence& sequence,
            std::span<Buffer* const> outputs) const;
-  // The same on the CPU alone.
+  // The same on the CPU alone, with the rows' M-RoPE positions if any (RunInputs::positions).
   void run_on_cpu(std::span<const int32_t> ids, const PlanKey& plan, Sequence& sequence,
-                  std::span<Buffer* const> outputs) const;
+                  std::span<Buffer* const> outputs, std::span<const int32_t> positions = {}) const;
   // Bytes of the arenas a plan runs in (where it runs now). Call on the context's turn.
   int64_t arena_bytes(const PlanKey& plan) const;
 
@@ -158,7 +158,8 @@ class Runner {
     return std::span<Backend* const>(backends_).first(devices ? backends_.size() : 1);
   }
   void execute_on(const PlanKey& key, bool devices, std::span<const int32_t> ids,
-                  Sequence& sequence, std::span<Buffer* const> outputs) const;
+                  Sequence& sequence, std::span<Buffer* const> outputs,
+                  std::span<const int32_t> positions = {}) const;
   bool decodes_on_devices() const;  // whether a decode step puts nodes on a device
   // Whether every conv and delta-rule node of the schedule runs on devices that keep the states
   // they compute (Backend::keep_states), and tells them to keep them or not accordingly.

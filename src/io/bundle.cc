@@ -92,6 +92,9 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
                                           std::to_string(m.config.num_layers));
   }
   m.output_file = local_file(object_field(plan, "output", pw), "file", field(pw, "output"));
+  if (auto it = plan.find("vision"); it != plan.end() && !it->is_null()) {
+    m.vision_file = local_file(object_field(plan, "vision", pw), "file", field(pw, "vision"));
+  }
 
   const Json& op = object_field(plan, "generate", pw);
   const std::string ow = field(pw, "generate");
@@ -159,9 +162,10 @@ BundleManifest parse_bundle_manifest(const Json& j, const std::string& where) {
   }
   std::vector<std::string> referenced = {m.embed_file, m.output_file};
   for (const auto& s : m.shards) referenced.push_back(s.file);
+  if (!m.vision_file.empty()) referenced.push_back(m.vision_file);
   // Each stage of the plan has its own tensor file.
   if (std::set<std::string>(referenced.begin(), referenced.end()).size() != referenced.size()) {
-    fail(field(where, "plan"), "embed, decoder shards and output must use distinct files");
+    fail(field(where, "plan"), "embed, decoder shards, output and vision must use distinct files");
   }
   referenced.insert(referenced.end(), m.tokenizer_files.begin(), m.tokenizer_files.end());
   for (const auto& r : referenced) {
@@ -194,9 +198,9 @@ void verify_manifest_hash(const std::filesystem::path& dir) {
 }
 
 // Files a bundle's loaders read when they are there: each must be listed (and so checked).
-constexpr const char* kReadWhenPresent[] = {"tokenizer.json", "tokenizer_config.json",
+constexpr const char* kReadWhenPresent[] = {"tokenizer.json",      "tokenizer_config.json",
                                             "chat_template.jinja", "generation_config.json",
-                                            "draft_vocab.json"};
+                                            "draft_vocab.json",    "preprocessor_config.json"};
 
 }  // namespace
 
@@ -273,6 +277,15 @@ Checkpoint open_bundle_tensors(const std::filesystem::path& dir, const BundleMan
     files.push_back(std::move(shard));
   }
   files.push_back(std::make_unique<QhxtFile>(QhxtFile::open(dir / m.output_file)));
+  if (!m.vision_file.empty()) {
+    auto vision = std::make_unique<QhxtFile>(QhxtFile::open(dir / m.vision_file));
+    for (const auto& [name, view] : vision->tensors()) {
+      if (!name.starts_with("model.visual.")) {
+        fail(vision->path().string(), "tensor '" + name + "' is not the vision tower's");
+      }
+    }
+    files.push_back(std::move(vision));
+  }
   return Checkpoint::from_files(dir, std::move(files));
 }
 

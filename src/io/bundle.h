@@ -42,6 +42,7 @@ struct BundleManifest {
   std::string embed_file;
   std::vector<BundleShard> shards;
   std::string output_file;  // final norm and (unless tied) lm_head
+  std::string vision_file;  // the vision tower (model.visual.*); "" in a text model's bundle
   std::vector<std::string> tokenizer_files;
   std::vector<int32_t> stop_ids;  // the generate host-op's (sampling: generation_config.json)
   Json precision_policy;

@@ -1,5 +1,6 @@
 #include "io/hf_config.h"
 
+#include <cmath>
 #include <cstdint>
 #include <set>
 #include <string_view>
@@ -181,6 +182,106 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   return parse_model_config(read_json_file(config_json), config_json.string());
 }
 
+namespace {
+
+// Sections past the rotary frequencies select none of them, as in transformers.
+std::vector<int64_t> mrope_section_of(const Json& cfg, const std::string& where) {
+  std::vector<int64_t> section = {11, 11, 10};  // transformers' default
+  auto it = cfg.find("rope_parameters");
+  if (it != cfg.end() && it->is_object() && it->contains("mrope_section")) {
+    const Json& v = (*it)["mrope_section"];
+    const std::string w = where + ": rope_parameters.mrope_section";
+    if (!v.is_array() || v.size() != 3) fail(w, "expected three integers");
+    section.clear();
+    for (const Json& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0) fail(w, "expected three integers");
+      section.push_back(x.get<int64_t>());
+    }
+  }
+  return section;
+}
+
+// vision_config as a VisionConfig, or why it is not one qhx reads.
+std::optional<VisionConfig> vision_of(const Json& v, int64_t text_hidden, std::string& why) {
+  static const std::set<std::string_view> known = {"model_type",
+                                                   "depth",
+                                                   "hidden_size",
+                                                   "hidden_act",
+                                                   "intermediate_size",
+                                                   "num_heads",
+                                                   "in_channels",
+                                                   "patch_size",
+                                                   "spatial_merge_size",
+                                                   "temporal_patch_size",
+                                                   "out_hidden_size",
+                                                   "num_position_embeddings",
+                                                   "initializer_range",
+                                                   "rope_parameters",
+                                                   "deepstack_visual_indexes",
+                                                   "dtype",
+                                                   "torch_dtype",
+                                                   "transformers_version",
+                                                   "_name_or_path",
+                                                   "fullatt_block_indexes",
+                                                   "tokens_per_second",
+                                                   "window_size"};
+  const std::string where = "vision_config";
+  try {
+    if (!v.is_object()) fail(where, "expected a JSON object");
+    for (const auto& [key, value] : v.items()) {
+      if (!known.contains(key)) fail(field(where, key), "unknown vision config key");
+    }
+    VisionConfig c;
+    c.depth = positive_int(v, "depth", where, 1024);
+    c.hidden_size = positive_int(v, "hidden_size", where, 1 << 16);
+    c.intermediate_size = positive_int(v, "intermediate_size", where, 1 << 18);
+    c.num_heads = positive_int(v, "num_heads", where, 1024);
+    c.out_hidden_size = positive_int(v, "out_hidden_size", where, 1 << 18);
+    c.num_position_embeddings = positive_int(v, "num_position_embeddings", where, 1 << 20);
+    c.in_channels = int_or_default(v, "in_channels", 3, where);
+    c.patch_size = int_or_default(v, "patch_size", 16, where);
+    c.temporal_patch_size = int_or_default(v, "temporal_patch_size", 2, where);
+    c.spatial_merge_size = int_or_default(v, "spatial_merge_size", 2, where);
+    if (c.in_channels != 3) fail(field(where, "in_channels"), "images are RGB: expected 3");
+    if (c.hidden_size % c.num_heads != 0 || c.head_dim() % 4 != 0) {
+      fail(field(where, "num_heads"), "the head size must be a multiple of 4 (2-D RoPE)");
+    }
+    if (c.out_hidden_size != text_hidden) {
+      fail(field(where, "out_hidden_size"), "differs from the text model's hidden_size");
+    }
+    const auto side =
+        static_cast<int64_t>(std::sqrt(static_cast<double>(c.num_position_embeddings)));
+    if (side * side != c.num_position_embeddings) {
+      fail(field(where, "num_position_embeddings"), "expected a square (a grid of positions)");
+    }
+    if (v.contains("hidden_act")) {
+      if (v["hidden_act"] == "gelu") {
+        c.gelu_tanh = false;
+      } else if (v["hidden_act"] != "gelu_pytorch_tanh") {
+        fail(field(where, "hidden_act"),
+             v["hidden_act"].dump() + ": qhx's tower computes gelu_pytorch_tanh or gelu");
+      }
+    }
+    if (auto d = v.find("deepstack_visual_indexes");
+        d != v.end() && !d->is_null() && !(d->is_array() && d->empty())) {
+      fail(field(where, "deepstack_visual_indexes"),
+           "must be empty: qhx's tower feeds no DeepStack features to the decoder (Qwen3-VL's)");
+    }
+    if (auto r = v.find("rope_parameters"); r != v.end() && r->is_object()) {
+      if (r->contains("rope_type") && (*r)["rope_type"] != "axial") {
+        fail(field(where, "rope_parameters.rope_type"), "expected \"axial\"");
+      }
+      if (r->contains("rope_theta")) c.rope_theta = require_number(*r, "rope_theta", where);
+    }
+    return c;
+  } catch (const Error& e) {
+    why = e.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 ModelConfig parse_model_config(const Json& root, const std::string& root_where) {
   if (!root.is_object()) fail(root_where, "expected a JSON object");
   const bool nested = root.contains("text_config");
@@ -266,6 +367,27 @@ ModelConfig parse_model_config(const Json& root, const std::string& root_where) 
   }
   if (cfg.contains("eos_token_id")) {
     c.eos_token_ids = parse_token_ids(cfg["eos_token_id"], field(where, "eos_token_id"));
+  }
+
+  if (qwen3_5) c.mrope_section = mrope_section_of(cfg, where);
+  if (nested && root.contains("vision_config")) {
+    c.vision = vision_of(root["vision_config"], c.hidden_size, c.vision_unavailable);
+    for (auto [key, id] : {std::pair{"image_token_id", &c.image_token_id},
+                           std::pair{"video_token_id", &c.video_token_id},
+                           std::pair{"vision_start_token_id", &c.vision_start_token_id},
+                           std::pair{"vision_end_token_id", &c.vision_end_token_id}}) {
+      if (!root.contains(key)) continue;
+      // Read only for images: a text model loads whatever they say (as transformers does).
+      const std::vector<int32_t> ids = parse_token_ids(root[key], field(root_where, key));
+      if (ids.size() == 1 && ids[0] < c.vocab_size) *id = ids[0];
+    }
+    if (c.vision &&
+        (c.image_token_id < 0 || c.vision_start_token_id < 0 || c.vision_end_token_id < 0)) {
+      c.vision.reset();
+      c.vision_unavailable =
+          "config.json's image_token_id, vision_start_token_id or vision_end_token_id is missing "
+          "or outside the vocabulary";
+    }
   }
 
   require_value(cfg, "hidden_act", "silu", where, "only silu is implemented");

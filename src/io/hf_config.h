@@ -20,6 +20,22 @@ enum class LayerKind { kFullAttention, kLinearAttention };
 
 // Text-decoder hyper-parameters (spec §2.1, §3.1). Keys that change the math and that qhx does not
 // implement (biases, sliding windows, RoPE scaling) are rejected, not ignored.
+// Qwen3.5's vision tower (vision_config of a multimodal checkpoint): a ViT over patches of
+// temporal_patch × patch × patch pixels with learned position embeddings interpolated to the
+// image's grid and 2-D RoPE, whose merger folds merge × merge patches into one token of
+// out_hidden_size (the text model's hidden size).
+struct VisionConfig {
+  int64_t depth = 0, hidden_size = 0, intermediate_size = 0, num_heads = 0;
+  int64_t in_channels = 3, patch_size = 16, temporal_patch_size = 2, spatial_merge_size = 2;
+  int64_t out_hidden_size = 0, num_position_embeddings = 0;
+  bool gelu_tanh = true;  // hidden_act gelu_pytorch_tanh (else exact gelu)
+  double rope_theta = 10000.0;
+  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t patch_values() const {
+    return in_channels * temporal_patch_size * patch_size * patch_size;
+  }
+};
+
 struct ModelConfig {
   Family family = Family::kQwen3;
   std::string model_type;
@@ -50,6 +66,16 @@ struct ModelConfig {
   int64_t max_position_embeddings = 32768;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
+  // M-RoPE (Qwen3.5): rotary frequency i turns by the height position when i % 3 == 1 and
+  // i < 3·mrope_section[1], by the width position when i % 3 == 2 and i < 3·mrope_section[2],
+  // else by the temporal one (transformers interleaves them so); text has all three equal.
+  std::vector<int64_t> mrope_section;
+  // A multimodal checkpoint's vision tower and its tokens; `vision_unavailable` says why a
+  // vision_config is there but not one qhx reads (the model then reads text only).
+  std::optional<VisionConfig> vision;
+  std::string vision_unavailable;
+  int32_t image_token_id = -1, video_token_id = -1;
+  int32_t vision_start_token_id = -1, vision_end_token_id = -1;
 };
 
 // Reads config.json; a nested "text_config" (multimodal wrappers) takes precedence.

@@ -480,15 +480,22 @@ const char* attention_kernel_path(const CpuKernels& kernels, int64_t head_dim) {
   return "scalar reference";
 }
 
-void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t first_pos,
-                      const float* keys, const float* values, const AttentionShape& shape,
-                      float scale, float* out) {
+namespace {
+
+// Causal: query t sees keys 0..first_pos+t; else every query sees all first_pos + n_queries.
+void attend_queries(CpuContext& cx, const float* q, int64_t n_queries, int64_t first_pos,
+                    const float* keys, const float* values, const AttentionShape& shape,
+                    float scale, float* out, bool causal) {
   const int64_t hd = shape.head_dim;
   const AttendRows attend = fast_attend_rows(cx.kernels(), hd);
+  const int64_t all_keys = first_pos + n_queries;
   if (attend == nullptr) {
-    float* scores =
-        cx.caller_scratch().buffer<float>(Scratch::kAttentionScores, first_pos + n_queries);
-    ref::causal_attention(q, n_queries, first_pos, keys, values, shape, scale, out, scores);
+    float* scores = cx.caller_scratch().buffer<float>(Scratch::kAttentionScores, all_keys);
+    if (causal) {
+      ref::causal_attention(q, n_queries, first_pos, keys, values, shape, scale, out, scores);
+    } else {
+      ref::bidirectional_attention(q, n_queries, keys, values, shape, scale, out, scores);
+    }
     return;
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
@@ -513,7 +520,7 @@ void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t
   const auto attend_block = [&](int64_t kv, int64_t block, Scratch& scratch) {
     const int64_t t_begin = block * positions;
     const int64_t t_end = std::min(n_queries, t_begin + positions);
-    const int64_t max_keys = first_pos + t_end;
+    const int64_t max_keys = causal ? first_pos + t_end : all_keys;
     float* scores =
         scratch.buffer<float>(Scratch::kAttentionScores, (t_end - t_begin) * group * max_keys);
     std::vector<AttentionRow>& rows =
@@ -522,7 +529,7 @@ void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t
     for (int64_t t = t_begin; t < t_end; ++t) {
       for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
         rows.push_back({q + t * q_stride + h * hd, out + t * q_stride + h * hd,
-                        scores + rows.size() * max_keys, first_pos + t + 1});
+                        scores + rows.size() * max_keys, causal ? first_pos + t + 1 : all_keys});
       }
     }
     if (!gather) {
@@ -531,8 +538,7 @@ void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t
       return;
     }
     GatheredHead& head = scratch.object<GatheredHead>(Scratch::kGatheredHead);
-    head.gather(call, kv, keys, values, max_keys, first_pos + n_queries, kv_stride, hd,
-                transposed_keys);
+    head.gather(call, kv, keys, values, max_keys, all_keys, kv_stride, hd, transposed_keys);
     attend_gathered(rows.data(), static_cast<int>(rows.size()), head.keys.data(),
                     head.values.data(), hd, hd, scale);
   };
@@ -546,7 +552,7 @@ void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t
   std::vector<int64_t> part_begin = {0};
   const auto keys_before = [&](int64_t block) {  // (query, key) pairs of blocks [0, block)
     const int64_t t = std::min(n_queries, block * positions);
-    return t * first_pos + t * (t + 1) / 2;
+    return causal ? t * first_pos + t * (t + 1) / 2 : t * all_keys;
   };
   for (int64_t part = 1, block = 0; part < parts; ++part) {
     while (keys_before(block) * parts < keys_before(blocks) * part) ++block;
@@ -559,6 +565,20 @@ void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t
       attend_block(kv, block, scratch);
     }
   });
+}
+
+}  // namespace
+
+void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t first_pos,
+                      const float* keys, const float* values, const AttentionShape& shape,
+                      float scale, float* out) {
+  attend_queries(cx, q, n_queries, first_pos, keys, values, shape, scale, out, /*causal=*/true);
+}
+
+void bidirectional_attention(CpuContext& cx, const float* q, int64_t n_rows, const float* keys,
+                             const float* values, const AttentionShape& shape, float scale,
+                             float* out) {
+  attend_queries(cx, q, n_rows, 0, keys, values, shape, scale, out, /*causal=*/false);
 }
 
 }  // namespace qhx

@@ -1,4 +1,4 @@
-// Fast causal grouped-query attention (the scalar reference is ref::causal_attention in
+// Fast grouped-query attention, causal and bidirectional (the scalar references are ref::'s in
 // kernels/kernels.h, same arguments). Query rows and heads are spread over the context's threads;
 // each (query, head) pair is computed the same way whatever the batch, so a token decoded alone
 // gets exactly what it gets inside a batched prefill.
@@ -18,6 +18,12 @@ struct CpuKernels;
 void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t first_pos,
                       const float* keys, const float* values, const AttentionShape& shape,
                       float scale, float* out);
+
+// Every query over all n_rows keys (ref::bidirectional_attention): blocks of queries share each
+// key and value load, as in causal_attention. q, out: [n_rows, n_heads·head_dim].
+void bidirectional_attention(CpuContext& cx, const float* q, int64_t n_rows, const float* keys,
+                             const float* values, const AttentionShape& shape, float scale,
+                             float* out);
 
 // The implementation causal_attention uses with these kernels: "avx512" or "avx2+fma" (x86-64
 // CPUs that have them, head_dim a multiple of 16 or 8), "neon" (aarch64) or "scalar reference".

@@ -57,6 +57,22 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
                       const float* values, const AttentionShape& shape, float scale, float* out,
                       float* scores);
 
+// y = (x − mean) / sqrt(var + eps) · weight + bias over n elements (y may alias x), the mean
+// and the (biased) variance in float32 as torch.nn.LayerNorm computes them on the CPU.
+void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps,
+                float* y);
+
+// In place: x · Φ(x) = x/2 · (1 + erf(x/√2)) (torch.nn.GELU), and its tanh approximation
+// x/2 · (1 + tanh(√(2/π) (x + 0.044715 x³))) (gelu_pytorch_tanh).
+void gelu(float* x, int64_t n);
+void gelu_tanh(float* x, int64_t n);
+
+// Attention of every query over all n_rows keys and values (no mask, no cache; heads as
+// `shape`, its kv heads shared by groups of query heads). q, out: [n_rows, n_heads·head_dim];
+// keys, values: [n_rows, n_kv_heads·head_dim]; scores: scratch of n_rows floats.
+void bidirectional_attention(const float* q, int64_t n_rows, const float* keys, const float* values,
+                             const AttentionShape& shape, float scale, float* out, float* scores);
+
 // x[i] *= sigmoid(gate[i]).
 void sigmoid_gate(const float* gate, int64_t n, float* x);
 

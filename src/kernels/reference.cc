@@ -214,6 +214,40 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
   }
 }
 
+void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps,
+                float* y) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const float mean = sum / static_cast<float>(n);
+  float sum_sq = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum_sq += (x[i] - mean) * (x[i] - mean);
+  const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mean) * inv * weight[i] + bias[i];
+}
+
+void gelu(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+}
+
+void gelu_tanh(float* x, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286536f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    x[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+  }
+}
+
+void bidirectional_attention(const float* q, int64_t n_rows, const float* keys, const float* values,
+                             const AttentionShape& shape, float scale, float* out, float* scores) {
+  // Query t of a causal pass n_rows − 1 rows in sees every key: one query at a time.
+  const int64_t q_stride = shape.n_heads * shape.head_dim;
+  for (int64_t t = 0; t < n_rows; ++t) {
+    causal_attention(q + t * q_stride, 1, n_rows - 1, keys, values, shape, scale,
+                     out + t * q_stride, scores);
+  }
+}
+
 void sigmoid_gate(const float* gate, int64_t n, float* x) {
   for (int64_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
 }

@@ -44,6 +44,17 @@ std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim) {
   return inv_freq;
 }
 
+void add_rope(Plan& plan, ValueId v, int64_t head_dim, int64_t rotary_dim,
+              const WeightVector& freqs, const int8_t* axes) {
+  Node& rope = plan.add(Op::kRope);
+  rope.out = {v};
+  rope.rows = plan.n_tokens;
+  rope.width = head_dim;
+  rope.rotary_dim = rotary_dim;
+  rope.vector = &freqs;
+  rope.rope_axes = axes;
+}
+
 void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams& p, int layer,
                    ValueId x, ValueId y) {
   const int64_t n = plan.n_tokens, hd = p.shape.head_dim;
@@ -66,14 +77,8 @@ void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams&
   // Per-head RMSNorm of q and k, then RoPE at each token's absolute position.
   add_rms_norm(plan, q, hd, w.q_norm, p.norm_eps);
   add_rms_norm(plan, k, hd, w.k_norm, p.norm_eps);
-  for (const ValueId rotated : {q, k}) {
-    Node& rope = plan.add(Op::kRope);
-    rope.out = {rotated};
-    rope.rows = n;
-    rope.width = hd;
-    rope.rotary_dim = p.rotary_dim;
-    rope.vector = &p.inv_freq;
-  }
+  for (const ValueId rotated : {q, k})
+    add_rope(plan, rotated, hd, p.rotary_dim, p.inv_freq, p.rope_axes);
 
   const ValueId attended = activation(plan, q_width);
   Node& attention = plan.add(Op::kAttention);

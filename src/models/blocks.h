@@ -24,11 +24,17 @@ struct AttentionParams {
   int64_t rotary_dim = 0;    // leading dims of each head that rotate (i ↔ i + rotary_dim/2)
   WeightVector inv_freq;     // rotary_dim / 2 RoPE frequencies
   bool output_gate = false;  // q_proj rows per head are [query | gate] (spec §3.6)
+  const int8_t* rope_axes = nullptr;  // M-RoPE: each frequency's axis (Node::rope_axes), or none
   float norm_eps = 1e-6f;
 };
 
 // RoPE frequencies 1 / θ^(2i/R) in f32, as transformers computes them (spec §1.3).
 std::vector<float> rope_inv_freq(double theta, int64_t rotary_dim);
+
+// In place on v's heads of head_dim: RoPE of their first rotary_dim elements with `freqs`, at
+// each row's position (with `axes`, M-RoPE's: Node::rope_axes).
+void add_rope(Plan& plan, ValueId v, int64_t head_dim, int64_t rotary_dim,
+              const WeightVector& freqs, const int8_t* axes);
 
 // Appends the new keys and values to the KV cache of `layer`.
 void add_attention(Plan& plan, const AttentionWeights& w, const AttentionParams& p, int layer,

@@ -21,6 +21,8 @@ void DecoderState::reset() {
     l.recurrent.fill_zero();
   }
   tokens = 0;
+  rope_t.clear();
+  rope_max.clear();
 }
 
 void DecoderState::restore(const ModelState& snapshot) {
@@ -83,6 +85,32 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
   tokens = n_past;
 }
 
+std::vector<int32_t> DecoderState::positions() const {
+  std::vector<int32_t> out(rope_t);
+  out.insert(out.end(), rope_max.begin(), rope_max.end());
+  return out;
+}
+
+void DecoderState::assign_positions(std::span<const int32_t> positions, const std::string& where) {
+  if (positions.empty()) {
+    rope_t.clear();
+    rope_max.clear();
+    return;
+  }
+  if (positions.size() != 2 * static_cast<size_t>(tokens)) {
+    fail(where + ": positions", std::to_string(positions.size()) + " values for " +
+                                    std::to_string(tokens) + " tokens (expected two per token)");
+  }
+  rope_t.assign(positions.begin(), positions.begin() + tokens);
+  rope_max.assign(positions.begin() + tokens, positions.end());
+  for (int64_t i = 0; i < tokens; ++i) {
+    if (rope_t[i] < 0 || rope_max[i] < rope_t[i] || (i > 0 && rope_max[i] < rope_max[i - 1])) {
+      fail(where + ": positions",
+           "not the positions of a sequence (token " + std::to_string(i) + ")");
+    }
+  }
+}
+
 bool DecoderState::can_truncate() const {
   return std::none_of(layers.begin(), layers.end(),
                       [](const LayerState& l) { return !l.conv.empty(); });
@@ -132,6 +160,10 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
     }
   }
   tokens = n;
+  if (!rope_t.empty()) {
+    rope_t.resize(n);
+    rope_max.resize(n);
+  }
 }
 
 size_t DecoderState::checkpoint_parts() const {

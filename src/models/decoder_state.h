@@ -30,6 +30,12 @@ class DecoderState final : public ModelState, public Sequence {
   void rewind(int64_t n, const StateCheckpoint* at) override;
   void reserve(int64_t n_tokens) override;
   int64_t bytes() const override;
+  std::vector<int32_t> positions() const override;
+  void assign_positions(std::span<const int32_t> positions, const std::string& where) override;
+
+  // M-RoPE positions (sequences holding an image): each token's temporal position and the
+  // largest position of any axis up to it. Empty while every position is the token's index.
+  std::vector<int32_t> rope_t, rope_max;
 
  private:
   size_t checkpoint_parts() const;  // vectors a checkpoint of this model holds

@@ -20,27 +20,12 @@ std::vector<int32_t> mtp_vocab(const std::filesystem::path& dir, const ModelConf
   return ids;
 }
 
-}  // namespace
-
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+std::unique_ptr<Model> make_model(const ModelConfig& config, Checkpoint checkpoint,
+                                  const LoadOptions& options) {
   if (options.mtp_vocab_size < LoadOptions::kFullVocabulary) {
     fail("mtp_vocab_size", "expected a token count, 0 (all) or -1 (every token)");
   }
-  if (is_pack(dir)) return load_model(select_pack_bundle(dir), options);
-  ModelConfig config;
-  Checkpoint checkpoint;
-  if (is_bundle(dir)) {
-    const BundleManifest manifest = open_bundle_manifest(
-        dir, {.verify_sha256 = options.verify_sha256, .check_target = options.check_target});
-    config = manifest.config;
-    checkpoint = open_bundle_tensors(dir, manifest);
-    check_sizes_against_weights(config, checkpoint,
-                                (dir / "manifest.json").string() + ": model_config");
-  } else {
-    config = load_model_config(dir / "config.json");
-    checkpoint = Checkpoint::open(dir);
-    check_sizes_against_weights(config, checkpoint, (dir / "config.json").string());
-  }
+  const std::filesystem::path dir = checkpoint.dir();
   std::shared_ptr<CpuContext> context = options.context;
   if (context == nullptr) context = std::make_shared<CpuContext>(1, CpuKernels::from_environment());
   std::vector<std::shared_ptr<Backend>> backends = {std::make_shared<CpuBackend>(*context)};
@@ -53,6 +38,35 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
                           [&] { return mtp_vocab(dir, config, options.mtp_vocab_size); });
   }
   return nullptr;
+}
+
+std::unique_ptr<Model> make_checkpoint_model(const ModelConfig& config, Checkpoint checkpoint,
+                                             const LoadOptions& options) {
+  check_sizes_against_weights(config, checkpoint, (checkpoint.dir() / "config.json").string());
+  return make_model(config, std::move(checkpoint), options);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  if (is_pack(dir)) return load_model(select_pack_bundle(dir), options);
+  if (!is_bundle(dir)) {
+    // config.json first: a directory that is no checkpoint is named by the file that says so.
+    const ModelConfig config = load_model_config(dir / "config.json");
+    return make_checkpoint_model(config, Checkpoint::open(dir), options);
+  }
+  const BundleManifest manifest = open_bundle_manifest(
+      dir, {.verify_sha256 = options.verify_sha256, .check_target = options.check_target});
+  Checkpoint checkpoint = open_bundle_tensors(dir, manifest);
+  check_sizes_against_weights(manifest.config, checkpoint,
+                              (dir / "manifest.json").string() + ": model_config");
+  return make_model(manifest.config, std::move(checkpoint), options);
+}
+
+std::unique_ptr<Model> load_model(Checkpoint checkpoint, const LoadOptions& options) {
+  const std::filesystem::path dir = checkpoint.dir();
+  return make_checkpoint_model(load_model_config(dir / "config.json"), std::move(checkpoint),
+                               options);
 }
 
 }  // namespace qhx

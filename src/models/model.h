@@ -11,9 +11,11 @@
 
 #include "graph/backend.h"
 #include "graph/runner.h"
+#include "io/checkpoint.h"
 #include "io/hf_config.h"
 #include "kernels/cpu_context.h"
 #include "util/error.h"
+#include "vision/image_processor.h"
 
 namespace qhx {
 
@@ -61,6 +63,22 @@ class ModelState {
   virtual void reserve(int64_t n_tokens) = 0;
   // Bytes the state holds now (KV caches, conv and recurrent states), reserved room included.
   virtual int64_t bytes() const = 0;
+  // The sequence's positions where they are not its tokens' indices (M-RoPE, once an image is in
+  // it): per token its temporal position, then per token the largest position of any axis up to
+  // it; empty otherwise. assign_positions (after assign) takes what positions() gave.
+  virtual std::vector<int32_t> positions() const { return {}; }
+  virtual void assign_positions(std::span<const int32_t> positions, const std::string& where) {
+    if (!positions.empty()) fail(where, "this model's sequences have no positions of their own");
+  }
+};
+
+// An image a model has encoded, as a saved state carries it: its ids are first_id + r for its
+// token r (a model's own numbering, so a state read elsewhere maps them to the reader's).
+struct HeldImage {
+  std::string key;  // sha256 of its pixel values and grid
+  int32_t first_id = 0;
+  int64_t grid_w = 0, tokens = 0;  // the merged grid's width, its tokens
+  std::vector<float> features;     // [tokens, hidden]
 };
 
 // Which logits a forward pass returns: the last token's, or every token's; kEveryStep is every
@@ -117,6 +135,43 @@ class Model {
     (void)hidden, (void)ids, (void)mtp_state, (void)out, (void)logits;
     fail("speculative", "this model has no MTP head (mtp.* weights)");
   }
+  // Images (a Qwen3.5 checkpoint with its vision tower). image_ids encodes an image's pixels
+  // (made with image_processor()) — or finds them encoded: the same pixels get the same ids —
+  // and gives the ids that stand for its tokens in a sequence, one per token, at or above the
+  // vocabulary, in the order the processor expands the image's <|image_pad|>: what forward()
+  // then takes in that token's place, at M-RoPE positions (transformers' get_rope_index). A
+  // sequence that holds an image runs on the CPU. vision_unavailable() says why a model reads no
+  // images.
+  virtual bool has_vision() const { return false; }
+  virtual std::string vision_unavailable() const { return "the checkpoint has no vision tower"; }
+  virtual const ImageProcessorConfig& image_processor() const {
+    fail("image", vision_unavailable());
+  }
+  virtual std::vector<int32_t> image_ids(const PixelValues& pixels) const {
+    (void)pixels;
+    fail("image", vision_unavailable());
+  }
+  virtual bool is_image_id(int32_t id) const {
+    (void)id;
+    return false;
+  }
+  // The image image id `id` belongs to, for a saved state (throws Error when its features were
+  // let go); adopt_image takes one such image and gives its first id in this model.
+  virtual HeldImage held_image(int32_t id) const {
+    (void)id;
+    fail("image", vision_unavailable());
+  }
+  virtual int32_t adopt_image(const HeldImage& image) const {
+    (void)image;
+    fail("image", vision_unavailable());
+  }
+  // The tower's output for an image, [tokens, hidden], computed now and not kept (image_ids
+  // keeps it): what `qhx bench --image` times.
+  virtual std::vector<float> image_features(const PixelValues& pixels) const {
+    (void)pixels;
+    fail("image", vision_unavailable());
+  }
+
   // Bytes of activations a forward call over n_tokens new tokens uses (its arenas, reserved from
   // its plan, and the logits): what memory admission counts per session for a prefill chunk.
   virtual int64_t activation_bytes(int64_t n_tokens) const = 0;
@@ -164,5 +219,10 @@ struct LoadOptions {
 // (manifest.json + tensor files) of any supported family. Weights are mapped, not copied.
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir,
                                   const LoadOptions& options = {});
+
+// A Hugging Face checkpoint the caller opened: the model's matrices point at its tensors' mapped
+// data (TensorView::data), so what the caller sees of a matrix (forge's calibration) is named by
+// the checkpoint's tensor names.
+std::unique_ptr<Model> load_model(Checkpoint checkpoint, const LoadOptions& options = {});
 
 }  // namespace qhx

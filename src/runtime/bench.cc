@@ -274,4 +274,33 @@ SpeculativeBenchResult run_speculative_bench(const Model& model,
   return result;
 }
 
+ImageBenchResult run_image_bench(const Model& model, const PixelValues& pixels,
+                                 int64_t repetitions) {
+  if (repetitions < 1) fail("bench", "at least one repetition is needed");
+  const ModelConfig& c = model.config();
+  ImageBenchResult r;
+  r.patches = pixels.grid.patches();
+  std::vector<int32_t> prompt = {c.vision_start_token_id};
+  const std::vector<int32_t> image = model.image_ids(pixels);  // also the untimed warm-up
+  r.tokens = static_cast<int64_t>(image.size());
+  prompt.insert(prompt.end(), image.begin(), image.end());
+  prompt.push_back(c.vision_end_token_id);
+  for (int32_t t = 0; t < 8; ++t) prompt.push_back(t);
+  std::vector<double> encode, prefill;
+  std::vector<float> logits;
+  model.forward(prompt, *model.new_state(), LogitsFor::kLastToken, logits);  // warm-up
+  for (int64_t i = 0; i < repetitions; ++i) {
+    Clock::time_point start = Clock::now();
+    const std::vector<float> features = model.image_features(pixels);
+    encode.push_back(seconds_since(start) * 1e3);
+    const std::unique_ptr<ModelState> state = model.new_state();
+    start = Clock::now();
+    model.forward(prompt, *state, LogitsFor::kLastToken, logits);
+    prefill.push_back(seconds_since(start) * 1e3);
+  }
+  r.encode_ms = Spread::of(encode);
+  r.prefill_ms = Spread::of(prefill);
+  return r;
+}
+
 }  // namespace qhx

@@ -51,6 +51,19 @@ struct BenchResult {
 
 BenchResult run_bench(const Model& model, const BenchConfig& config);
 
+// qhx bench --image: an image's way into the model, each repetition from scratch (the tower's
+// output is not reused).
+struct ImageBenchResult {
+  int64_t patches = 0, tokens = 0;  // the tower's input rows, and the image's tokens after it
+  Spread encode_ms;                 // the vision tower: patch embedding to merger
+  // The prompt <|vision_start|>, the image's tokens, <|vision_end|> and 8 text tokens, read from
+  // an empty state (its features already computed): the language side of the image.
+  Spread prefill_ms;
+};
+
+ImageBenchResult run_image_bench(const Model& model, const PixelValues& pixels,
+                                 int64_t repetitions);
+
 // The memory's read bandwidth in bytes per second, as the threads of cx stream a buffer of
 // `bytes` (far past the last-level cache) once each pass: the best of `passes`. The ceiling
 // decode works against; 0 when the buffer cannot be mapped. Measured, never assumed: on a shared

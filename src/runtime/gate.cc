@@ -11,6 +11,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "util/error.h"
+#include "util/image_pads.h"
 #include "util/mapped_file.h"
 
 namespace qhx {
@@ -30,6 +31,14 @@ const char* const kTextPrompts[] = {
     "To be, or not to be, that is the question:",
     "// Copyright 2026 The qhx Authors.\n#include <vector>\n",
 };
+
+// The prompt as `model` reads it: each image's ids (the model's own) in place of its token.
+std::vector<int32_t> with_images(const Model& model, const GatePrompt& prompt) {
+  if (prompt.images.empty()) return prompt.ids;
+  std::vector<std::vector<int32_t>> images;
+  for (const PixelValues& pixels : prompt.images) images.push_back(model.image_ids(pixels));
+  return expand_image_pads(prompt.ids, model.config().image_token_id, images, prompt.name);
+}
 
 // The last positions a model with devices reads one token at a time: a device that decodes is
 // compared on its decode steps too.
@@ -124,16 +133,55 @@ std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vo
   if (tokenizer != nullptr) {
     for (int64_t i = 0; i < n_prompts; ++i) {
       const char* text = kTextPrompts[i % std::size(kTextPrompts)];
-      suite.push_back({"text" + std::to_string(i), tokenizer->encode(text)});
+      suite.push_back({"text" + std::to_string(i), tokenizer->encode(text), {}});
     }
     return suite;
   }
   std::mt19937 rng(20261130);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab_size - 1));
   for (int64_t i = 0; i < n_prompts; ++i) {
-    GatePrompt p{"random" + std::to_string(i), {}};
+    GatePrompt p{"random" + std::to_string(i), {}, {}};
     const int64_t length = 4 + 7 * i % 29;
     for (int64_t t = 0; t < length; ++t) p.ids.push_back(id(rng));
+    suite.push_back(std::move(p));
+  }
+  return suite;
+}
+
+std::vector<GatePrompt> gate_image_prompts(const Model& model, const Tokenizer* tokenizer) {
+  const ModelConfig& c = model.config();
+  std::mt19937 rng(20261207);
+  std::uniform_int_distribution<int> byte(0, 255);
+  // Text ids: the tokenizer's, or random ones that are none of the vision tokens.
+  const auto text = [&](const char* words, int64_t n) {
+    if (tokenizer != nullptr) return tokenizer->encode(words);
+    std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size - 1));
+    std::vector<int32_t> ids;
+    while (static_cast<int64_t>(ids.size()) < n) {
+      const int32_t t = id(rng);
+      if (t != c.image_token_id && t != c.vision_start_token_id && t != c.vision_end_token_id &&
+          t != c.video_token_id) {
+        ids.push_back(t);
+      }
+    }
+    return ids;
+  };
+  std::vector<GatePrompt> suite;
+  for (int k = 0; k < 2; ++k) {
+    RgbImage image{k == 0 ? 96 : 72, k == 0 ? 64 : 88, {}};
+    for (int64_t y = 0; y < image.height; ++y) {
+      for (int64_t x = 0; x < image.width; ++x) {
+        for (int ch = 0; ch < 3; ++ch) {
+          const double smooth = 127.5 + 127.5 * std::sin(0.11 * x * (ch + 1) + 0.07 * y);
+          image.pixels.push_back(static_cast<uint8_t>(k == 0 ? smooth : byte(rng)));
+        }
+      }
+    }
+    GatePrompt p{"image" + std::to_string(k), text("Look at this picture:", 5), {}};
+    p.ids.insert(p.ids.end(), {c.vision_start_token_id, c.image_token_id, c.vision_end_token_id});
+    const std::vector<int32_t> after = text(" What does it show, and in which colours?", 7);
+    p.ids.insert(p.ids.end(), after.begin(), after.end());
+    p.images.push_back(preprocess_image(image, model.image_processor(), p.name));
     suite.push_back(std::move(p));
   }
   return suite;
@@ -154,7 +202,7 @@ std::vector<GatePrompt> gate_prompt_suite_from_file(const Tokenizer& tokenizer,
       text = quoted.get<std::string>();
       if (text.empty()) fail(where, "an empty prompt");
     }
-    suite.push_back({"line" + std::to_string(number), tokenizer.encode(text, where)});
+    suite.push_back({"line" + std::to_string(number), tokenizer.encode(text, where), {}});
   }
   if (suite.empty()) fail(file.string(), "no prompts (one per non-empty line)");
   return suite;
@@ -171,9 +219,12 @@ GateReport run_gate(const Model& candidate, const Model& reference,
   for (const GatePrompt& prompt : suite) {
     GatePromptResult r;
     r.name = prompt.name;
-    // Teacher-forced: both models read the prompt and the reference's own continuation.
-    const std::vector<int32_t> ref_greedy = greedy_reply(reference, prompt.ids, n_greedy);
-    const std::vector<int32_t> cand_greedy = greedy_reply(candidate, prompt.ids, n_greedy);
+    // Teacher-forced: both models read the prompt and the reference's own continuation, each
+    // with its own ids for the prompt's images.
+    const std::vector<int32_t> ref_prompt = with_images(reference, prompt);
+    const std::vector<int32_t> cand_prompt = with_images(candidate, prompt);
+    const std::vector<int32_t> ref_greedy = greedy_reply(reference, ref_prompt, n_greedy);
+    const std::vector<int32_t> cand_greedy = greedy_reply(candidate, cand_prompt, n_greedy);
     r.greedy_match = ref_greedy == cand_greedy;
     for (size_t i = 0; i < ref_greedy.size() && i < cand_greedy.size(); ++i) {
       if (ref_greedy[i] != cand_greedy[i]) {
@@ -181,12 +232,15 @@ GateReport run_gate(const Model& candidate, const Model& reference,
         break;
       }
     }
-    std::vector<int32_t> sequence = prompt.ids;
-    sequence.insert(sequence.end(), ref_greedy.begin(), ref_greedy.end());
-    if (sequence.size() > 1) sequence.pop_back();  // its logits would not be compared
-    const std::vector<float> ref_logits = every_token_logits(reference, sequence);
-    const std::vector<float> cand_logits = every_token_logits(candidate, sequence);
-    r.positions = static_cast<int64_t>(sequence.size());
+    const auto continued = [&](std::vector<int32_t> sequence) {
+      sequence.insert(sequence.end(), ref_greedy.begin(), ref_greedy.end());
+      if (sequence.size() > 1) sequence.pop_back();  // its logits would not be compared
+      return sequence;
+    };
+    const std::vector<int32_t> ref_sequence = continued(ref_prompt);
+    const std::vector<float> ref_logits = every_token_logits(reference, ref_sequence);
+    const std::vector<float> cand_logits = every_token_logits(candidate, continued(cand_prompt));
+    r.positions = static_cast<int64_t>(ref_sequence.size());
     r.pearson_min = 1.0;
     double top1 = 0, top5 = 0, kl = 0;
     for (int64_t t = 0; t < r.positions; ++t) {

@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_file.h"
+#include "vision/image_processor.h"
 
 namespace qhx {
 
@@ -29,7 +30,8 @@ GateThresholds default_gate_thresholds(DType weights);
 
 struct GatePrompt {
   std::string name;
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids;  // each image one image_token_id: each model reads its own ids there
+  std::vector<PixelValues> images;
 };
 
 // Which prompts the gate runs and how far it follows each.
@@ -43,6 +45,11 @@ struct GateSuiteOptions {
 // random ids (the small test checkpoints have no tokenizer).
 std::vector<GatePrompt> gate_prompt_suite(const Tokenizer* tokenizer, int64_t vocab_size,
                                           int64_t n_prompts);
+
+// Prompts with an image each (a smooth picture and a noisy one, of different sizes) for a model
+// that reads images, so that the gate measures the vision tower too: text around
+// <|vision_start|><|image_pad|><|vision_end|>, through the tokenizer when there is one.
+std::vector<GatePrompt> gate_image_prompts(const Model& model, const Tokenizer* tokenizer);
 
 // A suite read from a file: one prompt per non-empty line (a domain-specific suite, e.g. text in
 // the style the model was trained on); a line that is one JSON string is that string, for

@@ -9,6 +9,7 @@
 #include "io/qhxt.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/json_file.h"
 #include "util/partial_path.h"
 
 namespace qhx {
@@ -31,7 +32,10 @@ struct PendingLogits {
 };
 
 constexpr const char* kStateKind = "qhx-session-state";
+// "2": a state with images (their features, their ids' numbering, the M-RoPE positions); text
+// states stay "1", which qhx has always read.
 constexpr const char* kStateVersion = "1";
+constexpr const char* kImageStateVersion = "2";
 
 int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
@@ -222,12 +226,25 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
                             const std::function<bool(int32_t)>& on_token) {
   if (tokens.empty()) fail("prompt", "empty: at least one token is needed");
   const int64_t vocab = model_.config().vocab_size;
+  bool images = false;
   for (const int32_t id : tokens) {
-    if (id < 0 || id >= vocab) {
+    if (id >= vocab && model_.is_image_id(id)) {
+      images = true;
+    } else if (id < 0 || id >= vocab) {
       fail("prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                          std::to_string(vocab) + ")");
     }
   }
+  // The sampler's penalties see an image's tokens as transformers' input_ids hold them: the
+  // image token.
+  std::vector<int32_t> as_input_ids;
+  if (images) {
+    as_input_ids.assign(tokens.begin(), tokens.end());
+    for (int32_t& id : as_input_ids) {
+      if (id >= vocab) id = model_.config().image_token_id;
+    }
+  }
+  const std::span<const int32_t> prompt_ids = images ? as_input_ids : tokens;
   const int64_t n_tokens = static_cast<int64_t>(tokens.size());
   const int64_t needed = n_tokens + std::max<int64_t>(options.max_new_tokens - 1, 0);
   if (needed > context_length_) {
@@ -294,12 +311,13 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
     return id;
   };
   const auto pick = [&](std::span<const float> row) {
-    if (options.constraint == nullptr) return report(row, sampler.sample(row, tokens, generated()));
+    if (options.constraint == nullptr)
+      return report(row, sampler.sample(row, prompt_ids, generated()));
     auto t0 = Clock::now();
     const bool masked = options.constraint->allowed_next(allowed);
     stats.constraint_seconds += seconds_since(t0);
     const int32_t id =
-        sampler.sample(row, tokens, generated(),
+        sampler.sample(row, prompt_ids, generated(),
                        masked ? std::span<const uint32_t>(allowed) : std::span<const uint32_t>());
     t0 = Clock::now();
     options.constraint->accept(id);
@@ -387,10 +405,10 @@ TurnStats Session::generate(std::span<const int32_t> tokens, const TurnOptions& 
       seen.push_back(batch[i]);
       const std::span<const float> row = std::span<const float>(rows).subspan(i * vocab, vocab);
       if (i == draft.size()) {
-        next = sampler.sample(row, tokens, seen);
+        next = sampler.sample(row, prompt_ids, seen);
         break;
       }
-      next = sampler.sample_with_draft(row, tokens, seen, draft[i]);
+      next = sampler.sample_with_draft(row, prompt_ids, seen, draft[i]);
       if (next != draft[i]) break;
       ++accepted;
     }
@@ -541,8 +559,33 @@ void Session::save(const std::filesystem::path& path) const {
   for (const StateTensor& t : state_->tensors()) {
     tensors.push_back(tensor_to_write<float>("state." + t.name, DType::kF32, t.data));
   }
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"kind", kStateKind}, {"version", kStateVersion}, {"model", model_.fingerprint()}};
+  // The conversation's images go with it: their features, and their ids' numbering here.
+  const int32_t vocab = static_cast<int32_t>(model_.config().vocab_size);
+  Json images = Json::array();
+  int32_t held_from = 0, held_to = 0;  // the last image's ids
+  for (const int32_t id : history_) {
+    if (id < vocab || (id >= held_from && id < held_to)) continue;
+    HeldImage image = model_.held_image(id);
+    held_from = image.first_id;
+    held_to = image.first_id + static_cast<int32_t>(image.tokens);
+    bool known = false;
+    for (const Json& i : images) known = known || i["first_id"] == image.first_id;
+    if (known) continue;
+    tensors.push_back(tensor_to_write<float>("image" + std::to_string(images.size()) + ".features",
+                                             DType::kF32, image.features));
+    images.push_back({{"key", image.key},
+                      {"first_id", image.first_id},
+                      {"grid_w", image.grid_w},
+                      {"tokens", image.tokens}});
+  }
+  const std::vector<int32_t> positions = state_->positions();
+  if (!images.empty() || !positions.empty()) {
+    tensors.push_back(tensor_to_write<int32_t>("positions", DType::kI32, positions));
+    metadata["version"] = kImageStateVersion;
+    metadata["images"] = images.dump();
+  }
   // Written beside the target and renamed over it: a crash or a failed write leaves nothing.
   remove_stale_partials(path);  // those of killed saves
   const std::filesystem::path partial = partial_sibling(path);
@@ -562,22 +605,67 @@ void Session::load(const std::filesystem::path& path) {
     return it == file.metadata().end() ? std::string() : it->second;
   };
   if (field("kind") != kStateKind) fail(where, "not a qhx session state file");
-  if (field("version") != kStateVersion) {
-    fail(where + ": version", "'" + field("version") + "', this qhx reads " + kStateVersion);
+  const bool with_images = field("version") == kImageStateVersion;
+  if (field("version") != kStateVersion && !with_images) {
+    fail(where + ": version", "'" + field("version") + "', this qhx reads " + kStateVersion +
+                                  " and " + kImageStateVersion);
   }
   if (field("model") != model_.fingerprint()) {
     fail(where, "saved from a different model (weights fingerprint " + field("model") +
                     ", this model " + model_.fingerprint() + ")");
   }
-  const auto tokens = tensor_values<int32_t>(file, "tokens", DType::kI32);
+  const auto saved_tokens = tensor_values<int32_t>(file, "tokens", DType::kI32);
   const auto logits = tensor_values<float>(file, "logits", DType::kF32);
-  const int64_t n_past = static_cast<int64_t>(tokens.size());
+  const int64_t n_past = static_cast<int64_t>(saved_tokens.size());
+  // Each image is taken into this model, its ids renumbered to this model's.
+  std::vector<int32_t> tokens(saved_tokens.begin(), saved_tokens.end());
+  if (with_images) {
+    const Json images = Json::parse(field("images"), nullptr, /*allow_exceptions=*/false);
+    if (!images.is_array()) fail(where + ": images", "expected a JSON array");
+    std::vector<bool> mapped(tokens.size(), false);
+    for (size_t k = 0; k < images.size(); ++k) {
+      const std::string at = where + ": images[" + std::to_string(k) + "]";
+      const Json& i = images[k];
+      if (!i.is_object() || !i.contains("key") || !i["key"].is_string() ||
+          !i.value("first_id", Json()).is_number_integer() ||
+          !i.value("grid_w", Json()).is_number_integer() ||
+          !i.value("tokens", Json()).is_number_integer()) {
+        fail(at, "expected {key, first_id, grid_w, tokens}");
+      }
+      HeldImage image{i["key"].get<std::string>(),
+                      i["first_id"].get<int32_t>(),
+                      i["grid_w"].get<int64_t>(),
+                      i["tokens"].get<int64_t>(),
+                      {}};
+      const auto features =
+          tensor_values<float>(file, "image" + std::to_string(k) + ".features", DType::kF32);
+      image.features.assign(features.begin(), features.end());
+      int32_t first = 0;
+      try {
+        first = model_.adopt_image(image);
+      } catch (const Error& e) {
+        fail(at, e.what());
+      }
+      for (size_t t = 0; t < tokens.size(); ++t) {
+        const int64_t r = static_cast<int64_t>(saved_tokens[t]) - image.first_id;
+        if (!mapped[t] && r >= 0 && r < image.tokens) {
+          tokens[t] = first + static_cast<int32_t>(r);
+          mapped[t] = true;
+        }
+      }
+    }
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      if (!mapped[t] && tokens[t] >= model_.config().vocab_size) {
+        fail(where + ": tokens", "id " + std::to_string(tokens[t]) + " is no saved image's");
+      }
+    }
+  }
   if (n_past > context_length_) {
     fail(where, std::to_string(n_past) + " tokens exceed this session's context limit of " +
                     std::to_string(context_length_));
   }
   for (const int32_t id : tokens) {
-    if (id < 0 || id >= model_.config().vocab_size) {
+    if (id < 0 || (id >= model_.config().vocab_size && !with_images)) {  // else mapped above
       fail(where + ": tokens", "id " + std::to_string(id) + " is outside the vocabulary");
     }
   }
@@ -591,6 +679,9 @@ void Session::load(const std::filesystem::path& path) {
   }
   const std::unique_ptr<ModelState> loaded = model_.new_state();
   loaded->assign(state, n_past, where);
+  if (with_images) {
+    loaded->assign_positions(tensor_values<int32_t>(file, "positions", DType::kI32), where);
+  }
   state_->restore(*loaded);
   history_.assign(tokens.begin(), tokens.end());
   logits_.assign(logits.begin(), logits.end());

@@ -7,7 +7,10 @@
 #include <stdexcept>
 
 #include "server/server.h"
+#include "util/base64.h"
 #include "util/bounded_json.h"
+#include "util/error.h"
+#include "util/image_pads.h"
 
 namespace qhx::server {
 
@@ -159,11 +162,67 @@ std::vector<int32_t> tokenize(const qhx_model* model, const std::string& text,
   return ids;
 }
 
+bool reads_images(const qhx_model* model) {
+  qhx_model_info info;
+  return qhx_model_get_info(model, &info) == QHX_OK && info.reads_images != 0;
+}
+
+// An image_url part's image (a data: URL: the server fetches nothing) as the ids of its tokens.
+std::vector<int32_t> image_of_part(const qhx_model* model, const Json& p, const std::string& part) {
+  const Json* url = p.contains("image_url") ? &p["image_url"] : nullptr;
+  if (url != nullptr && url->is_object() && url->contains("url")) url = &(*url)["url"];
+  if (url == nullptr || !url->is_string()) throw wrong_type(part + ".image_url.url", "a string");
+  const DataUrl data = decode_data_url(url->get_ref<const std::string&>());
+  if (data.status == DataUrl::kNotADataUrl) {
+    throw ApiError{400,
+                   "'" + part +
+                       ".image_url.url' is not a data: URL; qhx serve fetches nothing: "
+                       "send the image inline, as data:image/png;base64,...",
+                   part + ".image_url.url", "invalid_value"};
+  }
+  if (data.status == DataUrl::kNotBase64) {
+    throw bad_value(part + ".image_url.url", "must be a base64 data: URL (data:<type>;base64,...)");
+  }
+  if (data.status == DataUrl::kBadBase64) {
+    throw bad_value(part + ".image_url.url", "holds no valid base64");
+  }
+  std::vector<int32_t> ids;
+  size_t n = 0;
+  qhx_status status =
+      qhx_image_tokens(model, data.bytes.data(), data.bytes.size(), part.c_str(), nullptr, 0, &n);
+  if (status == QHX_ERROR_BUFFER_TOO_SMALL) {
+    ids.resize(n);
+    status = qhx_image_tokens(model, data.bytes.data(), data.bytes.size(), part.c_str(), ids.data(),
+                              n, &n);
+  }
+  if (status == QHX_ERROR_MODEL) {
+    throw ApiError{400, "'" + part + "' is an image; " + qhx_last_error(), part,
+                   "unsupported_content"};
+  }
+  if (status != QHX_OK) throw api_failure(status, part);
+  return ids;
+}
+
+// The prompt with each <|image_pad|> the template wrote in place of its image's ids, in order.
+std::vector<int32_t> with_images(const qhx_model* model, const std::vector<int32_t>& prompt,
+                                 const std::vector<std::vector<int32_t>>& images) {
+  const std::vector<int32_t> pad = tokenize(model, "<|image_pad|>", "messages");
+  if (pad.size() != 1) throw bad_value("messages", "the tokenizer has no <|image_pad|> token");
+  try {
+    return qhx::expand_image_pads(prompt, pad[0], images, "the rendered conversation");
+  } catch (const qhx::Error& e) {
+    throw bad_value("messages", e.what());
+  }
+}
+
 // A message's content given as OpenAI content parts. Text parts are joined as vLLM joins them for
 // a template that wants a string; a template that renders parts itself (Qwen3.5's) gets them as
-// they are. Other parts (images, audio) are refused: no qhx model reads them yet.
-Json content_of_parts(const Json& parts, const std::string& where, bool template_takes_parts) {
+// they are, its image_url parts' images read into `images` in order (the template puts an
+// <|image_pad|> where each was). Other parts (audio, video) are refused.
+Json content_of_parts(const Json& parts, const std::string& where, bool template_takes_parts,
+                      const qhx_model* model, std::vector<std::vector<int32_t>>& images) {
   std::string joined;
+  Json kept = parts;
   for (size_t j = 0; j < parts.size(); ++j) {
     const std::string part = where + "[" + std::to_string(j) + "]";
     const Json& p = parts[j];
@@ -171,6 +230,11 @@ Json content_of_parts(const Json& parts, const std::string& where, bool template
       throw wrong_type(part, "an object with a string 'type'");
     }
     const std::string type = p["type"].get<std::string>();
+    if (type == "image_url" && template_takes_parts && reads_images(model)) {
+      images.push_back(image_of_part(model, p, part));
+      kept[j] = {{"type", "image_url"}, {"image_url", {{"url", ""}}}};  // the bytes are read
+      continue;
+    }
     if (type != "text") {
       throw ApiError{400, "'" + part + "' is a '" + type + "' part; this model reads text only",
                      part, "unsupported_content"};
@@ -179,14 +243,15 @@ Json content_of_parts(const Json& parts, const std::string& where, bool template
     if (j > 0) joined += '\n';
     joined += p["text"].get<std::string>();
   }
-  if (template_takes_parts) return parts;
+  if (template_takes_parts) return kept;
   return joined;
 }
 
 // The history as the chat templates expect it. OpenAI clients send back an assistant turn that
 // called tools with `content: null` and the calls' arguments as JSON text; the templates test
 // the content as a string and print arguments as an object (vLLM and llama.cpp convert alike).
-Json template_messages(const Json& messages, bool template_takes_parts) {
+Json template_messages(const Json& messages, bool template_takes_parts, const qhx_model* model,
+                       std::vector<std::vector<int32_t>>& images) {
   Json out = messages;
   for (size_t i = 0; i < out.size(); ++i) {
     Json& m = out[i];
@@ -204,7 +269,8 @@ Json template_messages(const Json& messages, bool template_takes_parts) {
                                            "assistant and tool");
     }
     if (m.contains("content") && m["content"].is_array()) {
-      m["content"] = content_of_parts(m["content"], where + ".content", template_takes_parts);
+      m["content"] =
+          content_of_parts(m["content"], where + ".content", template_takes_parts, model, images);
     }
     if (role != "assistant") continue;
     if (m.contains("content") && m["content"].is_null()) m["content"] = "";
@@ -471,7 +537,9 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
     if (!messages->is_array() || messages->empty()) {
       throw wrong_type("messages", "a non-empty array of messages");
     }
-    Json request = {{"messages", template_messages(*messages, template_takes_parts)}};
+    std::vector<std::vector<int32_t>> images;
+    Json request = {
+        {"messages", template_messages(*messages, template_takes_parts, model, images)}};
     if (const Json* tools = field(body, "tools")) {
       if (!tools->is_array()) throw wrong_type("tools", "an array");
       request["tools"] = *tools;
@@ -504,6 +572,7 @@ void RequestRules::parse_completion(const Json& body, Completion& c) const {
     qhx_string_free(text);
     c.output.think_open = prompt_opens_think(rendered);
     c.prompt = tokenize(model, rendered, "messages");
+    if (!images.empty()) c.prompt = with_images(model, c.prompt, images);
   } else {
     const Json* prompt = field(body, "prompt");
     if (prompt == nullptr) throw ApiError{400, "'prompt' is required", "prompt"};

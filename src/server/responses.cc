@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/server_impl.h"
+#include "util/base64.h"
 #include "util/utf8.h"
 
 namespace qhx::server {
@@ -201,22 +202,7 @@ namespace {
 // with numpy.frombuffer(..., dtype="float32"), and asks for by default).
 std::string base64_floats(const float* v, size_t n) {
   static_assert(std::endian::native == std::endian::little, "float bytes go out little-endian");
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  const auto* bytes = reinterpret_cast<const unsigned char*>(v);
-  const size_t size = n * sizeof(float);
-  std::string out;
-  out.reserve((size + 2) / 3 * 4);
-  for (size_t i = 0; i < size; i += 3) {
-    const uint32_t chunk = (uint32_t{bytes[i]} << 16) |
-                           (i + 1 < size ? uint32_t{bytes[i + 1]} << 8 : 0) |
-                           (i + 2 < size ? uint32_t{bytes[i + 2]} : 0);
-    out += kAlphabet[(chunk >> 18) & 63];
-    out += kAlphabet[(chunk >> 12) & 63];
-    out += i + 1 < size ? kAlphabet[(chunk >> 6) & 63] : '=';
-    out += i + 2 < size ? kAlphabet[chunk & 63] : '=';
-  }
-  return out;
+  return base64_encode(std::as_bytes(std::span(v, n)));
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // qhx bench: speed records in llama-bench's shape (src/runtime/bench.h measures), with what a
 // record needs to be compared later: the CPU, the kernels, the weights, the commit, the date.
+#include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +28,8 @@
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/json_file.h"
+#include "vision/image.h"
+#include "vision/image_processor.h"
 
 namespace qhx::cli {
 
@@ -156,6 +161,79 @@ int run_chat_bench(const BenchArgs& args, const qhx::Model& model, const std::st
       std::printf("%5zu %9lld %10lld %14.1f %14.1f %8.1fx %13.1f\n", i + 1,
                   static_cast<long long>(t.n_prompt), static_cast<long long>(t.n_processed),
                   t.ttft_ms, t.ttft_fresh_ms, t.ttft_fresh_ms / t.ttft_ms, t.decode_tok_s);
+    }
+  }
+  return 0;
+}
+
+// --image's WxH: a random image of that size (speed does not depend on the pixels).
+std::optional<qhx::RgbImage> random_image(const std::string& spec) {
+  int64_t w = 0, h = 0;
+  char end = 0;
+  if (std::sscanf(spec.c_str(), "%" SCNd64 "x%" SCNd64 "%c", &w, &h, &end) != 2 || w <= 0 ||
+      h <= 0 || w > 16384 || h > 16384 || fs::exists(spec)) {
+    return std::nullopt;
+  }
+  qhx::RgbImage image{w, h, std::vector<uint8_t>(static_cast<size_t>(w * h * 3))};
+  std::mt19937 rng(1);
+  for (uint8_t& v : image.pixels) v = static_cast<uint8_t>(rng() >> 24);
+  return image;
+}
+
+// qhx bench --image: per image, reading it (decode and preprocessing), the vision tower, and the
+// prompt that holds its tokens; TTFT is their sum.
+int run_image_bench(const BenchArgs& args, const qhx::Model& model, const std::string& weights) {
+  if (!model.has_vision()) {
+    qhx::fail("--image", args.model + " reads no images: " + model.vision_unavailable());
+  }
+  if (!args.json) {
+    std::printf("model %s | weights %s | threads %d | CPU %s | commit %s\n", args.model.c_str(),
+                weights.c_str(), model.context().threads(), cpu_model_name().c_str(),
+                QHX_GIT_COMMIT);
+    std::printf("%-24s %10s %8s %7s %14s %18s %18s %10s\n", "image", "size", "patches", "tokens",
+                "read ms", "encode ms", "prefill ms", "TTFT ms");
+  }
+  for (const std::string& spec : args.images) {
+    const std::optional<qhx::RgbImage> random = random_image(spec);
+    std::vector<double> read_ms;
+    qhx::PixelValues pixels;
+    qhx::RgbImage image;
+    for (int64_t i = 0; i < args.repetitions; ++i) {
+      const auto start = qhx::Clock::now();
+      image = random ? *random : qhx::read_image(spec);
+      pixels = qhx::preprocess_image(image, model.image_processor(), spec);
+      read_ms.push_back(qhx::seconds_since(start) * 1e3);
+    }
+    const qhx::Spread read = qhx::Spread::of(read_ms);
+    const qhx::ImageBenchResult r = qhx::run_image_bench(model, pixels, args.repetitions);
+    const double ttft = read.mean + r.encode_ms.mean + r.prefill_ms.mean;
+    const std::string size = std::to_string(image.width) + "x" + std::to_string(image.height);
+    if (args.json) {
+      std::cout << qhx::Json{{"model", args.model},
+                             {"weights", weights},
+                             {"threads", model.context().threads()},
+                             {"cpu", cpu_model_name()},
+                             {"image", spec},
+                             {"size", size},
+                             {"grid", {pixels.grid.t, pixels.grid.h, pixels.grid.w}},
+                             {"patches", r.patches},
+                             {"image_tokens", r.tokens},
+                             {"read_ms", read.mean},
+                             {"encode_ms", r.encode_ms.mean},
+                             {"encode_ms_stddev", r.encode_ms.stddev},
+                             {"prefill_ms", r.prefill_ms.mean},
+                             {"prefill_ms_stddev", r.prefill_ms.stddev},
+                             {"ttft_ms", ttft},
+                             {"commit", QHX_GIT_COMMIT},
+                             {"date", utc_date()}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::printf("%-24s %10s %8lld %7lld %14.1f %11.1f ± %4.1f %11.1f ± %4.1f %10.1f\n",
+                  fs::path(spec).filename().c_str(), size.c_str(),
+                  static_cast<long long>(r.patches), static_cast<long long>(r.tokens), read.mean,
+                  r.encode_ms.mean, r.encode_ms.stddev, r.prefill_ms.mean, r.prefill_ms.stddev,
+                  ttft);
     }
   }
   return 0;
@@ -393,6 +471,7 @@ int run_bench(const BenchArgs& args) {
     }
     for (qhx::Backend* b : profiled) peaks.push_back(b->measure_peaks());
   }
+  if (!args.images.empty()) return run_image_bench(args, *model, weights);
   if (args.turns > 0) return run_chat_bench(args, *model, weights);
   if (args.speculative.on()) return run_speculative_bench(args, dir, *model, context, weights);
   if (args.context_sweep) {

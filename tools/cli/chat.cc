@@ -49,8 +49,8 @@ int print_piece(void*, int32_t, const char* text, size_t len) {
 }
 
 const char* const kHelp =
-    "commands: /reset  /regen  /save FILE  /load FILE  /think on|off|default  /stats on|off  "
-    "/exit\n";
+    "commands: /image FILE  /reset  /regen  /save FILE  /load FILE  /think on|off|default  "
+    "/stats on|off  /exit\n";
 
 class Chat {
  public:
@@ -102,7 +102,17 @@ class Chat {
                         "); nothing was sent");
       }
       const Json before = messages_;
-      messages_.push_back({{"role", "user"}, {"content", line}});
+      if (pending_images_.empty()) {
+        messages_.push_back({{"role", "user"}, {"content", line}});
+      } else {  // the images first, as content parts the template places
+        Json parts = Json::array();
+        for (const std::string& path : pending_images_) {
+          parts.push_back({{"type", "image"}, {"path", path}});
+        }
+        parts.push_back({{"type", "text"}, {"text", line}});
+        messages_.push_back({{"role", "user"}, {"content", parts}});
+        pending_images_.clear();
+      }
       reply(before);
       return true;
     }
@@ -110,6 +120,19 @@ class Chat {
     std::string command, argument;
     words >> command >> argument;
     if (command == "/exit" || command == "/quit") return false;
+    if (command == "/image" && !argument.empty()) {
+      // Read and encoded now (once: the same image keeps its ids), sent with the next message.
+      size_t n = 0;
+      const qhx_status status =
+          qhx_image_tokens_from_file(model_, argument.c_str(), nullptr, 0, &n);
+      if (status != QHX_OK && status != QHX_ERROR_BUFFER_TOO_SMALL) {
+        throw ChatError(qhx_last_error());
+      }
+      pending_images_.push_back(argument);
+      std::fprintf(stderr, "[image %s: %zu tokens, sent with your next message]\n",
+                   argument.c_str(), n);
+      return true;
+    }
     if (command == "/reset") {
       start_over();
       check(qhx_session_reset(session_));
@@ -203,6 +226,7 @@ class Chat {
     qhx_status status;
     size_t dropped = 0;
     for (;;) {
+      // The C API reads the messages' image parts ({"type": "image", "path": ...}).
       const std::string request = Json{{"messages", messages_}}.dump();
       replying = session_;
       status = qhx_session_chat(session_, request.c_str(), &template_options, &generate_,
@@ -253,6 +277,7 @@ class Chat {
   qhx_session* session_ = nullptr;
   qhx_generate_options generate_{};
   std::optional<bool> thinking_;
+  std::vector<std::string> pending_images_;  // /image: sent with the next message
   bool stats_ = args_.stats;
   Json messages_;
 };

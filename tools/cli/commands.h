@@ -21,7 +21,8 @@ struct GenerateArgs {
   std::string model;
   std::string prompt;
   std::string prompt_ids;
-  std::optional<int64_t> n;  // default: generation_config.json's max_new_tokens, else 64
+  std::vector<std::string> images;  // --image, in the order of the prompt's <|image_pad|>
+  std::optional<int64_t> n;         // default: generation_config.json's max_new_tokens, else 64
   bool greedy = false;
   std::optional<float> temperature;
   std::optional<int64_t> top_k;
@@ -67,6 +68,10 @@ struct ForgeArgs {
   std::string source, out, weights = "f32", lm_head, embed, target = "generic", reference,
                            activations = "auto";
   int64_t group_size = 64, shards = 1, max_context = 0;
+  std::vector<std::string> calibrate;  // texts for calibrated W8/W4
+  std::string calibration_method = "gptq";
+  int64_t calibrate_tokens = 4096, sensitivity_tokens = 512;
+  std::string size_budget;  // bytes, or with K, M, G
   qhx::GateSuiteOptions suite;
   uint64_t max_shard_bytes = 0;
   std::optional<double> min_top1, min_top5, min_pearson, max_kl, min_greedy;
@@ -108,6 +113,7 @@ int run_gate(const ForgeArgs& a);
 struct SynthArgs {
   std::string preset, out, weights, embed, lm_head, activations = "auto";
   uint64_t seed = 1;
+  bool vision = false;  // with a vision tower (Qwen3.5 presets)
 };
 
 // qhx forge synth: a random-weight checkpoint, or bundle, with a preset's shapes.
@@ -146,6 +152,8 @@ struct BenchArgs {
   bool context_sweep = false;
   std::string sweep_depths, reference;
   int64_t sweep_tokens = 32;
+  // The image benchmark instead: each a PNG/JPEG file or WxH (a random image of that size).
+  std::vector<std::string> images;
 };
 
 // qhx bench: prefill and decode speed, TTFT and memory; with --turns, the multi-turn chat bench.
@@ -156,7 +164,9 @@ struct PerplexityArgs {
   DeviceArgs devices;
   std::string model, file;
   int64_t window = 512;
+  bool second_half = false;  // llama-perplexity's chunks (runtime/perplexity.h)
   int64_t max_tokens = 0;
+  std::string kl_base;  // --kl-divergence: the model the divergence is measured from
   bool json = false;
 };
 

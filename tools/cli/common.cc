@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <sys/resource.h>
+#include <algorithm>
 
 #include <cstdint>
 #include <cstdio>

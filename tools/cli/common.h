@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/devices.h"
+#include "io/hf_config.h"
 #include "qhx/qhx.h"
 
 namespace qhx {

@@ -54,6 +54,27 @@ std::optional<bool> int8_activations_choice(const std::string& value) {
   qhx::fail("--activations", "'" + value + "' is not one of auto, int8, f32");
 }
 
+// "123", "40M", "1.5G": bytes, K/M/G meaning 2^10, 2^20, 2^30.
+uint64_t parse_byte_size(const char* flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty()  ? 1
+                       : unit == "K" ? 0x1p10
+                       : unit == "M" ? 0x1p20
+                       : unit == "G" ? 0x1p30
+                                     : 0;
+  if (used == 0 || scale == 0 || !(value > 0)) {
+    qhx::fail(flag, "'" + text + "' is not a size (bytes, or a number with K, M or G)");
+  }
+  return static_cast<uint64_t>(value * scale);
+}
+
 }  // namespace
 
 int run_convert(const ForgeArgs& a) {
@@ -62,6 +83,14 @@ int run_convert(const ForgeArgs& a) {
   if (!a.lm_head.empty()) o.lm_head = a.dtype("--lm-head", a.lm_head);
   if (!a.embed.empty()) o.embed = a.dtype("--embed", a.embed);
   o.group_size = a.group_size;
+  o.calibration_texts.assign(a.calibrate.begin(), a.calibrate.end());
+  const auto method = qhx::parse_calibration_method(a.calibration_method);
+  if (!method)
+    qhx::fail("--calibration-method", "'" + a.calibration_method + "' is not gptq or weighted");
+  o.calibration_method = *method;
+  o.calibration_tokens = a.calibrate_tokens;
+  o.sensitivity_tokens = a.sensitivity_tokens;
+  if (!a.size_budget.empty()) o.size_budget = parse_byte_size("--size-budget", a.size_budget);
   o.shards = a.shards;
   o.max_shard_bytes = a.max_shard_bytes;
   o.target = a.target;
@@ -91,8 +120,10 @@ int run_convert(const ForgeArgs& a) {
 // A random-weight checkpoint with a real model's shapes; with --weights, a bundle converted from
 // it (ungated: there is no reference worth comparing random weights with).
 int run_synth(const SynthArgs& a) {
+  const qhx::SynthVision tower;
+  const qhx::SynthVision* vision = a.vision ? &tower : nullptr;
   if (a.weights.empty()) {
-    qhx::write_synthetic_checkpoint(qhx::synth_preset(a.preset), a.out, a.seed);
+    qhx::write_synthetic_checkpoint(qhx::synth_preset(a.preset), a.out, a.seed, vision);
     std::fprintf(stderr, "wrote checkpoint %s\n", a.out.c_str());
     return 0;
   }
@@ -117,7 +148,7 @@ int run_synth(const SynthArgs& a) {
   // not there.
   const fs::path source = out.parent_path() / ("." + out.filename().native() + ".synth-source");
   fs::remove_all(source);
-  qhx::write_synthetic_checkpoint(shape, source, a.seed);
+  qhx::write_synthetic_checkpoint(shape, source, a.seed, vision);
   try {
     qhx::forge_convert(source, out, o);
   } catch (...) {

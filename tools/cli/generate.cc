@@ -19,6 +19,7 @@
 #include "qhx/qhx.h"
 #include "runtime/generation_config.h"
 #include "util/error.h"
+#include "util/image_pads.h"
 #include "util/mapped_file.h"
 
 namespace qhx::cli {
@@ -73,6 +74,58 @@ void check(qhx_status status) {
   if (status != QHX_OK) qhx::fail("generate", qhx_last_error());
 }
 
+// --prompt with --image on a model with a chat template: one user turn with the images before
+// the text, where the template places them (as llama.cpp's mtmd-cli does).
+std::vector<int32_t> chat_with_images(const qhx_model* model, const std::string& text,
+                                      const std::vector<std::string>& images) {
+  nlohmann::json parts = nlohmann::json::array();
+  for (const std::string& path : images) parts.push_back({{"type", "image"}, {"path", path}});
+  parts.push_back({{"type", "text"}, {"text", text}});
+  const std::string request =
+      nlohmann::json{{"messages", {{{"role", "user"}, {"content", parts}}}}}.dump();
+  std::vector<int32_t> ids;
+  size_t n = 0;
+  qhx_status status = qhx_chat_tokens(model, request.c_str(), nullptr, nullptr, 0, &n);
+  if (status == QHX_ERROR_BUFFER_TOO_SMALL) {
+    ids.resize(n);
+    status = qhx_chat_tokens(model, request.c_str(), nullptr, ids.data(), n, &n);
+  }
+  if (status != QHX_OK) qhx::fail("--image", qhx_last_error());
+  return ids;
+}
+
+// --prompt-ids (or a --prompt that places its own <|image_pad|>) with --image: each image's ids
+// in place of its <|image_pad|>, in order; a text prompt without any gets
+// <|vision_start|><|image_pad|><|vision_end|> per image in front when `may_prepend`.
+std::vector<int32_t> with_images(const qhx_model* model, const qhx::ModelConfig& config,
+                                 std::vector<int32_t> prompt,
+                                 const std::vector<std::string>& images, bool may_prepend) {
+  if (!config.vision) {
+    qhx::fail("--image", "this model reads no images: " + (config.vision_unavailable.empty()
+                                                               ? std::string("no vision_config")
+                                                               : config.vision_unavailable));
+  }
+  const int32_t pad = config.image_token_id;
+  if (std::count(prompt.begin(), prompt.end(), pad) == 0 && may_prepend) {
+    std::vector<int32_t> front;
+    for (size_t i = 0; i < images.size(); ++i) {
+      front.insert(front.end(), {config.vision_start_token_id, pad, config.vision_end_token_id});
+    }
+    prompt.insert(prompt.begin(), front.begin(), front.end());
+  }
+  std::vector<std::vector<int32_t>> ids;
+  for (const std::string& path : images) {
+    size_t n = 0;
+    qhx_status status = qhx_image_tokens_from_file(model, path.c_str(), nullptr, 0, &n);
+    std::vector<int32_t>& image = ids.emplace_back(n);
+    if (status == QHX_ERROR_BUFFER_TOO_SMALL) {
+      status = qhx_image_tokens_from_file(model, path.c_str(), image.data(), n, &n);
+    }
+    if (status != QHX_OK) qhx::fail("--image", qhx_last_error());
+  }
+  return qhx::expand_image_pads(prompt, pad, ids, "--image");
+}
+
 }  // namespace
 
 // Through the C API, as chat and serve: the same sampling, stop ids and stop strings.
@@ -119,8 +172,14 @@ int run_generate(const GenerateArgs& args) {
     config = qhx::load_model_config(dir / "config.json");
   }
 
+  // A --prompt with images goes through the chat template, unless its text places them itself.
+  const bool templated_images = !args.images.empty() && args.prompt_ids.empty() &&
+                                info.has_chat_template &&
+                                args.prompt.find("<|image_pad|>") == std::string::npos;
   std::vector<int32_t> prompt;
-  if (args.prompt_ids.empty()) {
+  if (templated_images) {
+    prompt = chat_with_images(m.model, args.prompt, args.images);
+  } else if (args.prompt_ids.empty()) {
     size_t n = 0;
     qhx_status status =
         qhx_tokenize(m.model, args.prompt.data(), args.prompt.size(), nullptr, 0, &n);
@@ -131,6 +190,9 @@ int run_generate(const GenerateArgs& args) {
     if (status != QHX_OK) qhx::fail("--prompt", qhx_last_error());
   } else {
     prompt = parse_id_list(args.prompt_ids, "--prompt-ids");
+  }
+  if (!args.images.empty() && !templated_images) {
+    prompt = with_images(m.model, config, std::move(prompt), args.images, !args.prompt.empty());
   }
 
   // The checkpoint's defaults, as transformers' generate() would use them; a sampling flag turns

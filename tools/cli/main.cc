@@ -125,6 +125,11 @@ int main(int argc, char** argv) {
   auto* ids_opt =
       generate->add_option("--prompt-ids", gen.prompt_ids, "Prompt as comma-separated token ids");
   prompt_opt->excludes(ids_opt);
+  generate->add_option(
+      "--image", gen.images,
+      "PNG or JPEG image (repeatable): each <|image_pad|> of the prompt in turn; a --prompt "
+      "that has none becomes a user turn of the chat template with the images before its text "
+      "(without a template, the images go before the text)");
   generate
       ->add_option("-n,--n-predict", gen.n,
                    "Tokens to generate (default: generation_config.json's max_new_tokens, or 64)")
@@ -263,6 +268,27 @@ int main(int argc, char** argv) {
   convert->add_option("--embed", forge_args.embed, "Embedding table dtype (default: --weights)");
   convert->add_option("--group-size", forge_args.group_size, "W4 group width")
       ->transform(kPositive);
+  convert
+      ->add_option("--calibrate", forge_args.calibrate,
+                   "Text like what the model will read (repeatable): W8/W4 scales and rounding "
+                   "are chosen for the inputs each matrix meets on it")
+      ->check(CLI::ExistingFile);
+  convert
+      ->add_option("--calibration-method", forge_args.calibration_method,
+                   "gptq (rounding errors fed forward through the inputs' statistics) or "
+                   "weighted (scales searched under the inputs' importance)")
+      ->check(CLI::IsMember({"gptq", "weighted"}));
+  convert
+      ->add_option("--calibrate-tokens", forge_args.calibrate_tokens,
+                   "The most calibration tokens read")
+      ->check(CLI::PositiveNumber);
+  convert->add_option("--size-budget", forge_args.size_budget,
+                      "Mixed precision (w4, with --calibrate): weights of at most this many bytes "
+                      "(K, M, G: powers of 1024), the most sensitive matrices kept in W8");
+  convert
+      ->add_option("--sensitivity-tokens", forge_args.sensitivity_tokens,
+                   "Calibration tokens each matrix's sensitivity is measured on")
+      ->check(CLI::PositiveNumber);
   auto* shards_opt =
       convert->add_option("--shards", forge_args.shards, "Decoder shards")->transform(kPositive);
   convert
@@ -386,6 +412,11 @@ int main(int argc, char** argv) {
                           "pass costs");
   bench->add_option("--prompt-file", bench_args.prompt_file,
                     "With --speculative: the prompt; with --context-sweep: the text read (UTF-8)");
+  bench
+      ->add_option("--image", bench_args.images,
+                   "The image benchmark instead (repeatable): a PNG or JPEG file, or WxH for a "
+                   "random image of that size; times reading, the vision tower and the prompt")
+      ->excludes(bench->get_option("--turns"));
   bench->add_flag("--context-sweep", bench_args.context_sweep,
                   "Instead: greedy replies after growing depths of --prompt-file's text, where "
                   "they first depart from the reference's and whether they stay coherent");
@@ -408,6 +439,14 @@ int main(int argc, char** argv) {
       ->transform(kPositive);
   perplexity_cmd->add_option("--max-tokens", ppl.max_tokens, "Score only the first N tokens")
       ->transform(kNonNegative);
+  perplexity_cmd->add_flag("--second-half", ppl.second_half,
+                           "Score as llama-perplexity does: windows that do not overlap, the "
+                           "second half of each scored");
+  perplexity_cmd->add_option("--kl-divergence", ppl.kl_base,
+                             "Also compare with BASE (bundle, pack or checkpoint; the float "
+                             "model) on the same windows: mean KL divergence, top-1 agreement, "
+                             "perplexity delta with its error")
+      ->type_name("BASE");
   perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
   add_threads_option(perplexity_cmd, ppl.threads);
   add_device_options(perplexity_cmd, ppl.devices);
@@ -428,6 +467,8 @@ int main(int argc, char** argv) {
   synth->add_option("--activations", synth_args.activations,
                     "With --weights w8/w4: auto (= int8, ungated), int8, f32");
   synth->add_option("--seed", synth_args.seed, "Random seed")->transform(kSeed);
+  synth->add_flag("--vision", synth_args.vision,
+                  "With a vision tower (Qwen3.5 presets; the Qwen3-VL-2B tower's shape, assumed)");
 
   std::string verify_bundle;
   CLI::App* verify = app.add_subcommand("verify", "Check a bundle's files against its manifest");

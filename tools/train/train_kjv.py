@@ -27,7 +27,6 @@ import json
 import math
 import platform
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -39,11 +38,12 @@ import transformers
 from tokenizers import Tokenizer
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
+from kjv_corpus import HELD_OUT_EVERY, HELD_OUT_PHASE, kjv_chapters, split_corpus
+
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = REPO / "tests" / "fixtures" / "tokenizer" / "qwen3"
 EOT = 151643  # <|endoftext|>
 VOCAB = 151936
-HELD_OUT_EVERY, HELD_OUT_PHASE = 50, 25
 F32_SUFFIXES = ("linear_attn.A_log", "linear_attn.norm.weight")
 
 ARCHS = {
@@ -76,35 +76,6 @@ ARCHS = {
 def dpkg_version(pkg):
     return subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], check=True, capture_output=True,
                           text=True).stdout
-
-
-def kjv_chapters():
-    """[(heading, [verse, ...])] in canonical order, from `bible` (package bible-kjv)."""
-    out = subprocess.run(["bible", "-l0", "gen1:1-rev22:21"], check=True, capture_output=True,
-                         text=True).stdout
-    chapters = []
-    for line in out.splitlines():
-        if not line.strip():
-            continue
-        m = re.match(r"^  (\d+) (.*)$", line)
-        if m:
-            chapters[-1][1].append(m.group(2).strip())
-        else:
-            chapters.append((line.strip(), []))
-    assert len(chapters) == 1189, len(chapters)
-    assert sum(len(v) for _, v in chapters) == 31102
-    return chapters
-
-
-def chapter_text(heading, verses):
-    return heading + "\n" + "\n".join(verses) + "\n"
-
-
-def split_corpus(chapters):
-    train, held = [], []
-    for i, (h, v) in enumerate(chapters):
-        (held if i % HELD_OUT_EVERY == HELD_OUT_PHASE else train).append(chapter_text(h, v))
-    return train, held
 
 
 def token_stream(tok, docs):

@@ -34,8 +34,20 @@ bool row_wise_op(Op op) {
 // What a decode step runs here: every op but the embedding (the host looks it up) and the
 // delta rule's gates — softplus and exp of values near 0 lose too much in fp16 (up to half of a
 // small softplus), and they are a few numbers per head: the host computes them in f32.
+// The vision tower's ops are not compiled into packs.
 bool decode_op(Op op) {
-  return op != Op::kEmbed && op != Op::kDeltaGates;
+  switch (op) {
+    case Op::kEmbed:
+    case Op::kDeltaGates:
+    case Op::kLayerNorm:
+    case Op::kAddBias:
+    case Op::kGelu:
+    case Op::kGeluTanh:
+    case Op::kBidirectionalAttention:
+      return false;
+    default:
+      return true;
+  }
 }
 
 // The ops that carry a sequence's state (attention over the KV cache, the Gated DeltaNet's conv
@@ -449,6 +461,7 @@ const MatmulRanges* HexagonBackend::quantized(const MatrixRef& w) const {
 
 bool HexagonBackend::supports(const Node& node) const {
   if (node.op == Op::kCopy) return true;
+  if (node.op == Op::kRope && node.rope_axes != nullptr) return false;  // M-RoPE: the CPU's
   if (node.rows == 1) {  // a decode step's node (or a prompt's last row: its lm-head)
     if (!options_.decode || !decode_op(node.op)) return false;
     for (const Operand* o : {&node.in[0], &node.in[1], &node.in[2], &node.out}) {

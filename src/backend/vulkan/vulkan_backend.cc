@@ -326,6 +326,14 @@ bool VulkanBackend::supports(const Node& node) const {
     }
     case Op::kConvSilu:
       return node.width >= 1 && node.width <= kMaxConvKernel;
+    case Op::kRope:
+      return node.rope_axes == nullptr;  // M-RoPE positions are the CPU's
+    case Op::kLayerNorm:                 // the vision tower's ops: on the CPU
+    case Op::kAddBias:
+    case Op::kGelu:
+    case Op::kGeluTanh:
+    case Op::kBidirectionalAttention:
+      return false;
     case Op::kDeltaRule:
       return node.heads.k_dim <= kMaxKDim && (node.rows == 1 || node.chunk == 0 ||
                                               delta_scratch_floats(node) * sizeof(float) <=
@@ -1152,6 +1160,12 @@ void VulkanBackend::record(const Plan& plan, const Node& node, const NodeArgs& a
       synchronize();
       return copy_bytes(*from.buffer, from_offset, *to.buffer, to_offset, node.rows * row_bytes);
     }
+    case Op::kLayerNorm:  // not supported(): never placed here
+    case Op::kAddBias:
+    case Op::kGelu:
+    case Op::kGeluTanh:
+    case Op::kBidirectionalAttention:
+      break;
   }
   fail("vulkan backend", std::string("no implementation of ") + op_name(node.op));
 }
