@@ -442,10 +442,11 @@ int main(int argc, char** argv) {
   perplexity_cmd->add_flag("--second-half", ppl.second_half,
                            "Score as llama-perplexity does: windows that do not overlap, the "
                            "second half of each scored");
-  perplexity_cmd->add_option("--kl-divergence", ppl.kl_base,
-                             "Also compare with BASE (bundle, pack or checkpoint; the float "
-                             "model) on the same windows: mean KL divergence, top-1 agreement, "
-                             "perplexity delta with its error")
+  perplexity_cmd
+      ->add_option("--kl-divergence", ppl.kl_base,
+                   "Also compare with BASE (bundle, pack or checkpoint; the float "
+                   "model) on the same windows: mean KL divergence, top-1 agreement, "
+                   "perplexity delta with its error")
       ->type_name("BASE");
   perplexity_cmd->add_flag("--json", ppl.json, "Print one JSON object");
   add_threads_option(perplexity_cmd, ppl.threads);
