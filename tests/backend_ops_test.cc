@@ -421,7 +421,7 @@ std::deque<OpCase> cases_for(const ModelConfig& c, const std::vector<int64_t>& r
       add("attention after " + std::to_string(context), rows, [&](OpCase& k, int64_t n) {
         k.first_pos = context;
         LayerState& cache = k.layers.emplace_back();
-        cache.kv_width = kv_width;
+        cache.kv_row_floats = kv_width;
         cache.keys = host_state(random_vector(k.first_pos * kv_width, 9));
         cache.values = host_state(random_vector(k.first_pos * kv_width, 10));
         Node& a = k.node(Op::kAttention, n);

@@ -161,6 +161,114 @@ INSTANTIATE_TEST_SUITE_P(Models, SessionTest, ::testing::Values("qwen3.5-kjv", "
                            return name;
                          });
 
+// A model whose KV caches hold f16, q8 or q4 rows: a token decoded alone gets the bits its row
+// gets in a batched pass (a row is quantized by itself, whatever the batch; kEveryStep, so that
+// Qwen3.5's delta rule runs stepwise too, as a speculative verification runs it), the logits stay
+// within each type's measured distance of the f32 cache's, the state takes the bytes the type
+// promises, and a saved state goes back only into a model with the same KV type.
+class KvTypeTest : public ::testing::TestWithParam<std::tuple<const char*, KvType>> {
+ protected:
+  void SetUp() override {
+    dir_ = test::source_dir() / "models" / std::get<0>(GetParam());
+    kv_ = std::get<1>(GetParam());
+    model_ = load_model(dir_, {.kv_type = kv_});
+    const Tokenizer tokenizer = Tokenizer::load(dir_);
+    ids_ = tokenizer.encode(
+        "In the beginning God created the heaven and the earth. And the earth was without form, "
+        "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
+        "the face of the waters. And God said, Let there be light: and there was light.");
+  }
+  std::filesystem::path dir_;
+  KvType kv_ = KvType::kF32;
+  std::unique_ptr<Model> model_;
+  std::vector<int32_t> ids_;
+};
+
+// Mean over positions of KL(p_exact ‖ p) between the softmaxes of two [n, vocab] logit rows.
+double mean_kl(const std::vector<float>& exact, const std::vector<float>& other, int64_t vocab) {
+  const int64_t n = static_cast<int64_t>(exact.size()) / vocab;
+  double total = 0.0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* a = exact.data() + t * vocab;
+    const float* b = other.data() + t * vocab;
+    const double ma = *std::max_element(a, a + vocab), mb = *std::max_element(b, b + vocab);
+    double za = 0.0, zb = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      za += std::exp(a[i] - ma);
+      zb += std::exp(b[i] - mb);
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double la = a[i] - ma - std::log(za), lb = b[i] - mb - std::log(zb);
+      total += std::exp(la) * (la - lb);
+    }
+  }
+  return total / static_cast<double>(n);
+}
+
+TEST_P(KvTypeTest, StepsEqualThePrefillAndStayCloseToF32) {
+  const int64_t vocab = model_->config().vocab_size;
+  const auto batched_state = model_->new_state();
+  std::vector<float> batched, step;
+  model_->forward(ids_, *batched_state, LogitsFor::kEveryStep, batched);
+  const auto stepped = model_->new_state();
+  for (size_t t = 0; t < ids_.size(); ++t) {
+    model_->forward(std::span(ids_).subspan(t, 1), *stepped, LogitsFor::kLastToken, step);
+    ASSERT_TRUE(std::equal(step.begin(), step.end(), batched.begin() + t * vocab))
+        << "token " << t << " decoded alone differs from its batched row";
+  }
+  const auto exact_model = load_model(dir_);
+  const auto exact_state = exact_model->new_state();
+  std::vector<float> exact;
+  exact_model->forward(ids_, *exact_state, LogitsFor::kEveryStep, exact);
+  // Measured over these 50 tokens (qwen3.5-kjv, qwen3-kjv): f16 4e-9, 3e-8; q8 1.3e-6, 1.8e-5;
+  // q4 6e-4, 4.7e-3.
+  const double kl = mean_kl(exact, batched, vocab);
+  EXPECT_LT(kl, kv_ == KvType::kF16 ? 1e-6 : kv_ == KvType::kQ8 ? 2e-4 : 3e-2);
+  // The attention layers' caches shrink as the type says (the recurrent states do not).
+  const ModelConfig& c = model_->config();
+  int64_t attention_layers = 0;
+  for (const LayerKind kind : c.layer_types) attention_layers += kind == LayerKind::kFullAttention;
+  if (c.layer_types.empty()) attention_layers = c.num_layers;
+  const auto kv_bytes = [&](KvType type) -> int64_t {
+    return attention_layers * 2 * static_cast<int64_t>(ids_.size()) * c.num_kv_heads *
+           kv_head_floats(type, c.head_dim) * static_cast<int64_t>(sizeof(float));
+  };
+  EXPECT_EQ(exact_state->bytes() - batched_state->bytes(),
+            kv_bytes(KvType::kF32) - kv_bytes(kv_));
+}
+
+TEST_P(KvTypeTest, SavedStatesGoBackIntoModelsWithTheSameKvType) {
+  test::TempDir tmp;
+  const auto path = tmp.path() / "state.qhxs";
+  Session original(*model_);
+  const std::vector<int32_t> prompt(ids_.begin(), ids_.begin() + 20);
+  run_turn(original, prompt, 4);
+  original.save(path);
+  std::vector<int32_t> history(original.tokens().begin(), original.tokens().end());
+  history.insert(history.end(), ids_.begin() + 30, ids_.end());
+  const Turn continued = run_turn(original, history);
+
+  Session restored(*model_);
+  restored.load(path);
+  EXPECT_EQ(run_turn(restored, history).generated, continued.generated);
+
+  const auto exact_model = load_model(dir_);
+  Session other(*exact_model);
+  expect_error([&] { other.load(path); },
+               {path.string(), std::string("keys.") + kv_type_name(kv_), "another KV type",
+                "--kv-type"});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, KvTypeTest,
+    ::testing::Combine(::testing::Values("qwen3.5-kjv", "qwen3-kjv"),
+                       ::testing::Values(KvType::kF16, KvType::kQ8, KvType::kQ4)),
+    [](const auto& info) {
+      std::string name = std::get<0>(info.param);
+      std::erase_if(name, [](char c) { return !std::isalnum(c); });
+      return name + "_" + kv_type_name(std::get<1>(info.param));
+    });
+
 class SessionStateFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -381,6 +489,9 @@ TEST(MemoryAdmissionTest, KvCacheGrowsWithContextAndSessions) {
   EXPECT_EQ(one.recurrent, 0);
   r.sessions = 4;
   EXPECT_EQ(plan_memory(c, r).kv_cache, 4 * one.kv_cache);
+  r.sessions = 1;
+  r.kv_type = KvType::kQ8;  // 128 int8 and one f32 scale per head: 33 floats for 128
+  EXPECT_EQ(plan_memory(c, r).kv_cache, 28 * 2 * 8 * 33 * 4 * 1024);
 }
 
 TEST(MemoryAdmissionTest, LowersAnUnspecifiedContextAndRefusesAnExplicitOne) {

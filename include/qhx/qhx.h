@@ -87,6 +87,10 @@ typedef struct qhx_model_options {
                                  its graphs for the chip load instead of compiling on first use;
                                  a pack for another bundle, a chip it lacks or a changed file is
                                  an error */
+  const char* kv_type;        /* how the KV caches hold keys and values: "f32" (default; NULL
+                                 too), "f16", "q8" (int8 with a scale per head and position:
+                                 ~3.9x smaller than f32) or "q4" (4-bit, a scale per 32: ~6.4x);
+                                 their attention runs on the CPU */
 } qhx_model_options;
 
 void qhx_model_options_default(qhx_model_options* options);

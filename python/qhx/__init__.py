@@ -420,12 +420,15 @@ class Model(_Closable):
         max_sessions: sessions alive at once, counted by memory admission.
         device_check: "once" (default), "always" or "never".
         draft_model: a smaller model with the same tokenizer, for ``speculative="draft"``.
+        kv_type: how the KV cache holds keys and values: "f32" (default, exact), "f16", "q8"
+            or "q4" (docs/kv_cache.md).
     """
 
     def __init__(self, path: str | Path, *, device: str = "cpu", decode_device: str | None = None,
                  n_threads: int = 0, context_length: int = 0, max_sessions: int = 2,
                  prefix_cache_bytes: int = 0, device_check: str | None = None,
-                 draft_model: str | Path | None = None, verify_sha256: bool = False):
+                 draft_model: str | Path | None = None, verify_sha256: bool = False,
+                 kv_type: str = "f32"):
         o = _capi.ModelOptions()
         _lib.qhx_model_options_default(ctypes.byref(o))
         o.n_threads = n_threads
@@ -434,8 +437,8 @@ class Model(_Closable):
         o.prefix_cache_bytes = prefix_cache_bytes
         o.verify_sha256 = int(verify_sha256)
         keep = [_str(device), _str(decode_device), _str(device_check),
-                _str(None if draft_model is None else str(draft_model))]
-        o.device, o.decode_device, o.device_check, o.draft_model = keep
+                _str(None if draft_model is None else str(draft_model)), _str(kv_type)]
+        o.device, o.decode_device, o.device_check, o.draft_model, o.kv_type = keep
         handle = ctypes.c_void_p()
         _check(_lib.qhx_model_open(_str(str(path)), ctypes.byref(o), ctypes.byref(handle)))
         self._handle = handle

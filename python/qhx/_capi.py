@@ -31,6 +31,7 @@ class ModelOptions(Structure):
         ("mtp_vocab_size", c_int64),
         ("qnn_lib", c_char_p),
         ("npu_pack", c_char_p),
+        ("kv_type", c_char_p),
     ]
 
 

@@ -250,11 +250,19 @@ void CpuBackend::run_one(const Plan& plan, const Node& node, const NodeArgs& arg
     }
     case Op::kAttention: {
       LayerState& cache = inputs.layers[node.layer];
-      const int64_t kv_width = cache.kv_width, first_pos = inputs.first_pos;
-      cache.keys.resize((first_pos + node.rows) * kv_width);
-      cache.values.resize((first_pos + node.rows) * kv_width);
-      std::copy_n(at(node.in[1]), node.rows * kv_width, cache.keys.data() + first_pos * kv_width);
-      std::copy_n(at(node.in[2]), node.rows * kv_width, cache.values.data() + first_pos * kv_width);
+      const AttentionShape& a = node.attention;
+      const int64_t row_floats = cache.kv_row_floats, first_pos = inputs.first_pos;
+      const int64_t kv_width = a.n_kv_heads * a.head_dim;
+      cache.keys.resize((first_pos + node.rows) * row_floats);
+      cache.values.resize((first_pos + node.rows) * row_floats);
+      float* keys = cache.keys.data() + first_pos * row_floats;
+      float* values = cache.values.data() + first_pos * row_floats;
+      for (int64_t t = 0; t < node.rows; ++t) {  // the new rows, as the cache's type holds them
+        kv_store_row(a.kv, at(node.in[1]) + t * kv_width, a.n_kv_heads, a.head_dim,
+                     keys + t * row_floats);
+        kv_store_row(a.kv, at(node.in[2]) + t * kv_width, a.n_kv_heads, a.head_dim,
+                     values + t * row_floats);
+      }
       return causal_attention(cx, at(node.in[0]), node.rows, first_pos, cache.keys.data(),
                               cache.values.data(), node.attention, node.scale, out);
     }

@@ -408,6 +408,13 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
                   "qhx_model_open: n_threads, context_length and prefix_cache_bytes must be >= 0, "
                   "max_sessions >= 1");
   }
+  qhx::KvType kv_type = qhx::KvType::kF32;
+  if (options->kv_type != nullptr) {
+    const qhx_status parsed = guarded(QHX_ERROR_INVALID_ARGUMENT, [&] {
+      kv_type = qhx::parse_kv_type(options->kv_type, "qhx_model_open: kv_type");
+    });
+    if (parsed != QHX_OK) return parsed;
+  }
   auto opened = std::make_unique<qhx_model>();
   const int64_t resident_before = qhx::resident_memory_bytes();
   int64_t tokenizer_bytes = 0;
@@ -458,7 +465,8 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
     opened->model = qhx::load_model(dir, {.verify_sha256 = options->verify_sha256 != 0,
                                           .context = context,
                                           .devices = devices.backends,
-                                          .mtp_vocab_size = options->mtp_vocab_size});
+                                          .mtp_vocab_size = options->mtp_vocab_size,
+                                          .kv_type = kv_type});
     if (const std::string why = opened->model->mtp_unavailable(); !why.empty()) {
       opened->model_note = dir.string() + ": " + why + "; it runs as a text model";
     }
@@ -520,6 +528,7 @@ qhx_status qhx_model_open(const char* path, const qhx_model_options* options, qh
       if (opened->draft_model) request.weights_bytes += opened->draft_model->weights_bytes();
       request.weights_bytes += opened->device_weight_bytes;  // an NPU's graphs, a UMA GPU's copies
       request.sessions = options->max_sessions;
+      request.kv_type = kv_type;
       request.prefix_cache_bytes = options->prefix_cache_bytes;
       request.resident_bytes = resident_before + tokenizer_bytes;
       request.activation_bytes =

@@ -9,6 +9,7 @@
 
 #include "core/buffer.h"
 #include "core/dtype.h"
+#include "core/kv_layout.h"
 
 namespace qhx {
 
@@ -94,11 +95,15 @@ struct MatmulOutput {
   float* y;
 };
 
-// Shape of grouped-query attention: query head h reads key/value head h / (n_heads/n_kv_heads).
+// Shape of grouped-query attention: query head h reads key/value head h / (n_heads/n_kv_heads),
+// from a KV cache whose rows are of type `kv` (core/kv_layout.h).
 struct AttentionShape {
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  KvType kv = KvType::kF32;
+  // Floats of storage one cached position's keys (or values) take.
+  int64_t kv_row_floats() const { return n_kv_heads * kv_head_floats(kv, head_dim); }
 };
 
 // Heads of a gated delta rule: value head j reads key head j / (n_v_heads / n_k_heads).

@@ -49,10 +49,12 @@ NodeCost node_cost(const Plan& plan, const Node& node, int64_t first_pos) {
       // output written; each query dots and weighs every key before it and its own.
       const AttentionShape& a = node.attention;
       const double kv_width = static_cast<double>(a.n_kv_heads * a.head_dim);
+      const double kv_row = static_cast<double>(a.kv_row_floats());  // as the cache holds it
       const double keys = static_cast<double>(first_pos) + rows;
       const double query_width = static_cast<double>(a.n_heads * a.head_dim);
       const double pairs = rows * static_cast<double>(first_pos) + rows * (rows + 1) / 2;
-      return {(2 * rows * kv_width * 2 + 2 * keys * kv_width + 2 * rows * query_width) * kFloat,
+      return {(2 * rows * (kv_width + kv_row) + 2 * keys * kv_row + 2 * rows * query_width) *
+                  kFloat,
               4 * pairs * query_width};
     }
     case Op::kConvSilu: {

@@ -22,10 +22,13 @@ namespace qhx {
 // One layer's part of a sequence's state: softmax attention (a KV cache) or Gated DeltaNet (conv
 // state + f32 recurrent state), in memory of the backend the sequence runs on.
 struct LayerState {
-  StateBuffer keys, values;  // attention: [n_past, kv_width] each
-  int64_t kv_width = 0;      // attention: n_kv_heads·head_dim
-  StateBuffer conv;          // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
-  StateBuffer recurrent;     // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
+  // Attention: [n_past, kv_row_floats] each, rows of the layer's KV type
+  // (AttentionShape::kv_row_floats: n_kv_heads·head_dim for f32 rows).
+  StateBuffer keys, values;
+  int64_t kv_row_floats = 0;
+  KvType kv = KvType::kF32;
+  StateBuffer conv;       // Gated DeltaNet: the last kernel-1 inputs, [kernel-1, channels]
+  StateBuffer recurrent;  // Gated DeltaNet: [n_v_heads, k_dim, v_dim]
 };
 
 enum class Op : uint8_t {

@@ -45,8 +45,8 @@ void restore_whole_states(Sequence& sequence, const std::vector<std::vector<floa
 void Sequence::back_to(int64_t n) {
   for (LayerState& l : layers) {
     if (l.conv.empty()) {
-      l.keys.resize(std::min(l.keys.size(), n * l.kv_width));
-      l.values.resize(std::min(l.values.size(), n * l.kv_width));
+      l.keys.resize(std::min(l.keys.size(), n * l.kv_row_floats));
+      l.values.resize(std::min(l.values.size(), n * l.kv_row_floats));
     }
   }
   tokens = n;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu_context.h"
@@ -44,7 +45,7 @@ using AttendRows = void (*)(const AttentionRow* rows, int n_rows, const float* k
                             const float* values, int64_t kv_stride, int64_t head_dim, float scale);
 
 #if defined(__x86_64__)
-#define QHX_AVX2 __attribute__((target("avx2,fma")))
+#define QHX_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 using avx2::horizontal_sum;
 
@@ -90,75 +91,143 @@ constexpr int kRowsAtOnce = 8;
 template <int R>
 constexpr int kVectorsPerPass = R <= 2 ? 8 : (R <= 4 ? 4 : 2);
 
+// How the AVX2 kernel reads a cached head of each KV type (core/kv_layout.h): load gives the 8
+// elements at d as floats (the codes, for the quantized types), scale the scale of the group of
+// `group` elements holding element d. Scores sum q·code over each group in order, then add
+// scale · that sum group by group; outputs take p · scale as each value's weight.
+struct F32Head {
+  static constexpr bool kScaled = false;
+  static int64_t group(int64_t head_dim) { return head_dim; }
+  QHX_AVX2 static __m256 load(const float* head, int64_t d) { return _mm256_loadu_ps(head + d); }
+  static float scale(const float*, int64_t, int64_t) { return 1.0f; }
+};
+struct F16Head {
+  static constexpr bool kScaled = false;
+  static int64_t group(int64_t head_dim) { return head_dim; }
+  QHX_AVX2 static __m256 load(const float* head, int64_t d) {
+    const auto* halves = reinterpret_cast<const uint16_t*>(head) + d;
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
+  }
+  static float scale(const float*, int64_t, int64_t) { return 1.0f; }
+};
+struct Q8Head {
+  static constexpr bool kScaled = true;
+  static int64_t group(int64_t head_dim) { return head_dim; }
+  QHX_AVX2 static __m256 load(const float* head, int64_t d) {
+    const auto* codes = reinterpret_cast<const int8_t*>(head) + d;
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
+  }
+  static float scale(const float* head, int64_t head_dim, int64_t) { return head[head_dim / 4]; }
+};
+struct Q4Head {
+  static constexpr bool kScaled = true;
+  static int64_t group(int64_t) { return kKvQ4Group; }
+  QHX_AVX2 static __m256 load(const float* head, int64_t d) {
+    int32_t nibbles;  // elements d..d+7, two per byte, the even one low
+    std::memcpy(&nibbles, reinterpret_cast<const uint8_t*>(head) + d / 2, sizeof(nibbles));
+    const __m256i shifted = _mm256_srlv_epi32(_mm256_set1_epi32(nibbles),
+                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i codes = _mm256_sub_epi32(_mm256_and_si256(shifted, _mm256_set1_epi32(15)),
+                                           _mm256_set1_epi32(8));
+    return _mm256_cvtepi32_ps(codes);
+  }
+  static float scale(const float* head, int64_t head_dim, int64_t d) {
+    return head[head_dim / 8 + d / kKvQ4Group];
+  }
+};
+
 // scores[j] = scale · q·k_j for keys [j_begin, j_end) of R rows.
-template <int R>
+template <typename Head, int R>
 QHX_AVX2 void row_scores(const AttentionRow* rows, const float* keys, int64_t kv_stride,
                          int64_t head_dim, float scale, int64_t j_begin, int64_t j_end) {
+  const int64_t group = Head::group(head_dim);
   for (int64_t j = j_begin; j < j_end; ++j) {
     const float* k = keys + j * kv_stride;
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < head_dim; d += 8) {
-      const __m256 kd = _mm256_loadu_ps(k + d);
+    for (int64_t g = 0; g < head_dim; g += group) {
+      __m256 part[R];
+      for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_ps();
+      for (int64_t d = g; d < g + group; d += 8) {
+        const __m256 kd = Head::load(k, d);
+        for (int r = 0; r < R; ++r) {
+          part[r] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[r].q + d), kd, part[r]);
+        }
+      }
       for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[r].q + d), kd, acc[r]);
+        acc[r] = Head::kScaled
+                     ? _mm256_fmadd_ps(part[r], _mm256_set1_ps(Head::scale(k, head_dim, g)), acc[r])
+                     : part[r];
       }
     }
     for (int r = 0; r < R; ++r) rows[r].scores[j] = horizontal_sum(acc[r]) * scale;
   }
 }
 
+// Value j's weight for output columns [d, d + 8): its probability times its group's scale.
+template <typename Head>
+QHX_AVX2 inline __m256 value_weight(float p, const float* v, int64_t head_dim, int64_t d) {
+  return _mm256_set1_ps(Head::kScaled ? p * Head::scale(v, head_dim, d) : p);
+}
+
 // Output columns [d, d + 8·NV) of R rows: the keys all rows see are shared, then each row
 // finishes its own.
-template <int R, int NV>
+template <typename Head, int R, int NV>
 QHX_AVX2 void row_outputs(const AttentionRow* rows, const float* values, int64_t kv_stride,
-                          int64_t d) {
+                          int64_t head_dim, int64_t d) {
   __m256 acc[R][NV];
   for (int r = 0; r < R; ++r) {
     for (int i = 0; i < NV; ++i) acc[r][i] = _mm256_setzero_ps();
   }
   for (int64_t j = 0; j < rows[0].n_keys; ++j) {
+    const float* vj = values + j * kv_stride;
     __m256 v[NV];
-    for (int i = 0; i < NV; ++i) v[i] = _mm256_loadu_ps(values + j * kv_stride + d + 8 * i);
+    for (int i = 0; i < NV; ++i) v[i] = Head::load(vj, d + 8 * i);
     for (int r = 0; r < R; ++r) {
-      const __m256 p = _mm256_set1_ps(rows[r].scores[j]);
-      for (int i = 0; i < NV; ++i) acc[r][i] = _mm256_fmadd_ps(p, v[i], acc[r][i]);
+      for (int i = 0; i < NV; ++i) {
+        const __m256 p = value_weight<Head>(rows[r].scores[j], vj, head_dim, d + 8 * i);
+        acc[r][i] = _mm256_fmadd_ps(p, v[i], acc[r][i]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
     for (int64_t j = rows[0].n_keys; j < rows[r].n_keys; ++j) {
-      const __m256 p = _mm256_set1_ps(rows[r].scores[j]);
+      const float* vj = values + j * kv_stride;
       for (int i = 0; i < NV; ++i) {
-        acc[r][i] =
-            _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * kv_stride + d + 8 * i), acc[r][i]);
+        const __m256 p = value_weight<Head>(rows[r].scores[j], vj, head_dim, d + 8 * i);
+        acc[r][i] = _mm256_fmadd_ps(p, Head::load(vj, d + 8 * i), acc[r][i]);
       }
     }
     for (int i = 0; i < NV; ++i) _mm256_storeu_ps(rows[r].out + d + 8 * i, acc[r][i]);
   }
 }
 
-template <int R>
+template <typename Head, int R>
 QHX_AVX2 void attend_batch(const AttentionRow* rows, const float* keys, const float* values,
                            int64_t kv_stride, int64_t head_dim, float scale) {
-  row_scores<R>(rows, keys, kv_stride, head_dim, scale, 0, rows[0].n_keys);
+  row_scores<Head, R>(rows, keys, kv_stride, head_dim, scale, 0, rows[0].n_keys);
   for (int r = 0; r < R; ++r) {
-    row_scores<1>(rows + r, keys, kv_stride, head_dim, scale, rows[0].n_keys, rows[r].n_keys);
+    row_scores<Head, 1>(rows + r, keys, kv_stride, head_dim, scale, rows[0].n_keys,
+                        rows[r].n_keys);
     softmax_avx2(rows[r].scores, rows[r].n_keys);
   }
   int64_t d = 0;
   for (; d + 8 * kVectorsPerPass<R> <= head_dim; d += 8 * kVectorsPerPass<R>) {
-    row_outputs<R, kVectorsPerPass<R>>(rows, values, kv_stride, d);
+    row_outputs<Head, R, kVectorsPerPass<R>>(rows, values, kv_stride, head_dim, d);
   }
-  for (; d < head_dim; d += 8) row_outputs<R, 1>(rows, values, kv_stride, d);
+  for (; d < head_dim; d += 8) row_outputs<Head, R, 1>(rows, values, kv_stride, head_dim, d);
 }
 
-// head_dim a multiple of 8.
+// head_dim a multiple of 8 (of kKvQ4Group for q4 heads).
+template <typename Head>
 void attend_rows_avx2(const AttentionRow* rows, int n_rows, const float* keys, const float* values,
                       int64_t kv_stride, int64_t head_dim, float scale) {
   using Batch = void (*)(const AttentionRow*, const float*, const float*, int64_t, int64_t, float);
-  static constexpr Batch batches[] = {attend_batch<1>, attend_batch<2>, attend_batch<3>,
-                                      attend_batch<4>, attend_batch<5>, attend_batch<6>,
-                                      attend_batch<7>, attend_batch<8>};
+  static constexpr Batch batches[] = {attend_batch<Head, 1>, attend_batch<Head, 2>,
+                                      attend_batch<Head, 3>, attend_batch<Head, 4>,
+                                      attend_batch<Head, 5>, attend_batch<Head, 6>,
+                                      attend_batch<Head, 7>, attend_batch<Head, 8>};
   for (int r = 0; r < n_rows; r += kRowsAtOnce) {
     const int n = std::min(kRowsAtOnce, n_rows - r);
     batches[n - 1](rows + r, keys, values, kv_stride, head_dim, scale);
@@ -398,11 +467,12 @@ void attend_rows_avx512(const AttentionRow* rows, int n_rows, const float* keys,
   }
 }
 #elif defined(__aarch64__)
-// head_dim a multiple of 4.
+// head_dim a multiple of 4 (of 8 for the f16 and q8 heads, of kKvQ4Group for q4).
+template <KvType kKv>
 void attend_rows_neon(const AttentionRow* rows, int n_rows, const float* keys, const float* values,
                       int64_t kv_stride, int64_t head_dim, float scale) {
   for (int r = 0; r < n_rows; ++r) {
-    neon::attend_query(rows[r].q, rows[r].n_keys, keys, values, kv_stride, head_dim, scale,
+    neon::attend_query(kKv, rows[r].q, rows[r].n_keys, keys, values, kv_stride, head_dim, scale,
                        rows[r].scores, rows[r].out);
   }
 }
@@ -443,22 +513,44 @@ struct GatheredHead {
   }
 };
 
-// The SIMD kernel for this CPU and head size, or null for the reference.
+// The SIMD kernel for this CPU, head size and KV type, or null for the reference.
 AttendRows fast_attend_rows([[maybe_unused]] const CpuKernels& kernels,
-                            [[maybe_unused]] int64_t head_dim) {
+                            [[maybe_unused]] int64_t head_dim, [[maybe_unused]] KvType kv) {
+  if (!kv_type_fits(kv, head_dim)) return nullptr;
 #if defined(__x86_64__)
-  if (kernels.avx512 && head_dim % 16 == 0) return attend_rows_avx512<false>;
-  if (kernels.avx2 && head_dim % 8 == 0) return attend_rows_avx2;
+  if (!kernels.avx2 || head_dim % 8 != 0) return nullptr;
+  switch (kv) {
+    case KvType::kF32:
+      return kernels.avx512 && head_dim % 16 == 0 ? attend_rows_avx512<false>
+                                                  : attend_rows_avx2<F32Head>;
+    case KvType::kF16:
+      return attend_rows_avx2<F16Head>;
+    case KvType::kQ8:
+      return attend_rows_avx2<Q8Head>;
+    case KvType::kQ4:
+      return attend_rows_avx2<Q4Head>;
+  }
 #elif defined(__aarch64__)
-  if (kernels.neon && head_dim % 4 == 0) return attend_rows_neon;
+  if (!kernels.neon || head_dim % (kv == KvType::kF32 ? 4 : 8) != 0) return nullptr;
+  if (kv != KvType::kF32 && head_dim > neon::kMaxQuantizedHeadDim) return nullptr;
+  switch (kv) {
+    case KvType::kF32:
+      return attend_rows_neon<KvType::kF32>;
+    case KvType::kF16:
+      return attend_rows_neon<KvType::kF16>;
+    case KvType::kQ8:
+      return attend_rows_neon<KvType::kQ8>;
+    case KvType::kQ4:
+      return attend_rows_neon<KvType::kQ4>;
+  }
 #endif
   return nullptr;
 }
 
-// The kernel for rows of a GatheredHead, and whether it takes their keys transposed.
+// The kernel for rows of a GatheredHead (f32 rows), and whether it takes their keys transposed.
 AttendRows gathered_attend_rows(const CpuKernels& kernels, int64_t head_dim,
                                 bool& transposed_keys) {
-  const AttendRows attend = fast_attend_rows(kernels, head_dim);
+  const AttendRows attend = fast_attend_rows(kernels, head_dim, KvType::kF32);
 #if defined(__x86_64__)
   transposed_keys = attend == attend_rows_avx512<false>;
   if (transposed_keys) return attend_rows_avx512<true>;
@@ -469,15 +561,16 @@ AttendRows gathered_attend_rows(const CpuKernels& kernels, int64_t head_dim,
 
 }  // namespace
 
-const char* attention_kernel_path(const CpuKernels& kernels, int64_t head_dim) {
-  const AttendRows attend = fast_attend_rows(kernels, head_dim);
+const char* attention_kernel_path(const CpuKernels& kernels, int64_t head_dim, KvType kv) {
+  const AttendRows attend = fast_attend_rows(kernels, head_dim, kv);
+  if (attend == nullptr) return "scalar reference";
 #if defined(__x86_64__)
-  if (attend == attend_rows_avx512<false>) return "avx512";
-  if (attend == attend_rows_avx2) return "avx2+fma";
+  return attend == attend_rows_avx512<false> ? "avx512" : "avx2+fma";
 #elif defined(__aarch64__)
-  if (attend == attend_rows_neon) return "neon";
-#endif
+  return "neon";
+#else
   return "scalar reference";
+#endif
 }
 
 namespace {
@@ -487,7 +580,7 @@ void attend_queries(CpuContext& cx, const float* q, int64_t n_queries, int64_t f
                     const float* keys, const float* values, const AttentionShape& shape,
                     float scale, float* out, bool causal) {
   const int64_t hd = shape.head_dim;
-  const AttendRows attend = fast_attend_rows(cx.kernels(), hd);
+  const AttendRows attend = fast_attend_rows(cx.kernels(), hd, shape.kv);
   const int64_t all_keys = first_pos + n_queries;
   if (attend == nullptr) {
     float* scores = cx.caller_scratch().buffer<float>(Scratch::kAttentionScores, all_keys);
@@ -500,7 +593,8 @@ void attend_queries(CpuContext& cx, const float* q, int64_t n_queries, int64_t f
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   const int64_t q_stride = shape.n_heads * hd;
-  const int64_t kv_stride = shape.n_kv_heads * hd;
+  const int64_t head_floats = kv_head_floats(shape.kv, hd);
+  const int64_t kv_stride = shape.kv_row_floats();
   // A block is one key/value head at a few consecutive positions: its query heads there share
   // every key and value load.
   const int64_t positions = std::max<int64_t>(1, 8 / group);
@@ -509,8 +603,9 @@ void attend_queries(CpuContext& cx, const float* q, int64_t n_queries, int64_t f
   // prefetchers do not follow them. When many blocks read them, the thread first copies its
   // head's rows side by side, as far as its blocks need them (a copy of 2 × 256 KB per head of
   // Qwen3-0.6B at 512 positions, next to 1 ms of arithmetic). Where a row lies changes no result.
+  // (f32 rows only: quantized rows are a quarter the size and are read where they lie.)
   const bool gather =
-      kv_stride != hd && blocks >= kMinBlocksToGather &&
+      shape.kv == KvType::kF32 && kv_stride != hd && blocks >= kMinBlocksToGather &&
       2 * (first_pos + n_queries) * hd * static_cast<int64_t>(sizeof(float)) <= kMaxGatherBytes;
   bool transposed_keys = false;
   const AttendRows attend_gathered = gathered_attend_rows(cx.kernels(), hd, transposed_keys);
@@ -533,8 +628,8 @@ void attend_queries(CpuContext& cx, const float* q, int64_t n_queries, int64_t f
       }
     }
     if (!gather) {
-      attend(rows.data(), static_cast<int>(rows.size()), keys + kv * hd, values + kv * hd,
-             kv_stride, hd, scale);
+      attend(rows.data(), static_cast<int>(rows.size()), keys + kv * head_floats,
+             values + kv * head_floats, kv_stride, hd, scale);
       return;
     }
     GatheredHead& head = scratch.object<GatheredHead>(Scratch::kGatheredHead);

@@ -13,8 +13,10 @@ namespace qhx {
 class CpuContext;
 struct CpuKernels;
 
-// q: [n_queries, n_heads·head_dim]; keys/values: [first_pos + n_queries, n_kv_heads·head_dim].
-// Query t sees keys 0..first_pos+t. out: [n_queries, n_heads·head_dim].
+// q: [n_queries, n_heads·head_dim]; keys/values: [first_pos + n_queries, shape.kv_row_floats()],
+// rows of type shape.kv. Query t sees keys 0..first_pos+t. out: [n_queries, n_heads·head_dim].
+// Quantized rows are read where they lie, codes widened in registers and each head's (group's)
+// scale applied to its partial sum, so their attention reads a quarter (q8) of f32's bytes.
 void causal_attention(CpuContext& cx, const float* q, int64_t n_queries, int64_t first_pos,
                       const float* keys, const float* values, const AttentionShape& shape,
                       float scale, float* out);
@@ -25,8 +27,10 @@ void bidirectional_attention(CpuContext& cx, const float* q, int64_t n_rows, con
                              const float* values, const AttentionShape& shape, float scale,
                              float* out);
 
-// The implementation causal_attention uses with these kernels: "avx512" or "avx2+fma" (x86-64
-// CPUs that have them, head_dim a multiple of 16 or 8), "neon" (aarch64) or "scalar reference".
-const char* attention_kernel_path(const CpuKernels& kernels, int64_t head_dim);
+// The implementation causal_attention uses with these kernels and KV rows: "avx512" (x86-64, f32
+// rows, head_dim a multiple of 16), "avx2+fma" (x86-64, head_dim a multiple of 8), "neon"
+// (aarch64) or "scalar reference".
+const char* attention_kernel_path(const CpuKernels& kernels, int64_t head_dim,
+                                  KvType kv = KvType::kF32);
 
 }  // namespace qhx

@@ -50,8 +50,9 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void softmax(float* x, int64_t n);
 
 // Causal GQA attention for n_queries consecutive positions first_pos, first_pos+1, ...
-// q: [n_queries, n_heads·head_dim]; keys/values: [first_pos + n_queries, n_kv_heads·head_dim]
-// (all positions so far, cached ones included). Query t sees keys 0..first_pos+t.
+// q: [n_queries, n_heads·head_dim]; keys/values: [first_pos + n_queries, shape.kv_row_floats()],
+// rows of type shape.kv (all positions so far, cached ones included), each element read back as
+// kv_load_head reads it. Query t sees keys 0..first_pos+t.
 // out: [n_queries, n_heads·head_dim]; scores: scratch of first_pos + n_queries floats.
 void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, const float* keys,
                       const float* values, const AttentionShape& shape, float scale, float* out,

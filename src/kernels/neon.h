@@ -26,9 +26,14 @@ bool dotprod_available();
 // cx.kernels().neon_dotprod), over the threads of cx.
 void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixRef& w, float* y);
 
-// One query head q[head_dim] against keys and values rows 0..n_keys-1 (kv_stride floats apart):
-// out = softmax(scale · K q) · V. head_dim is a multiple of 4; scores: scratch of n_keys floats.
-void attend_query(const float* q, int64_t n_keys, const float* keys, const float* values,
-                  int64_t kv_stride, int64_t head_dim, float scale, float* scores, float* out);
+// One query head q[head_dim] against keys and values rows 0..n_keys-1 (kv_stride floats apart),
+// heads of type kv (core/kv_layout.h): out = softmax(scale · K q) · V. head_dim is a multiple of
+// 4 (f32), 8 (f16, q8) or kKvQ4Group (q4), and at most kMaxQuantizedHeadDim unless f32; scores:
+// scratch of n_keys floats. A quantized head is widened to float32 (scale · q) in registers, into
+// a row on the stack, then read as an f32 one.
+inline constexpr int64_t kMaxQuantizedHeadDim = 512;
+void attend_query(KvType kv, const float* q, int64_t n_keys, const float* keys,
+                  const float* values, int64_t kv_stride, int64_t head_dim, float scale,
+                  float* scores, float* out);
 
 }  // namespace qhx::neon

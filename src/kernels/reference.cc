@@ -190,14 +190,23 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
   const int64_t hd = shape.head_dim;
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   const int64_t q_stride = shape.n_heads * hd;
-  const int64_t kv_stride = shape.n_kv_heads * hd;
+  const int64_t head_floats = kv_head_floats(shape.kv, hd);
+  const int64_t kv_stride = shape.kv_row_floats();
+  // A cached head as float32: in place for f32 rows, else its elements read back into `row`.
+  std::vector<float> row(shape.kv == KvType::kF32 ? 0 : hd);
+  const auto cached = [&](const float* rows, int64_t j, int64_t kv_head) {
+    const float* head = rows + j * kv_stride + kv_head * head_floats;
+    if (shape.kv == KvType::kF32) return head;
+    kv_load_head(shape.kv, head, hd, row.data());
+    return static_cast<const float*>(row.data());
+  };
   for (int64_t t = 0; t < n_queries; ++t) {
     const int64_t n_keys = first_pos + t + 1;
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const float* qh = q + t * q_stride + h * hd;
       const int64_t kv_head = h / group;
       for (int64_t j = 0; j < n_keys; ++j) {
-        const float* kj = keys + j * kv_stride + kv_head * hd;
+        const float* kj = cached(keys, j, kv_head);
         float dot = 0.0f;
         for (int64_t d = 0; d < hd; ++d) dot += qh[d] * kj[d];
         scores[j] = dot * scale;
@@ -206,7 +215,7 @@ void causal_attention(const float* q, int64_t n_queries, int64_t first_pos, cons
       float* oh = out + t * q_stride + h * hd;
       std::memset(oh, 0, hd * sizeof(float));
       for (int64_t j = 0; j < n_keys; ++j) {
-        const float* vj = values + j * kv_stride + kv_head * hd;
+        const float* vj = cached(values, j, kv_head);
         const float p = scores[j];
         for (int64_t d = 0; d < hd; ++d) oh[d] += p * vj[d];
       }

@@ -128,7 +128,7 @@ class Decoder final : public Model {
                (l.kind == LayerKind::kLinearAttention
                     ? (deltanet_.conv_kernel - 1) * deltanet_.conv_channels() +
                           d.n_v_heads * d.k_dim * d.v_dim
-                    : 2 * context * a.n_kv_heads * a.head_dim);
+                    : 2 * context * a.kv_row_floats());
     }
     return total;
   }
@@ -154,7 +154,8 @@ class Decoder final : public Model {
         l.conv = StateBuffer(memory, (deltanet_.conv_kernel - 1) * deltanet_.conv_channels());
         l.recurrent = StateBuffer(memory, h.n_v_heads * h.k_dim * h.v_dim);
       } else {
-        l.kv_width = attention_.shape.n_kv_heads * attention_.shape.head_dim;
+        l.kv_row_floats = attention_.shape.kv_row_floats();
+        l.kv = attention_.shape.kv;
         l.keys = StateBuffer(memory);
         l.values = StateBuffer(memory);
       }
@@ -198,7 +199,8 @@ class Decoder final : public Model {
   std::unique_ptr<ModelState> new_mtp_state() const override {
     if (!weights_.mtp) return nullptr;
     std::vector<LayerState> layers(1);
-    layers[0].kv_width = attention_.shape.n_kv_heads * attention_.shape.head_dim;
+    layers[0].kv_row_floats = attention_.shape.kv_row_floats();
+    layers[0].kv = attention_.shape.kv;
     layers[0].keys = StateBuffer(runner_.cpu_memory());
     layers[0].values = StateBuffer(runner_.cpu_memory());
     return std::make_unique<DecoderState>(std::move(layers));
@@ -737,9 +739,14 @@ MlpWeights read_mlp(const WeightReader& model, const std::string& layer, const M
           model.matrix(layer + "mlp.down_proj.weight", H, I)};
 }
 
-AttentionParams attention_params(const ModelConfig& c, bool output_gate) {
+AttentionParams attention_params(const ModelConfig& c, bool output_gate, KvType kv) {
+  if (!kv_type_fits(kv, c.head_dim)) {
+    fail("kv_type", std::string("a ") + kv_type_name(kv) + " KV cache needs head_dim a multiple of " +
+                        (kv == KvType::kQ4 ? std::to_string(kKvQ4Group) : "4") +
+                        "; this model's is " + std::to_string(c.head_dim));
+  }
   AttentionParams p;
-  p.shape = {c.num_heads, c.num_kv_heads, c.head_dim};
+  p.shape = {c.num_heads, c.num_kv_heads, c.head_dim, kv};
   p.rotary_dim = c.rotary_dim;
   p.inv_freq = rope_inv_freq(c.rope_theta, c.rotary_dim);
   p.output_gate = output_gate;

@@ -54,7 +54,7 @@ class WeightReader;
 // What both families bind the same way: the SwiGLU MLP of layer prefix `layer`, and the
 // attention parameters (output gate: Qwen3.5).
 MlpWeights read_mlp(const WeightReader& model, const std::string& layer, const ModelConfig& c);
-AttentionParams attention_params(const ModelConfig& c, bool output_gate);
+AttentionParams attention_params(const ModelConfig& c, bool output_gate, KvType kv);
 
 std::unique_ptr<Model> make_decoder(const ModelConfig& config, Checkpoint checkpoint,
                                     DecoderWeights weights, AttentionParams attention,

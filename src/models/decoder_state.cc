@@ -6,6 +6,15 @@
 
 namespace qhx {
 
+namespace {
+
+// What a KV cache's state tensors are named by after "layerN.keys": nothing for f32 rows.
+std::string kv_suffix(KvType kv) {
+  return kv == KvType::kF32 ? "" : std::string(".") + kv_type_name(kv);
+}
+
+}  // namespace
+
 int64_t StateCheckpoint::bytes() const {
   int64_t floats = 0;
   for (const std::vector<float>& part : recurrent) floats += static_cast<int64_t>(part.size());
@@ -46,9 +55,11 @@ std::vector<StateTensor> DecoderState::tensors() const {
       out.push_back({p + "recurrent", l.recurrent.host_span()});
     } else {
       // The sequence's rows only: a forward pass grows the caches before it counts its tokens.
-      const size_t rows = static_cast<size_t>(std::min(l.keys.size(), tokens * l.kv_width));
-      out.push_back({p + "keys", l.keys.host_span().first(rows)});
-      out.push_back({p + "values", l.values.host_span().first(rows)});
+      // Quantized rows are named by their type ("layer3.keys.q8"): a state saved with another
+      // KV type than the model's is refused by name.
+      const size_t rows = static_cast<size_t>(std::min(l.keys.size(), tokens * l.kv_row_floats));
+      out.push_back({p + "keys" + kv_suffix(l.kv), l.keys.host_span().first(rows)});
+      out.push_back({p + "values" + kv_suffix(l.kv), l.values.host_span().first(rows)});
     }
   }
   return out;
@@ -72,9 +83,15 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
     for (StateBuffer* target : targets) {
       const StateTensor& in = tensors[t];
       const std::string& name = expected[t++].name;
-      if (in.name != name)
-        fail(where, "state tensor '" + in.name + "' where '" + name + "' belongs");
-      const size_t size = static_cast<size_t>(recurrent ? target->size() : n_past * l.kv_width);
+      if (in.name != name) {
+        const std::string stem = name.substr(0, name.size() - kv_suffix(l.kv).size());
+        const bool other_kv = !recurrent && in.name.rfind(stem, 0) == 0;
+        fail(where, "state tensor '" + in.name + "' where '" + name + "' belongs" +
+                        (other_kv ? std::string(" (saved with another KV type: this model's is ") +
+                                        kv_type_name(l.kv) + ", --kv-type)"
+                                  : ""));
+      }
+      const size_t size = static_cast<size_t>(recurrent ? target->size() : n_past * l.kv_row_floats);
       if (in.data.size() != size) {
         fail(where + ": " + name,
              std::to_string(in.data.size()) + " values, expected " + std::to_string(size));
@@ -148,8 +165,8 @@ void DecoderState::rewind(int64_t n, const StateCheckpoint* at) {
   size_t part = 0;
   for (LayerState& l : layers) {
     if (l.conv.empty()) {
-      l.keys.resize(n * l.kv_width);
-      l.values.resize(n * l.kv_width);
+      l.keys.resize(n * l.kv_row_floats);
+      l.values.resize(n * l.kv_row_floats);
     } else {
       for (StateBuffer* target : {&l.conv, &l.recurrent}) {
         const std::vector<float>& saved = at->recurrent[part++];
@@ -174,8 +191,8 @@ size_t DecoderState::checkpoint_parts() const {
 
 void DecoderState::reserve(int64_t n_tokens) {
   for (LayerState& l : layers) {
-    l.keys.reserve(n_tokens * l.kv_width);
-    l.values.reserve(n_tokens * l.kv_width);
+    l.keys.reserve(n_tokens * l.kv_row_floats);
+    l.values.reserve(n_tokens * l.kv_row_floats);
   }
 }
 

@@ -16,13 +16,13 @@ namespace qhx {
 // The model computes on `backends` (graph/runner.h): [0] the CPU's, on `context`, then the
 // devices, where the scheduler places nodes there. A
 // Qwen3.5 MTP head drafts over the token ids mtp_vocab() gives, called only when the checkpoint
-// has a head (none: the whole vocabulary).
+// has a head (none: the whole vocabulary). Its KV caches hold rows of type `kv`.
 std::unique_ptr<Model> load_qwen3(const ModelConfig& config, Checkpoint checkpoint,
                                   std::shared_ptr<CpuContext> context,
-                                  std::vector<std::shared_ptr<Backend>> backends);
+                                  std::vector<std::shared_ptr<Backend>> backends, KvType kv);
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& config, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
-                                    std::vector<std::shared_ptr<Backend>> backends,
+                                    std::vector<std::shared_ptr<Backend>> backends, KvType kv,
                                     const std::function<std::vector<int32_t>()>& mtp_vocab);
 
 // Qwen3.5's multi-token-prediction head: the tensors qhx reads of it (mtp_num_hidden_layers is

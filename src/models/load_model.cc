@@ -32,9 +32,11 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Checkpoint checkpoi
   backends.insert(backends.end(), options.devices.begin(), options.devices.end());
   switch (config.family) {
     case Family::kQwen3:
-      return load_qwen3(config, std::move(checkpoint), std::move(context), std::move(backends));
+      return load_qwen3(config, std::move(checkpoint), std::move(context), std::move(backends),
+                        options.kv_type);
     case Family::kQwen3_5:
       return load_qwen3_5(config, std::move(checkpoint), std::move(context), std::move(backends),
+                          options.kv_type,
                           [&] { return mtp_vocab(dir, config, options.mtp_vocab_size); });
   }
   return nullptr;

@@ -213,6 +213,9 @@ struct LoadOptions {
   // the head's logits cover every token.
   static constexpr int64_t kFullVocabulary = -1;
   int64_t mtp_vocab_size = 0;
+  // How the KV caches hold keys and values (core/kv_layout.h): f32 is exact; f16, q8 and q4 hold
+  // them in 2, ~1 and ~0.6 bytes an element, and their attention runs on the CPU.
+  KvType kv_type = KvType::kF32;
 };
 
 // Opens a Hugging Face checkpoint directory (config.json + safetensors) or a qhx bundle

@@ -9,7 +9,7 @@ namespace qhx {
 
 std::unique_ptr<Model> load_qwen3(const ModelConfig& c, Checkpoint checkpoint,
                                   std::shared_ptr<CpuContext> context,
-                                  std::vector<std::shared_ptr<Backend>> backends) {
+                                  std::vector<std::shared_ptr<Backend>> backends, KvType kv) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
   const WeightReader model(checkpoint, text_decoder_prefix(checkpoint), c.int8_activations);
@@ -35,7 +35,7 @@ std::unique_ptr<Model> load_qwen3(const ModelConfig& c, Checkpoint checkpoint,
   }
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
-                      attention_params(c, /*output_gate=*/false), {}, std::move(context),
+                      attention_params(c, /*output_gate=*/false, kv), {}, std::move(context),
                       std::move(backends));
 }
 

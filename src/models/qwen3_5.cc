@@ -127,7 +127,7 @@ std::string mtp_head_unusable(const Checkpoint& checkpoint, const ModelConfig& c
 
 std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
                                     std::shared_ptr<CpuContext> context,
-                                    std::vector<std::shared_ptr<Backend>> backends,
+                                    std::vector<std::shared_ptr<Backend>> backends, KvType kv,
                                     const std::function<std::vector<int32_t>()>& mtp_vocab) {
   const int64_t H = c.hidden_size;
   GatedDeltaNetParams deltanet;
@@ -178,7 +178,7 @@ std::unique_ptr<Model> load_qwen3_5(const ModelConfig& c, Checkpoint checkpoint,
   }
 
   return make_decoder(c, std::move(checkpoint), std::move(w),
-                      attention_params(c, /*output_gate=*/true), deltanet, std::move(context),
+                      attention_params(c, /*output_gate=*/true, kv), deltanet, std::move(context),
                       std::move(backends));
 }
 

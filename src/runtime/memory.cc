@@ -69,7 +69,8 @@ std::string MemoryPlan::describe() const {
 MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   MemoryPlan plan;
   plan.weights = r.weights_bytes;
-  const int64_t kv_per_token = attention_layers(c) * 2 * c.num_kv_heads * c.head_dim * kFloat;
+  const int64_t kv_per_token =
+      attention_layers(c) * 2 * c.num_kv_heads * kv_head_floats(r.kv_type, c.head_dim) * kFloat;
   plan.kv_cache = r.sessions * r.context_length * kv_per_token;
   plan.recurrent = r.sessions * recurrent_bytes(c);
   plan.checkpoints = r.sessions * r.max_checkpoints * (recurrent_bytes(c) + c.vocab_size * kFloat);

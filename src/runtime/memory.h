@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/kv_layout.h"
 #include "io/hf_config.h"
 
 namespace qhx {
@@ -16,6 +17,7 @@ struct MemoryRequest {
   int64_t weights_bytes = 0;   // the mapped weight files
   int64_t context_length = 0;  // tokens per session
   int64_t sessions = 1;        // sessions that can be live at once (server slots)
+  KvType kv_type = KvType::kF32;  // how the KV caches hold their rows (LoadOptions::kv_type)
   // One forward pass's activations for a prefill chunk, as the model's plan reserves them
   // (Model::activation_bytes): one arena per model, which its sessions take turns on.
   int64_t activation_bytes = 0;

@@ -60,7 +60,18 @@ TensorToWrite tensor_to_write(std::string name, DType dtype, std::span<const T> 
 template <typename T>
 std::span<const T> tensor_values(const QhxtFile& file, const std::string& name, DType dtype) {
   const TensorView* view = file.find(name);
-  if (view == nullptr) fail(file.path().string(), "missing state tensor '" + name + "'");
+  if (view == nullptr) {
+    // The same tensor in another form ("state.layer0.keys.q8": a KV cache of another type).
+    std::string instead;
+    for (const auto& [held, tensor] : file.tensors()) {
+      if (held.rfind(name + ".", 0) == 0 || name.rfind(held + ".", 0) == 0) instead = held;
+    }
+    fail(file.path().string(),
+         "missing state tensor '" + name + "'" +
+             (instead.empty() ? ""
+                              : " (it holds '" + instead +
+                                    "': saved with another KV type than this model's, --kv-type)"));
+  }
   if (view->dtype != dtype || view->shape.size() != 1) {
     fail(file.path().string() + ": " + name,
          "expected a 1-D " + std::string(dtype_name(dtype)) + " tensor");

@@ -425,9 +425,11 @@ int run_bench(const BenchArgs& args) {
   qhx::Json backends = qhx::Json::array({"cpu"});
   for (const auto& b : devices.backends) backends.push_back(b->name());
   const std::shared_ptr<qhx::CpuContext> context = cpu_context(args.threads);
+  const qhx::KvType kv_type = qhx::parse_kv_type(args.devices.kv_type, "--kv-type");
   const auto model = qhx::load_model(dir, {.context = context,
                                            .devices = devices.backends,
-                                           .mtp_vocab_size = args.speculative.mtp_vocab});
+                                           .mtp_vocab_size = args.speculative.mtp_vocab,
+                                           .kv_type = kv_type});
   const bool on_devices = check_devices(*model, devices, args.devices, dir);
   if (!on_devices) {  // the records say where the runs ran: on the CPU alone
     devices.prefill = {};
@@ -444,8 +446,10 @@ int run_bench(const BenchArgs& args) {
   const std::string cpu = cpu_model_name();
   const double weights_mb = weight_file_mb(dir);
   const qhx::CpuKernels& kernels = model->context().kernels();
-  const std::string kernel_path = kernels.describe() + "; attention " +
-                                  qhx::attention_kernel_path(kernels, model->config().head_dim);
+  const std::string kernel_path =
+      kernels.describe() + "; attention " +
+      qhx::attention_kernel_path(kernels, model->config().head_dim, kv_type) + ", " +
+      qhx::kv_type_name(kv_type) + " KV cache";
   const int threads = model->context().threads();
   // --profile: the devices that time their work, and their peaks, measured before the runs.
   std::vector<qhx::Backend*> profiled;

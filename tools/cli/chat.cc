@@ -62,6 +62,7 @@ class Chat {
     mo.device = args.devices.device.c_str();
     mo.decode_device = args.devices.decode_or_null();
     mo.device_check = args.devices.device_check.c_str();
+    mo.kv_type = args.devices.kv_type.c_str();
     if (!args.devices.qnn_lib.empty()) mo.qnn_lib = args.devices.qnn_lib.c_str();
     if (!args.devices.npu_pack.empty()) mo.npu_pack = args.devices.npu_pack.c_str();
     mo.draft_model = args.speculative.draft_model();

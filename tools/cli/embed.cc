@@ -45,6 +45,7 @@ int run_embed(const EmbedArgs& args) {
   model_options.n_threads = args.threads;
   model_options.device = args.devices.device.c_str();
   model_options.device_check = args.devices.device_check.c_str();
+  model_options.kv_type = args.devices.kv_type.c_str();
   if (!args.devices.qnn_lib.empty()) model_options.qnn_lib = args.devices.qnn_lib.c_str();
   OpenedModel m;
   if (qhx_model_open(args.model.c_str(), &model_options, &m.model) != QHX_OK) {

@@ -148,6 +148,7 @@ int run_generate(const GenerateArgs& args) {
   model_options.device = args.devices.device.c_str();
   model_options.decode_device = args.devices.decode_or_null();
   model_options.device_check = args.devices.device_check.c_str();
+  model_options.kv_type = args.devices.kv_type.c_str();
   if (!args.devices.qnn_lib.empty()) model_options.qnn_lib = args.devices.qnn_lib.c_str();
   if (!args.devices.npu_pack.empty()) model_options.npu_pack = args.devices.npu_pack.c_str();
   model_options.draft_model = args.speculative.draft_model();

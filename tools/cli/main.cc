@@ -89,6 +89,12 @@ void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
                    "Compare the device with the CPU before using it: once (default: unless it "
                    "passed before), always, never")
       ->check(CLI::IsMember({"once", "always", "never"}));
+  command
+      ->add_option("--kv-type", devices.kv_type,
+                   "How the KV cache holds keys and values: f32 (default, exact), f16, q8 (int8, a "
+                   "scale per head: ~3.9x smaller) or q4 (4-bit, a scale per 32: ~6.4x); "
+                   "quantized caches are attended on the CPU")
+      ->check(CLI::IsMember({"f32", "f16", "q8", "q4"}));
 }
 
 void add_speculative_options(CLI::App* command, qhx::cli::SpeculativeArgs& speculative,

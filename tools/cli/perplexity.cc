@@ -97,7 +97,10 @@ int run_perplexity(const PerplexityArgs& args) {
   }
   const qhx::OpenedDevices devices = open_devices(args.devices, dir);
   const auto context = cpu_context(args.threads);
-  const auto model = qhx::load_model(dir, {.context = context, .devices = devices.backends});
+  const auto model =
+      qhx::load_model(dir, {.context = context,
+                            .devices = devices.backends,
+                            .kv_type = qhx::parse_kv_type(args.devices.kv_type, "--kv-type")});
   check_devices(*model, devices, args.devices, dir);
   const qhx::PerplexityWindows windows{.window = args.window, .second_half = args.second_half};
   const auto start = qhx::Clock::now();

@@ -120,6 +120,7 @@ int run_serve(const ServeArgs& serve_args) {
   options.device = args.devices.device.c_str();
   options.decode_device = args.devices.decode_or_null();
   options.device_check = args.devices.device_check.c_str();
+  options.kv_type = args.devices.kv_type.c_str();
   if (!args.devices.qnn_lib.empty()) options.qnn_lib = args.devices.qnn_lib.c_str();
   if (!args.devices.npu_pack.empty()) options.npu_pack = args.devices.npu_pack.c_str();
   options.draft_model = args.speculative.draft_model();

@@ -469,7 +469,9 @@ bool HexagonBackend::supports(const Node& node) const {
     }
     const AttentionShape& a = node.attention;
     const DeltaRuleShape& h = node.heads;
-    if (node.op == Op::kAttention) return a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0;
+    if (node.op == Op::kAttention) {  // f32 caches (quantized rows are the CPU kernels')
+      return a.kv == KvType::kF32 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0;
+    }
     if (node.op == Op::kDeltaRule) return h.n_k_heads > 0 && h.n_v_heads % h.n_k_heads == 0;
     return true;
   }
@@ -974,7 +976,7 @@ void HexagonBackend::run_attention(const Node& n, const NodeArgs& args) {
   // The new key and value rows join the host's cache (the graphs that made them output only
   // them), as the CPU's attention appends them: a pass the CPU redoes writes them again.
   LayerState& cache = args.inputs->layers[n.layer];
-  const int64_t width = cache.kv_width, used = args.inputs->first_pos + 1;
+  const int64_t width = cache.kv_row_floats, used = args.inputs->first_pos + 1;
   const int64_t length = cache_bucket(used);
   for (const auto& [state, row] :
        {std::pair{&cache.keys, args.at(n.in[1])}, std::pair{&cache.values, args.at(n.in[2])}}) {

@@ -319,9 +319,10 @@ bool VulkanBackend::supports(const Node& node) const {
                  max_window_bytes();
     case Op::kAttention: {
       // A cache larger than one binding is bound in windows of whole rows (record_attention).
+      // f32 caches only: quantized rows are read by the CPU's kernels.
       const AttentionShape& a = node.attention;
       const uint64_t row_bytes = a.n_kv_heads * a.head_dim * sizeof(float);
-      return a.head_dim <= kMaxHeadDim &&
+      return a.kv == KvType::kF32 && a.head_dim <= kMaxHeadDim &&
              keys_per_window(binding_bytes(), row_bytes, offset_alignment()) > 0;
     }
     case Op::kConvSilu:
@@ -840,7 +841,7 @@ void VulkanBackend::grow_caches(std::span<const Node> nodes, const NodeArgs& arg
   for (const Node& node : nodes) {
     if (node.op != Op::kAttention) continue;
     LayerState& cache = args.inputs->layers[node.layer];
-    const int64_t floats = (args.inputs->first_pos + node.rows) * cache.kv_width;
+    const int64_t floats = (args.inputs->first_pos + node.rows) * cache.kv_row_floats;
     cache.keys.resize(floats);
     cache.values.resize(floats);
   }
@@ -958,7 +959,7 @@ void VulkanBackend::record_attention(const Node& node, const NodeArgs& args, uin
                                      uint32_t out) {
   const VulkanBuffer& arena = static_cast<const VulkanBuffer&>(*arena_);
   LayerState& cache = args.inputs->layers[node.layer];
-  const int64_t kv_width = cache.kv_width, first_pos = args.inputs->first_pos;
+  const int64_t kv_width = cache.kv_row_floats, first_pos = args.inputs->first_pos;
   const int64_t n_keys = first_pos + node.rows;
   // (grown to n_keys rows by grow_caches)
   const VulkanBuffer& keys = working_state(cache.keys, "key cache", node.layer);
