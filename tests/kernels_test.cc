@@ -364,8 +364,11 @@ TEST(Kernels, FastAttentionReadsEveryKvType) {
   struct Case {
     AttentionShape shape;
     int64_t first_pos, n_queries;
-  } cases[] = {{{16, 8, 128}, 30, 37}, {{4, 4, 32}, 0, 9}, {{8, 2, 256}, 17, 21},
-               {{8, 4, 64}, 5, 7},     {{8, 2, 64}, 3, 50}};
+  } cases[] = {{{16, 8, 128}, 30, 37},
+               {{4, 4, 32}, 0, 9},
+               {{8, 2, 256}, 17, 21},
+               {{8, 4, 64}, 5, 7},
+               {{8, 2, 64}, 3, 50}};
   for (const int threads : {1, 2, 3}) {
     CpuContext cx(threads, CpuKernels::from_environment());
     for (Case c : cases) {
@@ -407,8 +410,8 @@ TEST(Kernels, FastAttentionReadsEveryKvType) {
         EXPECT_LT(relative, type == KvType::kQ4 ? 0.2 : type == KvType::kQ8 ? 0.015 : 0.001);
         const int64_t last = c.n_queries - 1;
         std::vector<float> alone(q_width);
-        causal_attention(cx, q.data() + last * q_width, 1, c.first_pos + last, kq.data(),
-                         vq.data(), c.shape, scale, alone.data());
+        causal_attention(cx, q.data() + last * q_width, 1, c.first_pos + last, kq.data(), vq.data(),
+                         c.shape, scale, alone.data());
         ASSERT_TRUE(std::equal(alone.begin(), alone.end(), fast.begin() + last * q_width))
             << "decode must equal the batched row";
       }

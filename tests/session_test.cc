@@ -233,8 +233,7 @@ TEST_P(KvTypeTest, StepsEqualThePrefillAndStayCloseToF32) {
     return attention_layers * 2 * static_cast<int64_t>(ids_.size()) * c.num_kv_heads *
            kv_head_floats(type, c.head_dim) * static_cast<int64_t>(sizeof(float));
   };
-  EXPECT_EQ(exact_state->bytes() - batched_state->bytes(),
-            kv_bytes(KvType::kF32) - kv_bytes(kv_));
+  EXPECT_EQ(exact_state->bytes() - batched_state->bytes(), kv_bytes(KvType::kF32) - kv_bytes(kv_));
 }
 
 TEST_P(KvTypeTest, SavedStatesGoBackIntoModelsWithTheSameKvType) {
@@ -254,20 +253,19 @@ TEST_P(KvTypeTest, SavedStatesGoBackIntoModelsWithTheSameKvType) {
 
   const auto exact_model = load_model(dir_);
   Session other(*exact_model);
-  expect_error([&] { other.load(path); },
-               {path.string(), std::string("keys.") + kv_type_name(kv_), "another KV type",
-                "--kv-type"});
+  expect_error([&] { other.load(path); }, {path.string(), std::string("keys.") + kv_type_name(kv_),
+                                           "another KV type", "--kv-type"});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, KvTypeTest,
-    ::testing::Combine(::testing::Values("qwen3.5-kjv", "qwen3-kjv"),
-                       ::testing::Values(KvType::kF16, KvType::kQ8, KvType::kQ4)),
-    [](const auto& info) {
-      std::string name = std::get<0>(info.param);
-      std::erase_if(name, [](char c) { return !std::isalnum(c); });
-      return name + "_" + kv_type_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Models, KvTypeTest,
+                         ::testing::Combine(::testing::Values("qwen3.5-kjv", "qwen3-kjv"),
+                                            ::testing::Values(KvType::kF16, KvType::kQ8,
+                                                              KvType::kQ4)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param);
+                           std::erase_if(name, [](char c) { return !std::isalnum(c); });
+                           return name + "_" + kv_type_name(std::get<1>(info.param));
+                         });
 
 class SessionStateFileTest : public ::testing::Test {
  protected:

@@ -5,7 +5,8 @@
 //   q8   head_dim int8 codes, then one f32 scale for the head: x ≈ scale · q,
 //        scale = max|x| / 127, q = nearbyint(x / scale), |q| ≤ 127;
 //   q4   head_dim 4-bit codes (two per byte, element 2i in the low nibble of byte i), then one
-//        f32 scale per kKvQ4Group elements: x ≈ scale · (c − 8), scale = max|x| / 7, c − 8 in −7..7.
+//        f32 scale per kKvQ4Group elements: x ≈ scale · (c − 8), scale = max|x| / 7, c − 8 in
+//        −7..7.
 // A head of zeros gets scale 0; one holding an inf or NaN gets scale NaN (the NaN reaches every
 // score it touches, as it would in f32).
 #pragma once

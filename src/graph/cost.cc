@@ -53,9 +53,9 @@ NodeCost node_cost(const Plan& plan, const Node& node, int64_t first_pos) {
       const double keys = static_cast<double>(first_pos) + rows;
       const double query_width = static_cast<double>(a.n_heads * a.head_dim);
       const double pairs = rows * static_cast<double>(first_pos) + rows * (rows + 1) / 2;
-      return {(2 * rows * (kv_width + kv_row) + 2 * keys * kv_row + 2 * rows * query_width) *
-                  kFloat,
-              4 * pairs * query_width};
+      return {
+          (2 * rows * (kv_width + kv_row) + 2 * keys * kv_row + 2 * rows * query_width) * kFloat,
+          4 * pairs * query_width};
     }
     case Op::kConvSilu: {
       const double channels = cols(node.out), width = static_cast<double>(node.width);

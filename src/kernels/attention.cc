@@ -128,8 +128,8 @@ struct Q4Head {
     std::memcpy(&nibbles, reinterpret_cast<const uint8_t*>(head) + d / 2, sizeof(nibbles));
     const __m256i shifted = _mm256_srlv_epi32(_mm256_set1_epi32(nibbles),
                                               _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    const __m256i codes = _mm256_sub_epi32(_mm256_and_si256(shifted, _mm256_set1_epi32(15)),
-                                           _mm256_set1_epi32(8));
+    const __m256i codes =
+        _mm256_sub_epi32(_mm256_and_si256(shifted, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
     return _mm256_cvtepi32_ps(codes);
   }
   static float scale(const float* head, int64_t head_dim, int64_t d) {
@@ -208,8 +208,7 @@ QHX_AVX2 void attend_batch(const AttentionRow* rows, const float* keys, const fl
                            int64_t kv_stride, int64_t head_dim, float scale) {
   row_scores<Head, R>(rows, keys, kv_stride, head_dim, scale, 0, rows[0].n_keys);
   for (int r = 0; r < R; ++r) {
-    row_scores<Head, 1>(rows + r, keys, kv_stride, head_dim, scale, rows[0].n_keys,
-                        rows[r].n_keys);
+    row_scores<Head, 1>(rows + r, keys, kv_stride, head_dim, scale, rows[0].n_keys, rows[r].n_keys);
     softmax_avx2(rows[r].scores, rows[r].n_keys);
   }
   int64_t d = 0;
@@ -224,10 +223,9 @@ template <typename Head>
 void attend_rows_avx2(const AttentionRow* rows, int n_rows, const float* keys, const float* values,
                       int64_t kv_stride, int64_t head_dim, float scale) {
   using Batch = void (*)(const AttentionRow*, const float*, const float*, int64_t, int64_t, float);
-  static constexpr Batch batches[] = {attend_batch<Head, 1>, attend_batch<Head, 2>,
-                                      attend_batch<Head, 3>, attend_batch<Head, 4>,
-                                      attend_batch<Head, 5>, attend_batch<Head, 6>,
-                                      attend_batch<Head, 7>, attend_batch<Head, 8>};
+  static constexpr Batch batches[] = {
+      attend_batch<Head, 1>, attend_batch<Head, 2>, attend_batch<Head, 3>, attend_batch<Head, 4>,
+      attend_batch<Head, 5>, attend_batch<Head, 6>, attend_batch<Head, 7>, attend_batch<Head, 8>};
   for (int r = 0; r < n_rows; r += kRowsAtOnce) {
     const int n = std::min(kRowsAtOnce, n_rows - r);
     batches[n - 1](rows + r, keys, values, kv_stride, head_dim, scale);

@@ -34,7 +34,8 @@ void widen_head(KvType kv, const float* head, int64_t head_dim, float* row) {
       return;
     case KvType::kF16: {
       const auto* halves = reinterpret_cast<const float16_t*>(head);
-      for (int64_t d = 0; d < head_dim; d += 4) vst1q_f32(row + d, vcvt_f32_f16(vld1_f16(halves + d)));
+      for (int64_t d = 0; d < head_dim; d += 4)
+        vst1q_f32(row + d, vcvt_f32_f16(vld1_f16(halves + d)));
       return;
     }
     case KvType::kQ8: {
@@ -53,9 +54,9 @@ void widen_head(KvType kv, const float* head, int64_t head_dim, float* row) {
       for (int64_t d = 0; d < head_dim; d += 16) {
         const uint8x8_t bytes = vld1_u8(nibbles + d / 2);
         const uint8x8_t low = vand_u8(bytes, vdup_n_u8(15)), high = vshr_n_u8(bytes, 4);
-        const int8x16_t codes = vsubq_s8(
-            vreinterpretq_s8_u8(vcombine_u8(vzip1_u8(low, high), vzip2_u8(low, high))),
-            vdupq_n_s8(8));
+        const int8x16_t codes =
+            vsubq_s8(vreinterpretq_s8_u8(vcombine_u8(vzip1_u8(low, high), vzip2_u8(low, high))),
+                     vdupq_n_s8(8));
         const float s = scales[d / kKvQ4Group];
         const int16x8_t lo = vmovl_s8(vget_low_s8(codes)), hi = vmovl_high_s8(codes);
         vst1q_f32(row + d, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), s));
@@ -70,9 +71,8 @@ void widen_head(KvType kv, const float* head, int64_t head_dim, float* row) {
 
 }  // namespace
 
-void attend_query(KvType kv, const float* q, int64_t n_keys, const float* keys,
-                  const float* values, int64_t kv_stride, int64_t head_dim, float scale,
-                  float* scores, float* out) {
+void attend_query(KvType kv, const float* q, int64_t n_keys, const float* keys, const float* values,
+                  int64_t kv_stride, int64_t head_dim, float scale, float* scores, float* out) {
   float row[kMaxQuantizedHeadDim];
   const auto head = [&](const float* rows, int64_t j) {
     const float* h = rows + j * kv_stride;

@@ -32,8 +32,7 @@ void matmul_int8(CpuContext& cx, const float* x, int64_t n_tokens, const MatrixR
 // scratch of n_keys floats. A quantized head is widened to float32 (scale · q) in registers, into
 // a row on the stack, then read as an f32 one.
 inline constexpr int64_t kMaxQuantizedHeadDim = 512;
-void attend_query(KvType kv, const float* q, int64_t n_keys, const float* keys,
-                  const float* values, int64_t kv_stride, int64_t head_dim, float scale,
-                  float* scores, float* out);
+void attend_query(KvType kv, const float* q, int64_t n_keys, const float* keys, const float* values,
+                  int64_t kv_stride, int64_t head_dim, float scale, float* scores, float* out);
 
 }  // namespace qhx::neon

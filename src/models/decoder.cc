@@ -741,7 +741,8 @@ MlpWeights read_mlp(const WeightReader& model, const std::string& layer, const M
 
 AttentionParams attention_params(const ModelConfig& c, bool output_gate, KvType kv) {
   if (!kv_type_fits(kv, c.head_dim)) {
-    fail("kv_type", std::string("a ") + kv_type_name(kv) + " KV cache needs head_dim a multiple of " +
+    fail("kv_type", std::string("a ") + kv_type_name(kv) +
+                        " KV cache needs head_dim a multiple of " +
                         (kv == KvType::kQ4 ? std::to_string(kKvQ4Group) : "4") +
                         "; this model's is " + std::to_string(c.head_dim));
   }

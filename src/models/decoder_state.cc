@@ -91,7 +91,8 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
                                         kv_type_name(l.kv) + ", --kv-type)"
                                   : ""));
       }
-      const size_t size = static_cast<size_t>(recurrent ? target->size() : n_past * l.kv_row_floats);
+      const size_t size =
+          static_cast<size_t>(recurrent ? target->size() : n_past * l.kv_row_floats);
       if (in.data.size() != size) {
         fail(where + ": " + name,
              std::to_string(in.data.size()) + " values, expected " + std::to_string(size));

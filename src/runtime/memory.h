@@ -14,9 +14,9 @@
 namespace qhx {
 
 struct MemoryRequest {
-  int64_t weights_bytes = 0;   // the mapped weight files
-  int64_t context_length = 0;  // tokens per session
-  int64_t sessions = 1;        // sessions that can be live at once (server slots)
+  int64_t weights_bytes = 0;      // the mapped weight files
+  int64_t context_length = 0;     // tokens per session
+  int64_t sessions = 1;           // sessions that can be live at once (server slots)
   KvType kv_type = KvType::kF32;  // how the KV caches hold their rows (LoadOptions::kv_type)
   // One forward pass's activations for a prefill chunk, as the model's plan reserves them
   // (Model::activation_bytes): one arena per model, which its sessions take turns on.

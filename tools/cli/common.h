@@ -50,9 +50,9 @@ struct DeviceArgs {
   std::string device = "cpu";
   std::string decode_device;  // empty: the device's default
   std::string device_check = "once";
-  std::string qnn_lib;   // empty: QNN's libraries where qhx looks by default
-  std::string npu_pack;  // empty: none (graphs compile on first use)
-  bool profile = false;  // the device times its work (qhx bench --profile)
+  std::string qnn_lib;          // empty: QNN's libraries where qhx looks by default
+  std::string npu_pack;         // empty: none (graphs compile on first use)
+  bool profile = false;         // the device times its work (qhx bench --profile)
   std::string kv_type = "f32";  // --kv-type: LoadOptions::kv_type, qhx_model_options.kv_type
   const char* decode_or_null() const {
     return decode_device.empty() ? nullptr : decode_device.c_str();
