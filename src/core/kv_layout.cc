@@ -87,11 +87,6 @@ int64_t kv_head_floats(KvType type, int64_t head_dim) {
   return 0;
 }
 
-double kv_bytes_per_element(KvType type, int64_t head_dim) {
-  return static_cast<double>(kv_head_floats(type, head_dim)) * sizeof(float) /
-         static_cast<double>(head_dim);
-}
-
 void kv_store_row(KvType type, const float* x, int64_t n_heads, int64_t head_dim, float* dst) {
   const int64_t head_floats = kv_head_floats(type, head_dim);
   int8_t q[kKvQ4Group];

@@ -32,9 +32,6 @@ bool kv_type_fits(KvType type, int64_t head_dim);
 // Floats of storage one head of head_dim elements takes.
 int64_t kv_head_floats(KvType type, int64_t head_dim);
 
-// Bytes per element, scales included, for reports: 4, 2, 1.03 (q8 at head_dim 128), 0.625 (q4).
-double kv_bytes_per_element(KvType type, int64_t head_dim);
-
 // One row of n_heads heads: x [n_heads · head_dim] into dst [n_heads · kv_head_floats].
 void kv_store_row(KvType type, const float* x, int64_t n_heads, int64_t head_dim, float* dst);
 

@@ -83,14 +83,8 @@ void DecoderState::assign(std::span<const StateTensor> tensors, int64_t n_past,
     for (StateBuffer* target : targets) {
       const StateTensor& in = tensors[t];
       const std::string& name = expected[t++].name;
-      if (in.name != name) {
-        const std::string stem = name.substr(0, name.size() - kv_suffix(l.kv).size());
-        const bool other_kv = !recurrent && in.name.rfind(stem, 0) == 0;
-        fail(where, "state tensor '" + in.name + "' where '" + name + "' belongs" +
-                        (other_kv ? std::string(" (saved with another KV type: this model's is ") +
-                                        kv_type_name(l.kv) + ", --kv-type)"
-                                  : ""));
-      }
+      if (in.name != name)
+        fail(where, "state tensor '" + in.name + "' where '" + name + "' belongs");
       const size_t size =
           static_cast<size_t>(recurrent ? target->size() : n_past * l.kv_row_floats);
       if (in.data.size() != size) {

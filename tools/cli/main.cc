@@ -14,6 +14,7 @@
 
 #include "chat.h"
 #include "commands.h"
+#include "core/kv_layout.h"
 #include "forge/synth.h"
 #include "util/error.h"
 
@@ -94,7 +95,17 @@ void add_device_options(CLI::App* command, qhx::cli::DeviceArgs& devices) {
                    "How the KV cache holds keys and values: f32 (default, exact), f16, q8 (int8, a "
                    "scale per head: ~3.9x smaller) or q4 (4-bit, a scale per 32: ~6.4x); "
                    "quantized caches are attended on the CPU")
-      ->check(CLI::IsMember({"f32", "f16", "q8", "q4"}));
+      ->check(
+          [](const std::string& value) -> std::string {
+            try {
+              qhx::parse_kv_type(value, "--kv-type");
+              return "";
+            } catch (const qhx::Error& e) {  // CLI11 names the option itself
+              const std::string message = e.what();
+              return message.substr(message.find(": ") + 2);
+            }
+          },
+          "f32|f16|q8|q4");
 }
 
 void add_speculative_options(CLI::App* command, qhx::cli::SpeculativeArgs& speculative,
